@@ -1,0 +1,174 @@
+"""The ``ledger`` command: run a node, or talk to a group (status, append, read, transfer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .config import NodeConfig
+from .settings import ConfigError, load_settings
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+        return asyncio.run(coro)
+
+
+@click.group()
+def main() -> None:
+    """A DLedger-style Raft commit log: durable, replicated, linearizable."""
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file ([ledger] or top level)")
+@click.option("--id", "node_id", help="this node's id (overrides the file; env LEDGER_ID)")
+@click.option("--listen", help="host:port to serve peers and clients on")
+@click.option("--peers", help="comma-separated id=host:port of every member, this node included")
+@click.option("--data-dir", help="directory for the log and hard state")
+@click.option("--metrics-port", type=int, help="Prometheus port (0: off)")
+@click.option("--log-level", help="debug, info, warning or error")
+def start(config_path: str | None, **overrides: Any) -> None:
+    """Run one ledger node in the foreground until SIGTERM or SIGINT."""
+    overrides = {"id" if k == "node_id" else k: v for k, v in overrides.items()}
+    try:
+        cfg = load_settings(NodeConfig, config_path, env_prefix="LEDGER_", overrides=overrides, section="ledger")
+    except ConfigError as exc:
+        raise click.ClickException(f"bad configuration: {exc}") from None
+    from .logs import setup_logging
+    from .node import LedgerNode
+
+    setup_logging(cfg.log_level, node=cfg.id)
+
+    async def serve() -> None:
+        try:
+            node = LedgerNode(cfg)
+        except Exception as exc:  # corrupt store, unreadable hard state: say what and where, then exit
+            raise click.ClickException(f"cannot open node {cfg.id}: {exc}") from None
+        await node.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
+        await node.wait_stopped()
+
+    _run(serve())
+
+
+def _nodes_option(f: Any) -> Any:
+    return click.option(
+        "--nodes",
+        envvar="LEDGER_NODES",
+        required=True,
+        help="comma-separated host:port of the group's nodes (env LEDGER_NODES)",
+    )(f)
+
+
+def _client(nodes: str, timeout: float = 10.0) -> Any:
+    from .client import LedgerClient
+
+    return LedgerClient([n.strip() for n in nodes.split(",") if n.strip()], timeout=timeout)
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
+
+
+@main.command()
+@_nodes_option
+def status(nodes: str) -> None:
+    """Role, term, leader, commit index and last index of every node."""
+
+    async def go() -> dict[str, Any]:
+        async with _client(nodes, timeout=3) as c:
+            return await c.status_all()
+
+    click.echo(json.dumps(_run(go()), indent=2))
+
+
+@main.command()
+@_nodes_option
+@click.argument("data", nargs=-1, required=True)
+def append(nodes: str, data: tuple[str, ...]) -> None:
+    """Append DATA (one entry per argument, as one batch); prints the first index and term."""
+
+    async def go() -> tuple[int, int]:
+        async with _client(nodes) as c:
+            return await c.append_batch([d.encode() for d in data])
+
+    try:
+        first, term = _run(go())
+    except Exception as exc:  # noqa: BLE001 - report any failure to the user plainly
+        _fail(exc)
+    click.echo(json.dumps({"first_index": first, "last_index": first + len(data) - 1, "term": term}))
+
+
+@main.command()
+@_nodes_option
+@click.option("--from", "lo", type=int, default=1, show_default=True)
+@click.option("--to", "hi", type=int, default=2**62, help="last index (default: up to the commit index)")
+@click.option("--linearizable/--local", default=True, show_default=True, help="confirm leadership first (ReadIndex)")
+@click.option("--max-bytes", type=int, default=4 << 20, show_default=True)
+def read(nodes: str, lo: int, hi: int, linearizable: bool, max_bytes: int) -> None:
+    """Print committed entries as JSON lines (index, term, data as text where it decodes)."""
+
+    async def go() -> list[Any]:
+        async with _client(nodes) as c:
+            return await c.read(lo, hi, linearizable=linearizable, max_bytes=max_bytes)
+
+    try:
+        entries = _run(go())
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+    for e in entries:
+        data = bytes(e.data)
+        try:
+            text: Any = data.decode()
+        except UnicodeDecodeError:
+            text = {"hex": data.hex()}
+        click.echo(json.dumps({"index": e.index, "term": e.term, "kind": e.kind, "data": text}))
+
+
+@main.command()
+@_nodes_option
+@click.argument("target")
+def transfer(nodes: str, target: str) -> None:
+    """Ask the leader to hand leadership to TARGET (a member id) once it has caught up."""
+
+    async def go() -> dict[str, Any]:
+        async with _client(nodes) as c:
+            return await c.transfer_leadership(target)
+
+    try:
+        click.echo(json.dumps(_run(go())))
+    except Exception as exc:  # noqa: BLE001
+        _fail(exc)
+
+
+@main.command("local-cluster")
+@click.option("--nodes", "n", type=int, default=3, show_default=True)
+@click.option("--dir", "base_dir", type=click.Path(file_okay=False), default="ledger-cluster", show_default=True)
+def local_cluster(n: int, base_dir: str) -> None:
+    """Run an N-node group of local processes on 127.0.0.x until Ctrl-C."""
+    from .localcluster import LocalCluster
+
+    cluster = LocalCluster(Path(base_dir), n)
+    cluster.start()
+    try:
+        leader = _run(cluster.wait_for_leader())
+        click.echo(f"group up: nodes {','.join(cluster.addresses)}; leader {leader}; data in {base_dir}")
+        click.echo(f"try: ledger append --nodes {','.join(cluster.addresses)} hello")
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()

@@ -1,0 +1,101 @@
+"""An in-memory log with the store's semantics, for deterministic simulation.
+
+It behaves like ``LogStore`` as the Raft core sees it, including durability: ``sync()``
+marks what survives, and ``crash()`` throws away everything written since, as a power
+loss would. Simulations therefore exercise the same acknowledge-only-what-is-durable
+rules the real node relies on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .codec import HEADER_SIZE, Entry
+
+
+class MemoryLog:
+    def __init__(self) -> None:
+        self.base_index = 0
+        self.base_term = 0
+        self.base_pos = 0
+        self._entries: list[Entry] = []
+        self.durable_index = 0
+
+    @property
+    def first_index(self) -> int:
+        return self.base_index + 1
+
+    @property
+    def last_index(self) -> int:
+        return self.base_index + len(self._entries)
+
+    @property
+    def last_term(self) -> int:
+        return self._entries[-1].term if self._entries else self.base_term
+
+    def term_at(self, index: int) -> int:
+        if index == self.base_index:
+            return self.base_term
+        if index < self.base_index or index > self.last_index:
+            raise IndexError(f"index {index} outside {self.base_index}..{self.last_index}")
+        return self._entries[index - self.base_index - 1].term
+
+    def next_pos(self) -> int:
+        if not self._entries:
+            return self.base_pos
+        last = self._entries[-1]
+        return last.pos + HEADER_SIZE + len(last.data)
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        if lo < self.first_index:
+            raise IndexError(f"index {lo} is before the first retained index {self.first_index}")
+        hi = min(hi, self.last_index)
+        out: list[Entry] = []
+        size = 0
+        for e in self._entries[lo - self.base_index - 1 : hi - self.base_index]:
+            size += HEADER_SIZE + len(e.data)
+            if out and max_bytes is not None and size > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        pos = self.next_pos()
+        for e in entries:
+            if e.index != self.last_index + 1:
+                raise ValueError(f"append of index {e.index} after {self.last_index}")
+            # Copy: in a simulation the "sent" entry object must not alias the stored one.
+            self._entries.append(Entry(e.index, e.term, bytes(e.data), e.kind, pos))
+            pos += HEADER_SIZE + len(e.data)
+
+    def truncate_suffix(self, index: int) -> None:
+        if index <= self.base_index:
+            raise ValueError(f"cannot truncate at {index}: base is {self.base_index}")
+        del self._entries[index - self.base_index - 1 :]
+        self.durable_index = min(self.durable_index, index - 1)
+
+    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
+        self.base_index, self.base_term, self.base_pos = base_index, base_term, base_pos
+        self._entries = []
+        self.durable_index = base_index
+
+    def compact(self, upto_index: int) -> None:
+        """Drop entries below ``upto_index`` (retention), keeping the base consistent."""
+        upto = min(upto_index, self.last_index)
+        if upto <= self.first_index:
+            return
+        n = upto - self.first_index
+        last_dropped = self._entries[n - 1]
+        self.base_term = last_dropped.term
+        self.base_pos = last_dropped.pos + HEADER_SIZE + len(last_dropped.data)
+        self.base_index = last_dropped.index
+        del self._entries[:n]
+
+    def sync(self) -> int:
+        self.durable_index = self.last_index
+        return self.durable_index
+
+    def crash(self) -> None:
+        """Lose everything not yet synced."""
+        if self.durable_index < self.last_index:
+            del self._entries[self.durable_index - self.base_index :]

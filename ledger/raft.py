@@ -1,0 +1,758 @@
+"""The Raft consensus core: a deterministic state machine with no sockets, clocks or threads.
+
+Inputs are messages (``step``), logical clock ticks (``tick``), proposals, read requests and
+durability notices (``on_durable``); outputs are collected in a ``Ready`` that the runtime
+takes after every input: messages to send, the hard state to persist before sending them,
+the new commit index, role changes and confirmed reads. Time and randomness come from the
+caller (ticks and an injected ``random.Random``), so a whole cluster can be simulated from
+a seed and a failing seed replays exactly (the etcd/raft and sans-I/O style).
+
+The log is injected (the real segmented store, or an in-memory log in simulations). The
+core appends and truncates it directly, which is only page-cache work for the real store;
+durability is the runtime's job: it fsyncs in batches (group commit) and reports the
+durable index back. A leader counts itself toward a quorum only up to its durable index,
+and a follower acknowledges only durable entries, so an acknowledged entry is on disk on a
+quorum of nodes.
+
+Implemented: randomized election timeouts, PreVote, CheckQuorum with leader stickiness,
+commitment only of current-term entries (a no-op at election), pipelined and batched
+appends with a per-follower in-flight window, fast back-tracking by conflict term,
+leadership transfer (TimeoutNow) and a preferred leader, ReadIndex, and a log-only
+InstallBase for followers behind the leader's retention horizon.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .codec import KIND_NOOP, KIND_NORMAL, Entry
+from .messages import (
+    AppendRequest,
+    AppendResponse,
+    InstallBase,
+    Message,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class NotLeader(Exception):
+    """This node cannot serve the request; ``leader`` is its best guess of who can (or None)."""
+
+    def __init__(self, leader: str | None, reason: str = "not leader") -> None:
+        super().__init__(f"{reason}; leader is {leader or 'unknown'}")
+        self.leader = leader
+
+
+class LogView(Protocol):
+    """What the core needs of a log; ``ledger.store.LogStore`` and ``ledger.memlog.MemoryLog`` provide it."""
+
+    first_index: int
+    last_index: int
+    last_term: int
+
+    def term_at(self, index: int) -> int: ...
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]: ...
+    def append(self, entries: Sequence[Entry]) -> None: ...
+    def truncate_suffix(self, index: int) -> None: ...
+    def reset(self, base_index: int, base_term: int, base_pos: int) -> None: ...
+
+
+@dataclass
+class RaftConfig:
+    """Timing is in ticks; the runtime decides how long a tick is (default 50 ms)."""
+
+    election_ticks: int = 8
+    heartbeat_ticks: int = 1
+    pre_vote: bool = True
+    check_quorum: bool = True
+    max_inflight: int = 32
+    max_append_bytes: int = 1 << 20
+    preferred_leader: str | None = None
+
+    def validate(self) -> None:
+        if self.election_ticks < 2:
+            raise ValueError("election_ticks must be at least 2")
+        if not 1 <= self.heartbeat_ticks < self.election_ticks:
+            raise ValueError("heartbeat_ticks must be at least 1 and below election_ticks")
+        if self.max_inflight < 1:
+            raise ValueError("max_inflight must be at least 1")
+
+
+PROBE, REPLICATE = 0, 1
+
+
+class Progress:
+    """The leader's view of one follower (etcd's Progress, simplified)."""
+
+    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "active", "acked_seq")
+
+    def __init__(self, next_index: int) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = PROBE
+        self.inflight: deque[int] = deque()  # last index of each append still unacknowledged
+        self.probe_sent = False
+        self.active = False
+        self.acked_seq = 0
+
+    def become_probe(self) -> None:
+        self.state = PROBE
+        self.inflight.clear()
+        self.probe_sent = False
+
+    def become_replicate(self) -> None:
+        self.state = REPLICATE
+        self.next = max(self.next, self.match + 1)
+        self.inflight.clear()
+        self.probe_sent = False
+
+
+@dataclass
+class Ready:
+    """Everything the runtime must do after an input, in this order.
+
+    1. persist ``hard_state`` (fsync) if set, 2. send ``messages``, 3. apply up to
+    ``commit_index``, 4. deliver role changes, confirmed reads and failed reads.
+    """
+
+    hard_state: tuple[int, str | None] | None = None
+    messages: list[Message] = field(default_factory=list)
+    commit_index: int | None = None
+    role_changes: list[tuple[Role, int, str | None]] = field(default_factory=list)
+    leader_ready: int | None = None  # a term: this node leads and its no-op is committed
+    read_states: list[tuple[Any, int]] = field(default_factory=list)  # (ctx, index to wait for)
+    dropped_reads: list[Any] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.hard_state is not None
+            or self.messages
+            or self.commit_index is not None
+            or self.role_changes
+            or self.leader_ready is not None
+            or self.read_states
+            or self.dropped_reads
+        )
+
+
+class RaftCore:
+    """One member of a Raft group. See the module docstring for the contract."""
+
+    def __init__(
+        self,
+        node_id: str,
+        members: Sequence[str],
+        log: LogView,
+        *,
+        term: int = 0,
+        voted_for: str | None = None,
+        config: RaftConfig | None = None,
+        rng: random.Random | None = None,
+        durable_index: int | None = None,
+    ) -> None:
+        if node_id not in members:
+            raise ValueError(f"node {node_id!r} is not among the members {list(members)}")
+        self.id = node_id
+        self.members = list(members)
+        self.peers = [m for m in self.members if m != node_id]
+        self.quorum = len(self.members) // 2 + 1
+        self.log = log
+        self.config = config or RaftConfig()
+        self.config.validate()
+        self.rng = rng or random.Random()
+        self.term = term
+        self.voted_for = voted_for
+        self.role = Role.FOLLOWER
+        self.leader: str | None = None
+        self.commit = log.first_index - 1  # everything before the retained log was committed
+        self.durable = log.last_index if durable_index is None else durable_index
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.timeout = self._random_timeout()
+        self.votes: dict[str, bool] = {}
+        self.progress: dict[str, Progress] = {}
+        self.noop_index = 0
+        self.leader_ready_sent = False
+        self.transfer_target: str | None = None
+        self.transfer_elapsed = 0
+        self.timeout_now_sent = False
+        self.read_seq = 0
+        self.pending_reads: deque[tuple[int, Any, int]] = deque()  # (seq, ctx, commit at request)
+        self.reads_before_noop: list[Any] = []
+        self.leader_match = 0  # follower: highest index known to match the current leader's log
+        self.last_acked = 0  # follower: match index last reported to the leader
+        self.last_seq = 0  # follower: seq of the latest accepted request
+        self._ready = Ready()
+        self._hs_dirty = False
+        self._append_dirty = False
+        self._read_round_needed = False
+
+    # ------------------------------------------------------------------ inputs
+
+    def tick(self) -> None:
+        """Advance the logical clock by one tick."""
+        if self.role is Role.LEADER:
+            self._tick_leader()
+        else:
+            self.election_elapsed += 1
+            if self.election_elapsed >= self.timeout:
+                self.election_elapsed = 0
+                self.campaign()
+
+    def campaign(self, transfer: bool = False) -> None:
+        """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
+        if self.config.pre_vote and not transfer:
+            self._become_pre_candidate()
+        else:
+            self._become_candidate(transfer)
+
+    def propose(self, payloads: Sequence[bytes]) -> tuple[int, int]:
+        """Append client payloads to the leader's log; returns (first index, term)."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.transfer_target is not None:
+            raise NotLeader(self.transfer_target, "leadership transfer in progress")
+        first = self.log.last_index + 1
+        term = self.term
+        self.log.append([Entry(first + i, term, p, KIND_NORMAL) for i, p in enumerate(payloads)])
+        self._append_dirty = True
+        return first, term
+
+    def read_index(self, ctx: Any) -> None:
+        """Ask for a linearizable read point; answered in ``Ready.read_states`` as (ctx, index)."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.commit < self.noop_index:
+            self.reads_before_noop.append(ctx)
+            return
+        self._register_read(ctx)
+
+    def transfer_leadership(self, target: str) -> None:
+        """Hand leadership to ``target`` once it has caught up (DLedger's leadership transfer)."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if target == self.id:
+            return
+        if target not in self.peers:
+            raise ValueError(f"unknown transfer target {target!r}")
+        self.transfer_target = target
+        self.transfer_elapsed = 0
+        self.timeout_now_sent = False
+        self._maybe_send_timeout_now()
+        self._append_dirty = True
+
+    def on_durable(self, index: int) -> None:
+        """The runtime's fsync made the log durable up to ``index``."""
+        index = min(index, self.log.last_index)
+        if index <= self.durable:
+            return
+        self.durable = index
+        if self.role is Role.LEADER:
+            self._maybe_commit()
+        else:
+            self._ack_leader()
+
+    def step(self, m: Message) -> None:
+        """Handle one message from a peer."""
+        if m.term > self.term:
+            if isinstance(m, VoteRequest):
+                in_lease = (
+                    self.config.check_quorum
+                    and self.leader is not None
+                    and self.election_elapsed < self.config.election_ticks
+                )
+                if in_lease and not m.transfer:
+                    return  # leader stickiness: a live leader is not disrupted by a stray candidate
+            if isinstance(m, VoteRequest) and m.pre_vote:
+                pass  # a pre-vote never changes our term
+            elif isinstance(m, VoteResponse) and m.pre_vote and m.granted:
+                pass
+            else:
+                leader = m.src if isinstance(m, AppendRequest | InstallBase) else None
+                self._become_follower(m.term, leader)
+        elif m.term < self.term:
+            if isinstance(m, AppendRequest | InstallBase):
+                # Tell a stale leader about the newer term so it steps down.
+                self._send(AppendResponse(self.term, self.id, m.src, False, 0))
+            elif isinstance(m, VoteRequest) and m.pre_vote:
+                self._send(VoteResponse(self.term, self.id, m.src, False, True))
+            return
+
+        if isinstance(m, VoteRequest):
+            self._handle_vote_request(m)
+        elif isinstance(m, VoteResponse):
+            self._handle_vote_response(m)
+        elif isinstance(m, AppendRequest):
+            self._handle_append(m)
+        elif isinstance(m, AppendResponse):
+            if self.role is Role.LEADER:
+                self._handle_append_response(m)
+        elif isinstance(m, InstallBase):
+            self._handle_install_base(m)
+        elif isinstance(m, TimeoutNow):
+            if self.role is not Role.LEADER and m.src == self.leader:
+                self._become_candidate(transfer=True)
+
+    def ready(self) -> Ready:
+        """Take what the runtime must do now; the core forgets it (no separate advance step)."""
+        if self._read_round_needed and self.role is Role.LEADER:
+            # A read round starts only after its reads were registered, so the quorum that
+            # answers it proves this node still led at some moment after each read arrived.
+            self._read_round_needed = False
+            self.read_seq += 1
+            self._broadcast_heartbeat()
+        if self.role is Role.LEADER and self._append_dirty:
+            self._append_dirty = False
+            for peer in self.peers:
+                self._send_appends(peer)
+        rd = self._ready
+        if self._hs_dirty:
+            rd.hard_state = (self.term, self.voted_for)
+            self._hs_dirty = False
+        self._ready = Ready()
+        return rd
+
+    @property
+    def has_ready(self) -> bool:
+        return (
+            bool(self._ready)
+            or self._hs_dirty
+            or (self.role is Role.LEADER and (self._append_dirty or self._read_round_needed))
+        )
+
+    # ------------------------------------------------------------------ roles
+
+    def _random_timeout(self) -> int:
+        e = self.config.election_ticks
+        return e + self.rng.randrange(e)
+
+    def _reset_timers(self) -> None:
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.timeout = self._random_timeout()
+
+    def _set_role(self, role: Role) -> None:
+        self.role = role
+        self._ready.role_changes.append((role, self.term, self.leader))
+
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        if term != self.term:
+            self.term = term
+            self.voted_for = None
+            self._hs_dirty = True
+        was_leader = self.role is Role.LEADER
+        self.leader = leader
+        self._reset_timers()
+        self.leader_match = 0
+        self.last_acked = 0
+        if was_leader:
+            self._abandon_leadership()
+        self._set_role(Role.FOLLOWER)
+
+    def _abandon_leadership(self) -> None:
+        self.progress.clear()
+        self.transfer_target = None
+        dropped = [ctx for _, ctx, _ in self.pending_reads] + self.reads_before_noop
+        self.pending_reads.clear()
+        self.reads_before_noop = []
+        self._read_round_needed = False
+        self._ready.dropped_reads.extend(dropped)
+
+    def _become_pre_candidate(self) -> None:
+        self.leader = None
+        self.votes = {self.id: True}
+        self._reset_timers()
+        if self.role is not Role.PRE_CANDIDATE:
+            self._set_role(Role.PRE_CANDIDATE)
+        if self._won(self.votes):
+            self._become_candidate(False)
+            return
+        for peer in self.peers:
+            self._send(
+                VoteRequest(self.term + 1, self.id, peer, self.log.last_index, self.log.last_term, True, False)
+            )
+
+    def _become_candidate(self, transfer: bool) -> None:
+        if self.role is Role.LEADER:
+            self._abandon_leadership()
+        self.term += 1
+        self.voted_for = self.id
+        self._hs_dirty = True
+        self.leader = None
+        self.votes = {self.id: True}
+        self._reset_timers()
+        self._set_role(Role.CANDIDATE)
+        if self._won(self.votes):
+            self._become_leader()
+            return
+        for peer in self.peers:
+            self._send(
+                VoteRequest(self.term, self.id, peer, self.log.last_index, self.log.last_term, False, transfer)
+            )
+
+    def _become_leader(self) -> None:
+        self.leader = self.id
+        self._reset_timers()
+        self.progress = {p: Progress(self.log.last_index + 1) for p in self.peers}
+        for pr in self.progress.values():
+            pr.active = True  # give every follower a full election timeout before CheckQuorum counts it
+        self.transfer_target = None
+        self.pending_reads.clear()
+        self.reads_before_noop = []
+        self.leader_ready_sent = False
+        self._set_role(Role.LEADER)
+        self.noop_index = self.log.last_index + 1
+        self.log.append([Entry(self.noop_index, self.term, b"", KIND_NOOP)])
+        self._append_dirty = True
+        self._broadcast_heartbeat()
+        self._maybe_commit()
+
+    def _won(self, votes: dict[str, bool]) -> bool:
+        return sum(1 for v in votes.values() if v) >= self.quorum
+
+    def _lost(self, votes: dict[str, bool]) -> bool:
+        return sum(1 for v in votes.values() if not v) >= self.quorum
+
+    # ------------------------------------------------------------------ elections
+
+    def _log_up_to_date(self, last_index: int, last_term: int) -> bool:
+        my_term = self.log.last_term
+        return last_term > my_term or (last_term == my_term and last_index >= self.log.last_index)
+
+    def _handle_vote_request(self, m: VoteRequest) -> None:
+        if m.pre_vote:
+            can_vote = m.term > self.term or self.voted_for in (None, m.src)
+            in_lease = self.leader is not None and self.election_elapsed < self.config.election_ticks
+            if m.transfer:
+                in_lease = False
+            granted = can_vote and not in_lease and self._log_up_to_date(m.last_index, m.last_term)
+            self._send(VoteResponse(m.term if granted else self.term, self.id, m.src, granted, True))
+            return
+        can_vote = self.voted_for == m.src or (self.voted_for is None and self.leader is None)
+        if can_vote and self._log_up_to_date(m.last_index, m.last_term):
+            self.voted_for = m.src
+            self._hs_dirty = True
+            self.election_elapsed = 0
+            self._send(VoteResponse(self.term, self.id, m.src, True, False))
+        else:
+            self._send(VoteResponse(self.term, self.id, m.src, False, False))
+
+    def _handle_vote_response(self, m: VoteResponse) -> None:
+        if m.pre_vote:
+            if self.role is not Role.PRE_CANDIDATE or (m.granted and m.term != self.term + 1):
+                return
+            self.votes[m.src] = m.granted
+            if self._won(self.votes):
+                self._become_candidate(False)
+            elif self._lost(self.votes):
+                self._become_follower(self.term, None)
+            return
+        if self.role is not Role.CANDIDATE or m.term != self.term:
+            return
+        self.votes[m.src] = m.granted
+        if self._won(self.votes):
+            self._become_leader()
+        elif self._lost(self.votes):
+            self._become_follower(self.term, None)
+
+    # ------------------------------------------------------------------ follower side
+
+    def _accept_leader(self, m: AppendRequest | InstallBase) -> None:
+        if self.role is not Role.FOLLOWER or self.leader != m.src:
+            self._become_follower(m.term, m.src)
+        self.election_elapsed = 0
+        if m.seq > self.last_seq:
+            self.last_seq = m.seq
+
+    def _match_term(self, index: int, term: int) -> bool:
+        log = self.log
+        if index > log.last_index or index < log.first_index - 1:
+            return False
+        return log.term_at(index) == term
+
+    def _handle_append(self, m: AppendRequest) -> None:
+        self._accept_leader(m)
+        log = self.log
+        prev_index, prev_term, entries = m.prev_index, m.prev_term, m.entries
+        if prev_index < self.commit:
+            # Entries up to our commit index are in every later leader's log: skip them.
+            skip = self.commit - prev_index
+            if skip >= len(entries):
+                self.leader_match = max(self.leader_match, prev_index + len(entries))
+                self._respond_success(m)
+                return
+            entries = entries[skip:]
+            prev_index = self.commit
+            prev_term = log.term_at(prev_index)
+        if not self._match_term(prev_index, prev_term):
+            hint = min(prev_index, log.last_index)
+            floor = log.first_index - 1
+            while hint > floor and log.term_at(hint) > prev_term:
+                hint -= 1
+            hint_term = log.term_at(hint) if hint >= floor else 0
+            self._send(
+                AppendResponse(self.term, self.id, m.src, False, 0, m.prev_index, hint, hint_term, m.seq)
+            )
+            return
+        if entries:
+            start = 0
+            last = log.last_index
+            if entries[0].index <= last:
+                # Skip what we already hold; truncate at the first conflict (always above commit).
+                start = len(entries)
+                for i, e in enumerate(entries):
+                    if e.index > last:
+                        start = i
+                        break
+                    if log.term_at(e.index) != e.term:
+                        self._truncate(e.index)
+                        start = i
+                        break
+            if start < len(entries):
+                log.append(entries[start:] if start else entries)
+        last_new = prev_index + len(entries)
+        if m.commit > self.commit:
+            self._commit_to(min(m.commit, last_new))
+        self.leader_match = max(self.leader_match, last_new)
+        self._respond_success(m)
+
+    def _respond_success(self, m: AppendRequest) -> None:
+        """Answer with the durable part of what matches; ``on_durable`` reports the rest later."""
+        match = min(self.leader_match, self.durable)
+        if m.entries and match < m.prev_index + len(m.entries):
+            return  # the fsync that covers these entries will send the acknowledgement
+        self.last_acked = max(self.last_acked, match)
+        self._send(AppendResponse(self.term, self.id, m.src, True, match, seq=m.seq))
+
+    def _ack_leader(self) -> None:
+        if self.leader is None or self.role is not Role.FOLLOWER:
+            return
+        match = min(self.leader_match, self.durable)
+        if match > self.last_acked:
+            self.last_acked = match
+            self._send(AppendResponse(self.term, self.id, self.leader, True, match, seq=self.last_seq))
+
+    def _truncate(self, index: int) -> None:
+        self.log.truncate_suffix(index)
+        self.durable = min(self.durable, index - 1)
+        self.leader_match = min(self.leader_match, index - 1)
+        self.last_acked = min(self.last_acked, index - 1)
+
+    def _handle_install_base(self, m: InstallBase) -> None:
+        self._accept_leader(m)
+        # SIM-FIX (ledger/sim.py seed 0): a delayed or duplicated InstallBase may name a base at
+        # or below our commit index (e.g. below a base installed since). That prefix is
+        # committed, hence already matches the leader: resetting to it would throw away
+        # acknowledged entries and leave commit beyond the end of the log.
+        if m.base_index > self.commit and not self._match_term(m.base_index, m.base_term):
+            self.log.reset(m.base_index, m.base_term, m.base_pos)
+            self.durable = m.base_index
+            self.leader_match = m.base_index
+            self.last_acked = 0
+            self.commit = max(self.commit, m.base_index)
+            self._ready.commit_index = self.commit
+        else:
+            self.leader_match = max(self.leader_match, m.base_index)
+        match = min(self.leader_match, self.durable)
+        self.last_acked = max(self.last_acked, match)
+        self._send(AppendResponse(self.term, self.id, m.src, True, match, seq=m.seq))
+
+    def _commit_to(self, index: int) -> None:
+        if index > self.commit:
+            self.commit = index
+            self._ready.commit_index = index
+
+    # ------------------------------------------------------------------ leader side
+
+    def _tick_leader(self) -> None:
+        cfg = self.config
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.transfer_target is not None:
+            self.transfer_elapsed += 1
+            if self.transfer_elapsed >= cfg.election_ticks:
+                self.transfer_target = None  # the target did not take over in time: keep leading
+        if self.election_elapsed >= cfg.election_ticks:
+            self.election_elapsed = 0
+            if cfg.check_quorum:
+                active = 1 + sum(1 for pr in self.progress.values() if pr.active)
+                for pr in self.progress.values():
+                    pr.active = False
+                if active < self.quorum:
+                    self._become_follower(self.term, None)
+                    return
+            self._maybe_transfer_to_preferred()
+        if self.heartbeat_elapsed >= cfg.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            self._broadcast_heartbeat()
+
+    def _maybe_transfer_to_preferred(self) -> None:
+        pref = self.config.preferred_leader
+        if not pref or pref == self.id or pref not in self.progress or self.transfer_target is not None:
+            return
+        if self.commit < self.noop_index:
+            return
+        pr = self.progress[pref]
+        if pr.state == REPLICATE and self.log.last_index - pr.match < 1024:
+            self.transfer_leadership(pref)
+
+    def _broadcast_heartbeat(self) -> None:
+        for peer in self.peers:
+            pr = self.progress[peer]
+            pr.probe_sent = False
+            prev = pr.next - 1
+            if prev < self.log.first_index - 1:
+                self._send_install_base(peer, pr)
+                continue
+            self._send(
+                AppendRequest(
+                    self.term, self.id, peer, prev, self.log.term_at(prev), self.commit, [], self.read_seq
+                )
+            )
+        self._append_dirty = True
+
+    def _send_install_base(self, peer: str, pr: Progress) -> None:
+        log = self.log
+        base = log.first_index - 1
+        first = log.entries(log.first_index, log.first_index)
+        base_pos = first[0].pos if first else -1
+        if base_pos < 0:
+            return
+        # SIM-FIX (ledger/sim.py seed 0): a follower in REPLICATE keeps a ``next`` below the
+        # base, and a successful answer in REPLICATE never raises ``next``, so the leader sent
+        # InstallBase forever and never an entry. Probing makes the answer set next = base + 1.
+        pr.become_probe()
+        pr.probe_sent = True
+        self._send(InstallBase(self.term, self.id, peer, base, log.term_at(base), base_pos, self.read_seq))
+
+    def _send_appends(self, peer: str) -> None:
+        """Send as much as the follower's window allows: one probe, or a pipeline of batches."""
+        pr = self.progress[peer]
+        log = self.log
+        last = log.last_index
+        while pr.next <= last:
+            if pr.state == PROBE:
+                if pr.probe_sent:
+                    return
+            elif len(pr.inflight) >= self.config.max_inflight:
+                return
+            if pr.next < log.first_index:
+                self._send_install_base(peer, pr)
+                return
+            prev = pr.next - 1
+            entries = log.entries(pr.next, last, self.config.max_append_bytes)
+            self._send(
+                AppendRequest(
+                    self.term, self.id, peer, prev, log.term_at(prev), self.commit, entries, self.read_seq
+                )
+            )
+            if pr.state == PROBE:
+                pr.probe_sent = True
+                return
+            pr.next = entries[-1].index + 1
+            pr.inflight.append(entries[-1].index)
+
+    def _handle_append_response(self, m: AppendResponse) -> None:
+        pr = self.progress.get(m.src)
+        if pr is None:
+            return
+        pr.active = True
+        if m.seq > pr.acked_seq:
+            pr.acked_seq = m.seq
+            if self.pending_reads:
+                self._release_reads()
+        if not m.success:
+            if m.reject_index <= pr.match or m.reject_index == 0:
+                return  # stale rejection of something already acknowledged
+            if pr.state == PROBE and m.reject_index != pr.next - 1:
+                return  # answer to an older probe
+            idx = min(m.hint_index, self.log.last_index)
+            floor = self.log.first_index - 1
+            while idx > floor and self.log.term_at(idx) > m.hint_term:
+                idx -= 1
+            pr.next = max(pr.match + 1, min(idx + 1, m.reject_index))
+            pr.become_probe()
+            self._append_dirty = True
+            return
+        if m.match_index > pr.match:
+            pr.match = m.match_index
+            self._maybe_commit()
+        if pr.state == PROBE:
+            pr.next = max(pr.next, pr.match + 1)
+            pr.become_replicate()
+        else:
+            inflight = pr.inflight
+            while inflight and inflight[0] <= pr.match:
+                inflight.popleft()
+        pr.probe_sent = False
+        self._append_dirty = True
+        if self.transfer_target == m.src:
+            self._maybe_send_timeout_now()
+
+    def _maybe_send_timeout_now(self) -> None:
+        target = self.transfer_target
+        if target is None or self.timeout_now_sent:
+            return
+        if self.progress[target].match >= self.log.last_index:
+            self.timeout_now_sent = True
+            self._send(TimeoutNow(self.term, self.id, target))
+
+    def _maybe_commit(self) -> None:
+        matches = sorted([self.durable] + [pr.match for pr in self.progress.values()], reverse=True)
+        candidate = matches[self.quorum - 1]
+        if candidate > self.commit and self.log.term_at(candidate) == self.term:
+            self._commit_to(candidate)
+            if not self.leader_ready_sent and self.commit >= self.noop_index:
+                self.leader_ready_sent = True
+                self._ready.leader_ready = self.term
+                if self.reads_before_noop:
+                    waiting, self.reads_before_noop = self.reads_before_noop, []
+                    for ctx in waiting:
+                        self._register_read(ctx)
+
+    def _register_read(self, ctx: Any) -> None:
+        if not self.peers:
+            self._ready.read_states.append((ctx, self.commit))
+            return
+        self._read_round_needed = True
+        self.pending_reads.append((self.read_seq + 1, ctx, self.commit))
+
+    def _release_reads(self) -> None:
+        seqs = sorted([self.read_seq] + [pr.acked_seq for pr in self.progress.values()], reverse=True)
+        confirmed = seqs[self.quorum - 1]
+        reads = self.pending_reads
+        while reads and reads[0][0] <= confirmed:
+            _, ctx, index = reads.popleft()
+            self._ready.read_states.append((ctx, index))
+
+    def _send(self, m: Message) -> None:
+        self._ready.messages.append(m)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role.value,
+            "term": self.term,
+            "leader": self.leader,
+            "commit_index": self.commit,
+            "last_index": self.log.last_index,
+            "first_index": self.log.first_index,
+            "durable_index": self.durable,
+            "voted_for": self.voted_for,
+        }

@@ -1,0 +1,953 @@
+"""The durable, segmented Raft log: data segments, a derived index, recovery, group-commit fsync.
+
+Layout of the log directory::
+
+    00000000000000000000.seg   entries back to back, in the codec's encoding
+    00000000000000000000.idx   one 24-byte record (index, term, pos) per entry of that segment
+    00000000000067108908.seg   segments are named by the log position of their first entry,
+    ...                        as RocketMQ names its commit log files
+    base                       (base_index, base_term, base_pos) after retention or reset
+
+The data segments are the truth; the index files only save recovery a scan. Positions are
+byte offsets in one logical log that continues across segments, so a leader and its
+followers agree on every entry's position and a follower can write the leader's encoded
+bytes without re-encoding them.
+
+Durability is split between two threads. ``append`` only writes to the page cache (one
+``pwrite`` per segment touched), on the event loop thread. ``prepare_sync`` captures what
+needs flushing, ``SyncJob.run`` flushes it on a worker thread while the loop keeps
+appending, and ``complete_sync`` publishes the new ``durable_index``. Many appends share
+one fsync, which is what makes the durable-ack rate independent of the batch size.
+
+Any I/O error while writing or flushing makes the store refuse further writes: after a
+failed fsync the kernel may have dropped dirty pages, so the only safe continuation is a
+restart and recovery from what is really on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import re
+import struct
+import sys
+import time
+from array import array
+from bisect import bisect_left, bisect_right
+from collections import deque
+from collections.abc import Sequence
+from itertools import islice
+
+import xxhash
+
+from .codec import MAGIC, Entry, encode_entries, scan_entries
+
+__all__ = ["CorruptLogError", "LogStore", "SyncJob", "write_file_atomically"]
+
+log = logging.getLogger("ledger.store")
+
+SEG_SUFFIX = ".seg"
+IDX_SUFFIX = ".idx"
+BASE_NAME = "base"
+IDX_RECORD = 24  # index, term, pos: three little-endian int64
+_SEG_RE = re.compile(r"^(\d{20})\.(seg|idx)$")
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+_BASE = struct.Struct("<IqqqQ")  # magic, base_index, base_term, base_pos, xxh3 of the rest
+_BASE_MAGIC = 0x424D514C  # "LQMB"
+_LITTLE = sys.byteorder == "little"
+_MAX_OPEN = 8  # segments whose fds stay open once idle (the active one never counts as idle)
+_datasync = getattr(os, "fdatasync", os.fsync)
+
+
+class CorruptLogError(Exception):
+    """The on-disk log is damaged in a way that must not be repaired silently.
+
+    ``path`` is the segment (or index/base) file and ``offset`` the byte offset within it, so
+    an operator can look at the exact bytes.
+    """
+
+    def __init__(self, path: str | os.PathLike, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt log: {os.fspath(path)} at offset {offset}: {reason}")
+        self.path = os.fspath(path)
+        self.offset = offset
+        self.reason = reason
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make creations, renames and deletions in ``path`` durable (POSIX needs the directory synced)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new content.
+
+    The temporary file is fsynced before the rename and the directory after it; without
+    both, a power loss can leave an empty file or the old name pointing at nothing.
+    """
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` until done: a regular file only writes short on errors, but never assume."""
+    n = os.pwrite(fd, data, offset)
+    if n == len(data):
+        return
+    view = memoryview(data)
+    while n < len(view):
+        n += os.pwrite(fd, view[n:], offset + n)
+
+
+def _pread_all(fd: int, size: int, offset: int) -> bytes:
+    """``pread`` that survives the kernel's ~2 GiB per-call limit; short only at end of file."""
+    buf = os.pread(fd, size, offset)
+    if len(buf) == size or not buf:
+        return buf
+    parts = [buf]
+    got = len(buf)
+    while got < size:
+        chunk = os.pread(fd, size - got, offset + got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _index_records(first_index: int, terms: Sequence[int], positions: Sequence[int]) -> bytes:
+    """Interleave the index records with C-level slice assignment: no per-entry Python work."""
+    n = len(terms)
+    rec = array("q", bytes(IDX_RECORD * n))
+    rec[0::3] = array("q", range(first_index, first_index + n))
+    rec[1::3] = array("q", terms)
+    rec[2::3] = array("q", positions)
+    if not _LITTLE:
+        rec.byteswap()
+    return rec.tobytes()
+
+
+def _increasing(values: Sequence[int], strict: bool) -> bool:
+    op = operator.lt if strict else operator.le
+    return all(map(op, values, islice(values, 1, None)))
+
+
+class _Segment:
+    """One data file and its index file; fds are opened lazily and may be closed when idle."""
+
+    __slots__ = ("start", "path", "idx_path", "first_index", "count", "size", "fd", "ifd", "dirty", "holds")
+
+    def __init__(self, directory: str, start: int, first_index: int) -> None:
+        name = os.path.join(directory, f"{start:020d}")
+        self.start = start  # log position of the first entry
+        self.path = name + SEG_SUFFIX
+        self.idx_path = name + IDX_SUFFIX
+        self.first_index = first_index
+        self.count = 0
+        self.size = 0
+        self.fd: int | None = None
+        self.ifd: int | None = None
+        self.dirty = False  # written (or truncated) since the last prepare_sync
+        self.holds = 0  # sync jobs in flight that will fsync our fds
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + self.count - 1
+
+
+class SyncJob:
+    """The fsyncs owed for everything appended up to ``target``; ``run`` may be called on any thread.
+
+    ``run`` touches nothing but the fds captured by ``prepare_sync`` (which stay open until
+    ``complete_sync``), so the loop thread can keep appending while it runs.
+    """
+
+    __slots__ = ("target", "_fds", "_segments", "done", "error")
+
+    def __init__(self, target: int, fds: list[int], segments: list[_Segment]) -> None:
+        self.target = target
+        self._fds = fds
+        self._segments = segments
+        self.done = False
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        """Flush the captured files; the last fd, when a segment was created or removed, is the directory."""
+        try:
+            for fd in self._fds:
+                _datasync(fd)
+        except OSError as exc:
+            self.error = exc
+            raise
+        finally:
+            self.done = True
+
+
+class LogStore:
+    """The Raft log on disk, with an in-memory tail cache and O(1) term lookups."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        segment_bytes: int = 64 << 20,
+        cache_bytes: int = 64 << 20,
+        retention_bytes: int | None = None,
+        retention_seconds: float | None = None,
+    ) -> None:
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+        self.directory = os.fspath(directory)
+        self.segment_bytes = segment_bytes
+        self.cache_bytes = max(0, cache_bytes)
+        self.retention_bytes = retention_bytes
+        self.retention_seconds = retention_seconds
+        os.makedirs(self.directory, exist_ok=True)
+        self._base_path = os.path.join(self.directory, BASE_NAME)
+        self._dir_fd: int | None = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        self._segs: list[_Segment] = []
+        self._seg_firsts: list[int] = []  # first_index of each segment, for bisect
+        self._active: _Segment | None = None
+        self._open: dict[int, _Segment] = {}  # segments holding open fds, least recently used first
+        self._dirty: list[_Segment] = []
+        self._dir_dirty = False
+        self._jobs: deque[SyncJob] = deque()  # in flight, in prepare order
+        self._zombies: list[_Segment] = []  # deleted while a job still fsyncs their fds
+        self._failed: BaseException | None = None
+        self._base_index, self._base_term, self._base_pos = self._load_base()
+        self._clear_memory()
+        try:
+            self._recover()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def base_index(self) -> int:
+        return self._base_index
+
+    @property
+    def base_term(self) -> int:
+        return self._base_term
+
+    @property
+    def base_pos(self) -> int:
+        return self._base_pos
+
+    def next_pos(self) -> int:
+        """Log position where the next appended entry will be written."""
+        return self._next_pos
+
+    def size_bytes(self) -> int:
+        """Bytes of entry data held in the segments (index files not counted)."""
+        return self._next_pos - self._base_pos
+
+    def term_at(self, index: int) -> int:
+        """Term of entry ``index``; the base index answers with the base term (Raft's prevLogTerm)."""
+        i = index - self.first_index
+        if i < 0:
+            if i == -1:
+                return self._base_term
+            raise IndexError(f"index {index} is before the log base {self._base_index}")
+        try:
+            return self._terms[i]
+        except IndexError:
+            raise IndexError(f"index {index} is after the last index {self.last_index}") from None
+
+    # ------------------------------------------------------------------ appending
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Write ``entries`` (contiguous, after ``last_index``) to the page cache; ``sync`` makes them durable."""
+        n = len(entries)
+        if n == 0:
+            return
+        self._check_writable()
+        first = self.last_index + 1
+        if entries[0].index != first or [e.index for e in entries] != list(range(first, first + n)):
+            raise ValueError(
+                f"append must be contiguous from index {first}, got {entries[0].index}..{entries[-1].index}"
+            )
+        terms = [e.term for e in entries]
+        if terms[0] < self.last_term or not _increasing(terms, strict=False):
+            raise ValueError(
+                f"terms must not decrease (last term {self.last_term}, batch {terms[0]}..{terms[-1]})"
+            )
+        start = self._next_pos
+        blob = encode_entries(entries, start)
+        positions = [e.pos for e in entries]
+        end = start + len(blob)
+        try:
+            self._write_batch(blob, first, terms, positions, end)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        self._pos.fromlist(positions)
+        self._terms.fromlist(terms)
+        self.last_index = first + n - 1
+        self.last_term = terms[-1]
+        self._next_pos = end
+        self._cache_add(entries)
+
+    def _write_batch(self, blob: bytes, first: int, terms: list[int], positions: list[int], end: int) -> None:
+        """Write the encoded batch into as few segments as possible: one pwrite per segment touched."""
+        n = len(positions)
+        positions.append(end)  # sentinel: entry k ends where k + 1 starts
+        try:
+            base = positions[0]
+            i = 0
+            while i < n:
+                seg = self._active
+                if seg is None:
+                    seg = self._roll(positions[i], first + i)
+                limit = seg.start + self.segment_bytes
+                j = bisect_right(positions, limit, i + 1, n + 1) - 1  # entries i..j-1 fit
+                if j == i:
+                    if seg.size:
+                        self._roll(positions[i], first + i)
+                        continue
+                    j = i + 1  # larger than a segment: it gets one of its own
+                a, b = positions[i] - base, positions[j] - base
+                data = blob if b - a == len(blob) else memoryview(blob)[a:b]
+                _pwrite_all(self._fd(seg), data, seg.size)
+                _pwrite_all(
+                    self._ifd(seg),
+                    _index_records(first + i, terms[i:j], positions[i:j]),
+                    seg.count * IDX_RECORD,
+                )
+                seg.count += j - i
+                seg.size += b - a
+                self._mark_dirty(seg)
+                i = j
+        finally:
+            positions.pop()
+
+    def _roll(self, start: int, first_index: int) -> _Segment:
+        """Start a new segment at ``start``; the old one still gets fsynced (index included) by the next job."""
+        old = self._active
+        if old is not None:
+            self._mark_dirty(old)
+        seg = _Segment(self.directory, start, first_index)
+        seg.fd = os.open(seg.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        seg.ifd = os.open(seg.idx_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._open[start] = seg
+        self._segs.append(seg)
+        self._seg_firsts.append(first_index)
+        self._active = seg
+        self._dir_dirty = True
+        self._evict_fds()
+        return seg
+
+    def _mark_dirty(self, seg: _Segment) -> None:
+        if not seg.dirty:
+            seg.dirty = True
+            self._dirty.append(seg)
+
+    def _check_writable(self) -> None:
+        if self._dir_fd is None:
+            raise ValueError(f"log store {self.directory} is closed")
+        if self._failed is not None:
+            raise OSError(
+                f"log store {self.directory} failed an earlier write or fsync ({self._failed!r}); "
+                "restart the node so recovery can re-read what is really on disk"
+            )
+
+    # ------------------------------------------------------------------ group commit
+
+    def prepare_sync(self) -> SyncJob:
+        """Capture (on the loop thread) the fds written since the last job and the index they cover."""
+        self._check_writable()
+        data: list[int] = []
+        idx: list[int] = []
+        segs = self._dirty
+        for seg in segs:
+            seg.dirty = False
+            seg.holds += 1
+            data.append(self._fd(seg))
+            # The active segment's index is rebuilt from a full scan on recovery, so only a
+            # sealed segment's index (trusted on recovery) is worth an fsync.
+            if seg is not self._active:
+                idx.append(self._ifd(seg))
+        fds = data + idx
+        if self._dir_dirty and self._dir_fd is not None:
+            fds.append(self._dir_fd)
+            self._dir_dirty = False
+        self._dirty = []
+        job = SyncJob(self.last_index, fds, segs)
+        self._jobs.append(job)
+        return job
+
+    def complete_sync(self, job: SyncJob) -> int:
+        """Publish a finished job: ``durable_index`` only advances past jobs that all finished, in order."""
+        if not job.done:
+            raise RuntimeError("complete_sync called before SyncJob.run finished")
+        for seg in job._segments:
+            seg.holds -= 1
+        self._bury_zombies()
+        if job.error is not None:
+            self._failed = job.error
+            self._jobs = deque(j for j in self._jobs if j is not job)
+            raise job.error
+        while self._jobs and self._jobs[0].done:
+            head = self._jobs.popleft()
+            if head.error is not None:  # an earlier job failed and nobody completed it yet
+                self._failed = head.error
+                raise OSError(f"an earlier fsync of {self.directory} failed") from head.error
+            self.durable_index = max(self.durable_index, min(head.target, self.last_index))
+        self._evict_fds()
+        return self.durable_index
+
+    def sync(self) -> int:
+        """Flush everything appended so far on the calling thread; returns ``durable_index``.
+
+        If an older job is still running elsewhere, the result stops short of ``last_index``
+        until that job completes (its files are not known to be flushed yet).
+        """
+        job = self.prepare_sync()
+        try:
+            job.run()
+        except OSError:
+            pass  # complete_sync re-raises it once the job's fds are released
+        return self.complete_sync(job)
+
+    # ------------------------------------------------------------------ reading
+
+    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
+        """Entries ``lo..hi`` inclusive, at most ``max_bytes`` of them encoded (but at least one)."""
+        if lo < self.first_index:
+            raise IndexError(f"index {lo} is before the first retained index {self.first_index}")
+        hi = min(hi, self.last_index)
+        if lo > hi:
+            return []
+        if max_bytes is not None:
+            hi = self._clip_by_bytes(lo, hi, max_bytes)
+        cf = self._cache_first
+        if lo >= cf:
+            return self._cache[lo - cf : hi - cf + 1]
+        out = self._read_disk(lo, min(hi, cf - 1))
+        if hi >= cf:
+            out.extend(self._cache[: hi - cf + 1])
+        return out
+
+    def _end_pos(self, i: int) -> int:
+        """End position of the entry at array slot ``i``."""
+        return self._pos[i + 1] if i + 1 < len(self._pos) else self._next_pos
+
+    def _clip_by_bytes(self, lo: int, hi: int, max_bytes: int) -> int:
+        i, j = lo - self.first_index, hi - self.first_index
+        limit = self._pos[i] + max_bytes
+        if self._end_pos(j) <= limit:
+            return hi
+        k = bisect_right(self._pos, limit, i + 1, j + 1)  # entries i..k-2 end at or before limit
+        return lo + max(k - 1 - i, 1) - 1
+
+    def _read_disk(self, lo: int, hi: int) -> list[Entry]:
+        out: list[Entry] = []
+        si = bisect_right(self._seg_firsts, lo) - 1
+        index = lo
+        while index <= hi:
+            seg = self._segs[si]
+            b = min(hi, seg.last_index)
+            self._read_segment(seg, index, b, out)
+            index = b + 1
+            si += 1
+        return out
+
+    def _read_segment(self, seg: _Segment, a: int, b: int, out: list[Entry]) -> None:
+        """Read and verify entries a..b of one segment; any mismatch names the file and offset."""
+        first = self.first_index
+        off = self._pos[a - first] - seg.start
+        size = self._end_pos(b - first) - seg.start - off
+        buf = _pread_all(self._fd(seg), size, off)
+        got, stop, err = scan_entries(buf, verify=True, copy=True)
+        if err is not None:
+            raise CorruptLogError(seg.path, off + stop, err)
+        if len(got) != b - a + 1:
+            raise CorruptLogError(seg.path, off + stop, f"expected {b - a + 1} entries, found {len(got)}")
+        for k, e in enumerate(got, a - first):
+            if e.index != k + first or e.term != self._terms[k] or e.pos != self._pos[k]:
+                raise CorruptLogError(
+                    seg.path,
+                    self._pos[k] - seg.start,
+                    f"index/data mismatch: index says entry {k + first} term {self._terms[k]} at position "
+                    f"{self._pos[k]}, data has entry {e.index} term {e.term} position {e.pos}",
+                )
+        out.extend(got)
+
+    # ------------------------------------------------------------------ tail cache
+
+    def _cache_add(self, entries: Sequence[Entry]) -> None:
+        """Keep the newest ``cache_bytes`` of entries so replication and dispatch never read the disk."""
+        if self.cache_bytes == 0:
+            self._cache_first = self.last_index + 1
+            return
+        self._cache.extend(entries)
+        k0 = self._cache_first - self.first_index
+        if self._next_pos - self._pos[k0] <= self.cache_bytes + (self.cache_bytes >> 2):
+            return  # trimming in slack-sized steps keeps the list's memmove off the per-append path
+        k = bisect_left(self._pos, self._next_pos - self.cache_bytes, k0, len(self._pos))
+        del self._cache[: k - k0]
+        self._cache_first += k - k0
+
+    def _cache_cut_suffix(self, index: int) -> None:
+        if index <= self._cache_first:
+            self._cache = []
+            self._cache_first = index
+        else:
+            del self._cache[index - self._cache_first :]
+
+    def _cache_cut_prefix(self, first_index: int) -> None:
+        if first_index > self._cache_first:
+            del self._cache[: first_index - self._cache_first]
+            self._cache_first = first_index
+
+    # ------------------------------------------------------------------ truncation, reset, retention
+
+    def truncate_suffix(self, index: int) -> None:
+        """Remove entries ``>= index`` (a follower dropping a conflicting, uncommitted suffix)."""
+        if index <= self._base_index:
+            raise ValueError(f"cannot truncate at {index}: the log base is {self._base_index}")
+        if index > self.last_index:
+            return
+        self._check_writable()
+        k = index - self.first_index
+        cut = self._pos[k]
+        si = bisect_right(self._seg_firsts, index) - 1
+        seg = self._segs[si]
+        for later in reversed(self._segs[si + 1 :]):  # newest first: every crash point leaves a prefix
+            self._delete_segment(later)
+        del self._segs[si + 1 :]
+        del self._seg_firsts[si + 1 :]
+        keep = index - seg.first_index
+        try:
+            os.ftruncate(self._fd(seg), cut - seg.start)
+            os.ftruncate(self._ifd(seg), keep * IDX_RECORD)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        seg.count = keep
+        seg.size = cut - seg.start
+        self._mark_dirty(seg)
+        self._active = seg
+        del self._pos[k:]
+        del self._terms[k:]
+        self._cache_cut_suffix(index)
+        self.last_index = index - 1
+        self.last_term = self.term_at(index - 1)
+        self._next_pos = cut
+        self._clip_jobs(index - 1)
+        self.durable_index = min(self.durable_index, index - 1)
+
+    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
+        """Drop the whole log and restart it after (base_index, base_term) at position ``base_pos``.
+
+        Segments go first (newest first), then the base file, so a crash in between leaves
+        either a prefix of the old log on its old base or the empty new log, never a mix.
+        The call blocks on fsyncs; it is rare (a follower too far behind the leader's retention).
+        """
+        if base_index < 0 or base_term < 0 or base_pos < 0:
+            raise ValueError(f"invalid base ({base_index}, {base_term}, {base_pos})")
+        self._check_writable()
+        for seg in reversed(self._segs):
+            self._delete_segment(seg)
+        self._segs = []
+        self._seg_firsts = []
+        self._active = None
+        fsync_dir(self.directory)
+        self._dir_dirty = False
+        self._save_base(base_index, base_term, base_pos)
+        self._clear_memory()
+        self._clip_jobs(base_index)
+        self.durable_index = base_index
+
+    def apply_retention(self, upto_index: int, now: float | None = None) -> int:
+        """Delete old segments wholly below ``upto_index`` while over the size or age limit.
+
+        The new base is persisted before any file is removed, so a crash part-way leaves
+        segments that recovery recognises as already retained (they end before the base).
+        """
+        if self.retention_bytes is None and self.retention_seconds is None:
+            return self.first_index
+        self._check_writable()
+        victims = self._retention_victims(upto_index, time.time() if now is None else now)
+        if not victims:
+            return self.first_index
+        new_first = victims[-1].last_index + 1
+        survivor = self._segs[len(victims)]
+        self._save_base(new_first - 1, self.term_at(new_first - 1), survivor.start)
+        for seg in victims:
+            self._delete_segment(seg)
+        n = len(victims)
+        del self._segs[:n]
+        del self._seg_firsts[:n]
+        del self._pos[: new_first - self.first_index]
+        del self._terms[: new_first - self.first_index]
+        self.first_index = new_first
+        self._cache_cut_prefix(new_first)
+        log.info(
+            "retention removed %d segment(s); log now starts at index %d",
+            n,
+            new_first,
+            extra={"path": self.directory, "first_index": new_first},
+        )
+        return new_first
+
+    def _retention_victims(self, upto_index: int, now: float) -> list[_Segment]:
+        limit = min(upto_index, self.last_index)  # never the segment holding last_index
+        total = self.size_bytes()
+        victims: list[_Segment] = []
+        for seg in self._segs[:-1]:
+            if seg.count == 0 or seg.last_index >= limit:
+                break
+            over_size = self.retention_bytes is not None and total > self.retention_bytes
+            too_old = (
+                self.retention_seconds is not None
+                and now - os.stat(seg.path).st_mtime > self.retention_seconds
+            )
+            if not (over_size or too_old):
+                break
+            victims.append(seg)
+            total -= seg.size
+        return victims
+
+    def _clip_jobs(self, index: int) -> None:
+        """Jobs in flight must not vouch for entries that were replaced after they were prepared."""
+        for job in self._jobs:
+            job.target = min(job.target, index)
+
+    def _delete_segment(self, seg: _Segment) -> None:
+        """Unlink a segment; fds a running job still fsyncs are closed when that job completes."""
+        if seg.dirty:
+            seg.dirty = False
+            self._dirty.remove(seg)
+        if seg.holds:
+            if self._open.get(seg.start) is seg:
+                del self._open[seg.start]
+            self._zombies.append(seg)
+        else:
+            self._close_fds(seg)
+        if seg is self._active:
+            self._active = None
+        for path in (seg.path, seg.idx_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._dir_dirty = True
+
+    def _bury_zombies(self) -> None:
+        if self._zombies:
+            alive = []
+            for seg in self._zombies:
+                if seg.holds:
+                    alive.append(seg)
+                else:
+                    self._close_fds(seg)
+            self._zombies = alive
+
+    # ------------------------------------------------------------------ fds
+
+    def _fd(self, seg: _Segment) -> int:
+        fd = seg.fd
+        if fd is None:
+            fd = seg.fd = os.open(seg.path, os.O_RDWR)
+            self._track_open(seg)
+        return fd
+
+    def _ifd(self, seg: _Segment) -> int:
+        fd = seg.ifd
+        if fd is None:
+            fd = seg.ifd = os.open(seg.idx_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._track_open(seg)
+        return fd
+
+    def _track_open(self, seg: _Segment) -> None:
+        self._open.pop(seg.start, None)
+        self._open[seg.start] = seg
+        self._evict_fds(keep=seg)
+
+    def _evict_fds(self, keep: _Segment | None = None) -> None:
+        """Close idle segments' fds beyond ``_MAX_OPEN``; never one a sync still owes a flush to."""
+        if len(self._open) <= _MAX_OPEN:
+            return
+        for seg in list(self._open.values()):
+            if len(self._open) <= _MAX_OPEN:
+                break
+            if seg is not self._active and seg is not keep and not seg.dirty and not seg.holds:
+                self._close_fds(seg)
+
+    def _close_fds(self, seg: _Segment) -> None:
+        if self._open.get(seg.start) is seg:
+            del self._open[seg.start]
+        for fd in (seg.fd, seg.ifd):
+            if fd is not None:
+                os.close(fd)
+        seg.fd = seg.ifd = None
+
+    def close(self) -> None:
+        """Close every fd; unsynced appends stay in the page cache (call ``sync`` first to keep them)."""
+        for seg in list(self._open.values()) + self._zombies:
+            self._close_fds(seg)
+        self._zombies = []
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"LogStore({self.directory!r}, first={self.first_index}, last={self.last_index}, "
+            f"durable={self.durable_index}, segments={len(self._segs)})"
+        )
+
+    # ------------------------------------------------------------------ base file
+
+    def _load_base(self) -> tuple[int, int, int]:
+        try:
+            with open(self._base_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return 0, 0, 0
+        if len(raw) != _BASE.size:
+            raise CorruptLogError(self._base_path, 0, f"base file is {len(raw)} bytes, expected {_BASE.size}")
+        magic, index, term, pos, checksum = _BASE.unpack(raw)
+        if magic != _BASE_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
+            raise CorruptLogError(self._base_path, 0, "base file checksum mismatch")
+        return index, term, pos
+
+    def _save_base(self, index: int, term: int, pos: int) -> None:
+        body = _BASE.pack(_BASE_MAGIC, index, term, pos, 0)[:-8]
+        write_file_atomically(self._base_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
+        self._base_index, self._base_term, self._base_pos = index, term, pos
+
+    # ------------------------------------------------------------------ recovery
+
+    def _clear_memory(self) -> None:
+        """An empty log after the base."""
+        self.first_index = self._base_index + 1
+        self.last_index = self._base_index
+        self.last_term = self._base_term
+        self.durable_index = self._base_index
+        self._next_pos = self._base_pos
+        self._pos = array("q")
+        self._terms = array("q")
+        self._cache: list[Entry] = []
+        self._cache_first = self.first_index
+
+    def _recover(self) -> None:
+        """Rebuild the in-memory view from disk, repairing only what a crash can explain."""
+        starts = self._list_segments()
+        if not starts:
+            return
+        if starts[0] != self._base_pos:
+            raise CorruptLogError(
+                self._seg_path(starts[0]),
+                0,
+                f"first segment starts at position {starts[0]} but the log base is at {self._base_pos} "
+                "(a segment or the base file is missing)",
+            )
+        for start in starts[:-1]:
+            self._recover_sealed(start)
+        self._recover_last(starts[-1])
+        os.fsync(self._dir_fd)  # type: ignore[arg-type]
+        self.durable_index = self.last_index
+        self._cache_first = self.last_index + 1
+
+    def _seg_path(self, start: int) -> str:
+        return os.path.join(self.directory, f"{start:020d}{SEG_SUFFIX}")
+
+    def _list_segments(self) -> list[int]:
+        """Segment starts in order, after removing what a crash during retention or deletion left."""
+        segs: set[int] = set()
+        idxs: set[int] = set()
+        for name in os.listdir(self.directory):
+            m = _SEG_RE.match(name)
+            if m:
+                (segs if m.group(2) == "seg" else idxs).add(int(m.group(1)))
+        for start in sorted(idxs - segs):
+            os.unlink(os.path.join(self.directory, f"{start:020d}{IDX_SUFFIX}"))
+        starts = sorted(segs)
+        for start in [s for s in starts if s < self._base_pos]:
+            # Retention persists the new base before deleting, so these are already retained.
+            log.info("removing segment retained before the base", extra={"path": self._seg_path(start)})
+            for path in (self._seg_path(start), self._seg_path(start)[: -len(SEG_SUFFIX)] + IDX_SUFFIX):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        return [s for s in starts if s >= self._base_pos]
+
+    def _check_segment_start(self, seg: _Segment) -> None:
+        if seg.start != self._next_pos:
+            raise CorruptLogError(
+                seg.path,
+                0,
+                f"segment starts at position {seg.start} but the previous one ends at {self._next_pos} "
+                "(data missing between segments)",
+            )
+
+    def _adopt(self, seg: _Segment, terms: array, positions: array, size: int) -> None:
+        """Append a recovered segment to the in-memory view."""
+        seg.count = len(terms)
+        seg.size = size
+        self._segs.append(seg)
+        self._seg_firsts.append(seg.first_index)
+        self._pos.extend(positions)
+        self._terms.extend(terms)
+        self.last_index += seg.count
+        if seg.count:
+            self.last_term = terms[-1]
+        self._next_pos = seg.start + size
+
+    def _recover_sealed(self, start: int) -> None:
+        """A segment that is not the last: trust its index once cheaply validated, else rebuild it by scanning."""
+        seg = _Segment(self.directory, start, self.last_index + 1)
+        self._check_segment_start(seg)
+        fd = self._fd(seg)
+        size = os.fstat(fd).st_size
+        cols = self._load_index(seg, size)
+        if cols is None:
+            log.warning(
+                "index %s missing or inconsistent with its segment; rebuilding it by scanning",
+                seg.idx_path,
+                extra={"path": seg.idx_path},
+            )
+            buf = _pread_all(fd, size, 0)
+            got, end, err = scan_entries(buf, verify=True, copy=False)
+            if err is not None:
+                raise CorruptLogError(seg.path, end, f"{err} (in a segment that is not the last)")
+            if not got:
+                raise CorruptLogError(seg.path, 0, "empty segment that is not the last")
+            cols = self._check_run(seg, got)
+            del got, buf
+            self._rewrite_index(seg, *cols)
+        os.fsync(fd)
+        self._adopt(seg, cols[0], cols[1], size)
+        self._close_fds(seg)
+
+    def _load_index(self, seg: _Segment, size: int) -> tuple[array, array] | None:
+        """The index's (terms, positions) if it agrees with the segment; None means rebuild."""
+        try:
+            with open(seg.idx_path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        n = len(raw) // IDX_RECORD
+        if n == 0 or len(raw) % IDX_RECORD:
+            return None
+        rec = array("q", raw)
+        if not _LITTLE:
+            rec.byteswap()
+        indexes, terms, positions = rec[0::3], rec[1::3], rec[2::3]
+        if indexes != array("q", range(seg.first_index, seg.first_index + n)):
+            return None
+        if positions[0] != seg.start or terms[0] < self.last_term:
+            return None
+        if not (_increasing(positions, strict=True) and _increasing(terms, strict=False)):
+            return None
+        last_off = positions[-1] - seg.start
+        if last_off >= size:
+            return None
+        got, end, err = scan_entries(_pread_all(self._fd(seg), size - last_off, last_off), verify=True)
+        if err is not None or len(got) != 1 or last_off + end != size:
+            return None
+        e = got[0]
+        if (e.index, e.term, e.pos) != (indexes[-1], terms[-1], positions[-1]):
+            return None
+        return terms, positions
+
+    def _recover_last(self, start: int) -> None:
+        """Verify every entry of the last segment; cut a torn tail, refuse corruption followed by data."""
+        seg = _Segment(self.directory, start, self.last_index + 1)
+        self._check_segment_start(seg)
+        fd = self._fd(seg)
+        buf = _pread_all(fd, os.fstat(fd).st_size, 0)
+        got, end, err = scan_entries(buf, verify=True, copy=False)
+        terms, positions = self._check_run(seg, got)
+        del got
+        if err is not None:
+            if _valid_entry_after(buf, end, seg.start):
+                raise CorruptLogError(seg.path, end, f"{err}, followed by valid entries")
+            log.warning(
+                "truncating torn tail of %s at offset %d (%s, %d bytes dropped)",
+                seg.path,
+                end,
+                err,
+                len(buf) - end,
+                extra={"path": seg.path, "offset": end, "reason": err},
+            )
+            os.ftruncate(fd, end)
+        os.fsync(fd)
+        self._rewrite_index(seg, terms, positions, only_if_different=True)
+        self._adopt(seg, terms, positions, end)
+        self._active = seg
+
+    def _check_run(self, seg: _Segment, got: list[Entry]) -> tuple[array, array]:
+        """Entries with valid checksums must also be where the log says: contiguous indexes, positions, terms."""
+        index, pos, term = seg.first_index, seg.start, self.last_term
+        for e in got:
+            if e.index != index or e.pos != pos or e.term < term:
+                raise CorruptLogError(
+                    seg.path,
+                    pos - seg.start,
+                    f"entry header says index {e.index} term {e.term} position {e.pos}; "
+                    f"expected index {index} position {pos} term >= {term}",
+                )
+            index += 1
+            pos += len(e.raw)  # type: ignore[arg-type]
+            term = e.term
+        return array("q", [e.term for e in got]), array("q", [e.pos for e in got])
+
+    def _rewrite_index(
+        self, seg: _Segment, terms: array, positions: array, only_if_different: bool = False
+    ) -> None:
+        want = _index_records(seg.first_index, terms, positions)
+        ifd = self._ifd(seg)
+        if only_if_different:
+            have = _pread_all(ifd, os.fstat(ifd).st_size, 0)
+            if have == want:
+                return
+            if not (want.startswith(have) or have.startswith(want)):  # else a crash cut one short
+                log.warning(
+                    "index %s disagreed with its segment; rewritten",
+                    seg.idx_path,
+                    extra={"path": seg.idx_path},
+                )
+        os.ftruncate(ifd, 0)
+        _pwrite_all(ifd, want, 0)
+        os.fsync(ifd)
+
+
+def _valid_entry_after(buf: bytes, offset: int, seg_start: int) -> bool:
+    """Whether a whole, checksummed entry sits at its own position anywhere past ``offset``.
+
+    That is what tells corruption (data we wrote and later lost the middle of) from a torn
+    tail (the unfinished end of the last write, or garbage after it). The position check
+    rules out stray copies of entries inside payloads.
+    """
+    view = memoryview(buf)
+    i = buf.find(_MAGIC_BYTES, offset + 1)
+    while i != -1:
+        got, _, _ = scan_entries(view[i:], verify=True, copy=False, limit=1)
+        if got and got[0].pos == seg_start + i:
+            return True
+        i = buf.find(_MAGIC_BYTES, i + 1)
+    return False
