@@ -46,7 +46,81 @@ def write_toml(path: Path, settings: Mapping[str, Any], section: str | None = No
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-class LocalCluster:
+class ProcessSet:
+    """Named child processes started, signalled and reaped by PID; ``stop()`` always reaps all."""
+
+    def __init__(self, base_dir: str | Path) -> None:
+        self.base_dir = Path(base_dir)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.paused: set[str] = set()
+
+    def spawn(self, name: str, argv: list[str], log_path: Path) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            return
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.procs[name] = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
+        finally:
+            logf.close()
+        self.paused.discard(name)
+
+    def pid(self, name: str) -> int | None:
+        proc = self.procs.get(name)
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def is_running(self, name: str) -> bool:
+        return self.pid(name) is not None
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        if name in self.paused and sig != signal.SIGCONT:
+            proc.send_signal(signal.SIGCONT)
+        proc.send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            self.paused.discard(name)
+
+    def pause(self, name: str) -> None:
+        pid = self.pid(name)
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+            self.paused.add(name)
+
+    def resume(self, name: str) -> None:
+        pid = self.pid(name)
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        self.paused.discard(name)
+
+    def stop(self) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after a grace period) and reap them."""
+        for name in list(self.procs):
+            if name in self.paused:
+                self.resume(name)
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.paused.clear()
+
+
+class LocalCluster(ProcessSet):
     def __init__(
         self,
         base_dir: str | Path,
@@ -56,7 +130,7 @@ class LocalCluster:
         distinct_hosts: bool = True,
         python: str = sys.executable,
     ) -> None:
-        self.base_dir = Path(base_dir)
+        super().__init__(base_dir)
         self.ids = [f"n{i + 1}" for i in range(n)]
         self.hosts = {
             nid: (f"127.0.0.{i + 1}" if distinct_hosts else "127.0.0.1") for i, nid in enumerate(self.ids)
@@ -64,8 +138,6 @@ class LocalCluster:
         self.ports = {nid: free_port(self.hosts[nid]) for nid in self.ids}
         self.settings = dict(settings or {})
         self.python = python
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paused: set[str] = set()
 
     def address(self, nid: str) -> str:
         return f"{self.hosts[nid]}:{self.ports[nid]}"
@@ -97,71 +169,8 @@ class LocalCluster:
             self.start_node(nid)
 
     def start_node(self, nid: str) -> None:
-        proc = self.procs.get(nid)
-        if proc is not None and proc.poll() is None:
-            return
-        logf = open(self.base_dir / nid / "node.log", "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.procs[nid] = subprocess.Popen(
-                [self.python, "-m", "ledger", "start", "--config", str(self.config_path(nid))],
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        finally:
-            logf.close()
-        self.paused.discard(nid)
-
-    def pid(self, nid: str) -> int | None:
-        proc = self.procs.get(nid)
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def is_running(self, nid: str) -> bool:
-        return self.pid(nid) is not None
-
-    def kill(self, nid: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.get(nid)
-        if proc is None or proc.poll() is not None:
-            return
-        if nid in self.paused and sig != signal.SIGCONT:
-            proc.send_signal(signal.SIGCONT)
-        proc.send_signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            self.paused.discard(nid)
-
-    def pause(self, nid: str) -> None:
-        pid = self.pid(nid)
-        if pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            self.paused.add(nid)
-
-    def resume(self, nid: str) -> None:
-        pid = self.pid(nid)
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-        self.paused.discard(nid)
-
-    def stop(self) -> None:
-        """Stop every node (SIGTERM, then SIGKILL after a grace period) and reap them."""
-        for nid in list(self.procs):
-            if nid in self.paused:
-                self.resume(nid)
-            proc = self.procs[nid]
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.paused.clear()
+        argv = [self.python, "-m", "ledger", "start", "--config", str(self.config_path(nid))]
+        self.spawn(nid, argv, self.base_dir / nid / "node.log")
 
     def __enter__(self) -> LocalCluster:
         self.start()

@@ -359,6 +359,11 @@ class RaftCore:
         self._reset_timers()
         self.leader_match = 0
         self.last_acked = 0
+        # SIM-FIX (ledger/sim.py seed 24): ``last_seq`` is echoed to the leader by ``_ack_leader``;
+        # a seq kept from a previous leader's numbering inflated the new leader's acked_seq,
+        # which could confirm a read without a round started after it (stale read) and, as
+        # the seed showed, left later reads pending forever once real seqs were lower.
+        self.last_seq = 0
         if was_leader:
             self._abandon_leadership()
         self._set_role(Role.FOLLOWER)

@@ -1,0 +1,391 @@
+"""One TCP connection speaking the frame protocol, used by both the server and the client.
+
+Both directions share one class because RocketMQ's protocol is symmetric: a broker answers a
+producer's requests but also asks a client things (CHECK_TRANSACTION_STATE), so either end
+may send requests and responses on the same connection.
+
+Hot-path choices, because the broker pushes tens of thousands of frames a second through here:
+- an ``asyncio.Protocol`` rather than streams: ``data_received`` decodes in place and resolves
+  response futures directly, with no task per frame;
+- outgoing frames are queued and written once per event-loop iteration, so a burst of
+  responses becomes one ``send()`` system call;
+- per-call timeouts are loop timer handles, not ``wait_for`` tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from remoting.codes import request_code_name
+from remoting.config import RemotingConfig
+from remoting.exceptions import (
+    FrameEncodeError,
+    ProtocolError,
+    RemotingConnectionClosedError,
+    RemotingFrameError,
+    RemotingSendRequestError,
+    RemotingTimeoutError,
+)
+from remoting.protocol import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    BadFrame,
+    FrameDecoder,
+    RemotingCommand,
+    encode_parts,
+)
+
+if TYPE_CHECKING:
+    from remoting.dispatcher import RequestDispatcher
+
+log = logging.getLogger("remoting.connection")
+
+ResponseCallback = Callable[[RemotingCommand | None, BaseException | None], None]
+"""Called with (response, None) or (None, error) exactly once per async invoke."""
+
+_OPAQUE_MASK = 0xFFFFFFFF
+_LOG_FIRST_BAD = 10  # per connection; then every 1000th, so a hostile peer cannot flood the log
+
+
+class RemotingStats:
+    """Counters shared by the connections of one server or client; read by metrics on scrape."""
+
+    __slots__ = (
+        "connections_opened",
+        "connections_closed",
+        "frames_in",
+        "frames_out",
+        "bad_frames",
+        "protocol_errors",
+        "timeouts",
+    )
+
+    def __init__(self) -> None:
+        self.connections_opened = 0
+        self.connections_closed = 0
+        self.frames_in = 0
+        self.frames_out = 0
+        self.bad_frames = 0
+        self.protocol_errors = 0
+        self.timeouts = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class _Pending:
+    __slots__ = ("future", "callback", "timer", "code", "timeout_s")
+
+    def __init__(
+        self,
+        future: asyncio.Future[RemotingCommand] | None,
+        callback: ResponseCallback | None,
+        code: int,
+        timeout_s: float,
+    ) -> None:
+        self.future = future
+        self.callback = callback
+        self.timer: asyncio.TimerHandle | None = None
+        self.code = code
+        self.timeout_s = timeout_s
+
+    def complete(self, response: RemotingCommand | None, error: BaseException | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        fut = self.future
+        if fut is not None:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(response)  # type: ignore[arg-type]
+                else:
+                    fut.set_exception(error)
+        elif self.callback is not None:
+            try:
+                self.callback(response, error)
+            except Exception:
+                log.exception("response callback raised", extra={"code": request_code_name(self.code)})
+
+
+class RemotingConnection(asyncio.Protocol):
+    """Frame-level connection: decode, dispatch requests, match responses by opaque."""
+
+    def __init__(
+        self,
+        config: RemotingConfig,
+        dispatcher: RequestDispatcher | None,
+        stats: RemotingStats,
+        *,
+        side: str,
+        on_open: Callable[[RemotingConnection], None] | None = None,
+        on_lost: Callable[[RemotingConnection], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.dispatcher = dispatcher
+        self.stats = stats
+        self.side = side
+        self._on_open = on_open
+        self._on_lost = on_lost
+        self._decoder = FrameDecoder(config.max_body_bytes, config.max_header_bytes, config.verify_crc)
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._next_opaque = 1
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._flush_scheduled = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._closed = False
+        self._closed_future: asyncio.Future[None] = self._loop.create_future()
+        self._bad_frames = 0
+        self.remote_addr = "?"
+        self.local_addr = "?"
+        self.close_reason: str | None = None
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
+        self.remote_addr = _format_addr(transport.get_extra_info("peername"))
+        self.local_addr = _format_addr(transport.get_extra_info("sockname"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # pragma: no cover - not every socket family has it
+                pass
+        transport.set_write_buffer_limits(high=self.config.write_buffer_high_bytes)
+        self.stats.connections_opened += 1
+        if self._on_open is not None:
+            self._on_open(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self.stats.protocol_errors += 1
+            log.warning(
+                "closing connection: %s",
+                exc,
+                extra={"peer": self.remote_addr, "side": self.side, "local": self.local_addr},
+            )
+            self.close(f"protocol error: {exc}")
+            return
+        stats = self.stats
+        stats.frames_in += len(events)
+        pending = self._pending
+        for ev in events:
+            if type(ev) is RemotingCommand:
+                if ev.flags & FLAG_RESPONSE:
+                    entry = pending.pop(ev.opaque, None)
+                    if entry is not None:
+                        entry.complete(ev, None)
+                    else:
+                        log.debug(
+                            "response for unknown opaque %d (timed out?)",
+                            ev.opaque,
+                            extra={"peer": self.remote_addr},
+                        )
+                elif self.dispatcher is not None:
+                    self.dispatcher.dispatch(self, ev)
+                else:
+                    from remoting.dispatcher import not_supported
+
+                    if not ev.flags & FLAG_ONEWAY:
+                        self.send(not_supported(ev))
+            else:
+                self._on_bad_frame(ev)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._writable.set()  # wake writers so they see the closed state
+        reason = self.close_reason or (f"{type(exc).__name__}: {exc}" if exc else "closed by peer")
+        self.close_reason = reason
+        self.stats.connections_closed += 1
+        pending, self._pending = self._pending, {}
+        for opaque, entry in pending.items():
+            entry.complete(
+                None,
+                RemotingConnectionClosedError(
+                    f"connection {self.local_addr}->{self.remote_addr} closed ({reason}) while "
+                    f"{request_code_name(entry.code)} opaque={opaque} was in flight; outcome unknown"
+                ),
+            )
+        self._out.clear()
+        if not self._closed_future.done():
+            self._closed_future.set_result(None)
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("connection-lost listener raised", extra={"peer": self.remote_addr})
+
+    def pause_writing(self) -> None:
+        # The peer is not reading: stop reading its requests (server) and make callers wait (client).
+        self._writable.clear()
+        if self._transport is not None and self.dispatcher is not None and self.side == "server":
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+        if self._transport is not None and self.side == "server" and not self._closed:
+            self._transport.resume_reading()
+
+    # --- state ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def writable(self) -> bool:
+        return self._writable.is_set()
+
+    async def wait_writable(self) -> None:
+        await self._writable.wait()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed_future)
+
+    def close(self, reason: str = "closed locally") -> None:
+        """Close after flushing queued output; in-flight calls fail with RemotingConnectionClosedError."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        if self._transport is not None and not self._transport.is_closing():
+            self._flush()
+            self._transport.close()
+
+    def abort(self, reason: str = "aborted") -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- output ---------------------------------------------------------------------------
+    def send(self, cmd: RemotingCommand) -> None:
+        """Queue a frame (response, or request with opaque set); written at the end of this loop turn."""
+        if self._closed or self._transport is None or self._transport.is_closing():
+            raise RemotingSendRequestError(
+                f"connection {self.local_addr}->{self.remote_addr} is closed ({self.close_reason or 'closing'})"
+            )
+        if len(cmd.body) > self.config.max_body_bytes:
+            raise FrameEncodeError(
+                f"{request_code_name(cmd.code)} body of {len(cmd.body)} bytes exceeds max_body_bytes="
+                f"{self.config.max_body_bytes}"
+            )
+        head, body = encode_parts(cmd, crc=self.config.send_crc)
+        out = self._out
+        out.append(head)
+        if body:
+            out.append(body)
+        self.stats.frames_out += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            out.clear()
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        transport.write(data)
+
+    def _allocate_opaque(self) -> int:
+        opaque = self._next_opaque
+        while opaque in self._pending:  # only after 2**32 calls with one stuck in flight
+            opaque = (opaque + 1) & _OPAQUE_MASK
+        self._next_opaque = (opaque + 1) & _OPAQUE_MASK
+        return opaque
+
+    def invoke(
+        self,
+        request: RemotingCommand,
+        timeout_s: float,
+        callback: ResponseCallback | None = None,
+        *,
+        call_timeout_s: float | None = None,
+    ) -> asyncio.Future[RemotingCommand] | None:
+        """Send a request and return a future for its response (or call ``callback`` instead).
+
+        Errors while sending raise here; timeouts and a lost connection arrive through the
+        future or the callback.
+        """
+        if timeout_s <= 0:
+            raise RemotingTimeoutError(
+                f"no time left to send {request_code_name(request.code)} to {self.remote_addr}"
+            )
+        opaque = self._allocate_opaque()
+        request.opaque = opaque
+        request.flags &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        future = self._loop.create_future() if callback is None else None
+        # call_timeout_s: the caller's whole budget (connect time included), shown in the timeout error
+        entry = _Pending(
+            future, callback, request.code, timeout_s if call_timeout_s is None else call_timeout_s
+        )
+        self.send(request)  # raises before registering: nothing to clean up
+        entry.timer = self._loop.call_later(timeout_s, self._on_timeout, opaque)
+        self._pending[opaque] = entry
+        return future
+
+    def invoke_oneway(self, request: RemotingCommand) -> None:
+        request.opaque = self._allocate_opaque()
+        request.flags = (request.flags | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        self.send(request)
+
+    def _on_timeout(self, opaque: int) -> None:
+        entry = self._pending.pop(opaque, None)
+        if entry is None:
+            return
+        entry.timer = None
+        self.stats.timeouts += 1
+        entry.complete(
+            None,
+            RemotingTimeoutError(
+                f"no response to {request_code_name(entry.code)} opaque={opaque} from {self.remote_addr} "
+                f"within {entry.timeout_s:.3g}s; the request may or may not have been processed"
+            ),
+        )
+
+    # --- refused frames -------------------------------------------------------------------
+    def _on_bad_frame(self, bad: BadFrame) -> None:
+        self.stats.bad_frames += 1
+        self._bad_frames += 1
+        if self._bad_frames <= _LOG_FIRST_BAD or self._bad_frames % 1000 == 0:
+            log.warning(
+                "refused frame: %s",
+                bad.reason,
+                extra={
+                    "peer": self.remote_addr,
+                    "side": self.side,
+                    "code": bad.code,
+                    "opaque": bad.opaque,
+                    "response": bad.is_response,
+                    "refused_so_far": self._bad_frames,
+                },
+            )
+        if bad.is_response:
+            entry = self._pending.pop(bad.opaque, None)
+            if entry is not None:
+                entry.complete(
+                    None, RemotingFrameError(f"response from {self.remote_addr} refused: {bad.reason}")
+                )
+        elif not bad.is_oneway and not self._closed:
+            self.send(RemotingCommand.response(bad.response_code, bad.reason, opaque=bad.opaque))
+
+
+def _format_addr(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        host = str(addr[0])
+        return f"[{host}]:{addr[1]}" if ":" in host else f"{host}:{addr[1]}"
+    return str(addr)

@@ -1,0 +1,715 @@
+"""The remoting protocol: the codec byte for byte, then server and client over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+import zlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import pytest
+
+from remoting import (
+    FrameDecoder,
+    FrameEncodeError,
+    ProcessorPool,
+    ProtocolError,
+    RemotingClient,
+    RemotingCommand,
+    RemotingCommandError,
+    RemotingConfig,
+    RemotingConnectError,
+    RemotingConnectionClosedError,
+    RemotingServer,
+    RemotingTimeoutError,
+    RequestCode,
+    ResponseCode,
+    encode_command,
+)
+from remoting.protocol import FLAG_CRC, FLAG_ONEWAY, FLAG_RESPONSE, MAGIC, PRELUDE, BadFrame
+
+pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T], timeout: float = 20.0) -> T:
+    """Run one test coroutine on a fresh loop, bounded in time."""
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(coro, timeout)
+
+    return asyncio.run(bounded())
+
+
+def frame(
+    code: int,
+    opaque: int,
+    *,
+    flags: int = 0,
+    remark: bytes = b"",
+    header: bytes = b"",
+    body: bytes = b"",
+    crc: int | None = None,
+    magic: bytes = MAGIC,
+    version: int = 1,
+    body_len: int | None = None,
+) -> bytes:
+    """Hand-built frame, independent of the encoder, so the tests pin the wire format."""
+    if crc is None and body:
+        crc = zlib.crc32(body)
+        flags |= FLAG_CRC
+    return (
+        struct.pack(
+            "!2sBBiIHHII",
+            magic,
+            version,
+            flags,
+            code,
+            opaque,
+            len(remark),
+            len(header),
+            len(body) if body_len is None else body_len,
+            crc or 0,
+        )
+        + remark
+        + header
+        + body
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# codec
+# ---------------------------------------------------------------------------------------------
+def test_encoding_is_the_documented_layout() -> None:
+    cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}, b"xyz")
+    cmd.opaque = 0x01020304
+    expected = (
+        b"LM"
+        + bytes([1, FLAG_CRC])
+        + (105).to_bytes(4, "big")
+        + bytes([1, 2, 3, 4])
+        + (0).to_bytes(2, "big")
+        + len(b'{"topic":"T"}').to_bytes(2, "big")
+        + (3).to_bytes(4, "big")
+        + zlib.crc32(b"xyz").to_bytes(4, "big")
+        + b'{"topic":"T"}'
+        + b"xyz"
+    )
+    assert encode_command(cmd) == expected
+    assert PRELUDE.size == 24
+
+
+def test_response_with_remark_and_no_crc() -> None:
+    cmd = RemotingCommand.response(ResponseCode.TOPIC_NOT_EXIST, "no route", opaque=9)
+    data = encode_command(cmd, crc=False)
+    assert data == frame(17, 9, flags=FLAG_RESPONSE, remark=b"no route")
+    (decoded,) = FrameDecoder().feed(data)
+    assert decoded == cmd and decoded.is_response and decoded.remark == "no route"
+
+
+def test_decoder_handles_every_split_point() -> None:
+    cmds = [
+        RemotingCommand(
+            RequestCode.SEND_MESSAGE, {"topic": "orders", "queueId": 3, "flag": True}, b"m" * 300, "", 1, 0
+        ),
+        RemotingCommand(ResponseCode.SUCCESS, {}, b"", "ok \u00e9", 1, FLAG_RESPONSE),
+        RemotingCommand(RequestCode.HEART_BEAT, {"x": None, "f": 1.5}, b"", "", 77, FLAG_ONEWAY),
+    ]
+    stream = b"".join(encode_command(c) for c in cmds)
+    expected = [
+        RemotingCommand(c.code, c.headers, c.body, c.remark, c.opaque, c.flags | (FLAG_CRC if c.body else 0))
+        for c in cmds
+    ]
+    for cut in range(len(stream) + 1):
+        dec = FrameDecoder()
+        got = dec.feed(stream[:cut]) + dec.feed(stream[cut:])
+        assert got == expected, f"split at {cut}"
+        assert dec.buffered == 0
+    dec = FrameDecoder()
+    got = []
+    for i in range(len(stream)):
+        got += dec.feed(stream[i : i + 1])
+    assert got == expected
+
+
+def test_bad_magic_is_fatal_and_stays_fatal() -> None:
+    dec = FrameDecoder()
+    with pytest.raises(ProtocolError, match="bad frame magic b'GE' at stream offset 0"):
+        dec.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    with pytest.raises(ProtocolError):
+        dec.feed(frame(10, 1))
+
+
+def test_bad_magic_after_good_frames_reports_offset() -> None:
+    good = frame(10, 1, body=b"abc")
+    dec = FrameDecoder()
+    assert len(dec.feed(good)) == 1
+    with pytest.raises(ProtocolError, match=f"stream offset {len(good)}"):
+        dec.feed(b"\x00" * 30)
+
+
+def test_unsupported_version_is_fatal() -> None:
+    with pytest.raises(ProtocolError, match="unsupported protocol version 9"):
+        FrameDecoder().feed(frame(10, 1, version=9))
+
+
+def test_oversize_body_is_refused_before_it_is_buffered() -> None:
+    dec = FrameDecoder(max_body_bytes=1024)
+    # Only the prelude of a frame announcing a 1 GiB body: refused at once, nothing buffered.
+    (bad,) = dec.feed(frame(10, 42, body_len=1 << 30, crc=0))
+    assert isinstance(bad, BadFrame)
+    assert bad.opaque == 42 and bad.response_code == ResponseCode.FRAME_TOO_LARGE
+    assert "1073741824 bytes exceeds the 1024-byte limit" in bad.reason
+    assert dec.buffered == 0 and dec.skipping == 1 << 30
+
+
+def test_oversize_frame_is_skipped_and_the_stream_continues() -> None:
+    dec = FrameDecoder(max_body_bytes=1024)
+    stream = frame(10, 1, body=b"x" * 5000) + frame(11, 2, body=b"ok")
+    out: list[Any] = []
+    for i in range(0, len(stream), 700):
+        out += dec.feed(stream[i : i + 700])
+        assert dec.buffered <= 700 + 24
+    assert isinstance(out[0], BadFrame) and out[0].opaque == 1
+    assert isinstance(out[1], RemotingCommand) and out[1].opaque == 2 and out[1].body == b"ok"
+
+
+def test_oversize_header_map_is_refused() -> None:
+    dec = FrameDecoder(max_header_bytes=100)
+    header = b'{"k":"' + b"v" * 200 + b'"}'
+    out = dec.feed(frame(10, 5, header=header) + frame(10, 6))
+    assert isinstance(out[0], BadFrame) and "header map of 208 bytes" in out[0].reason
+    assert isinstance(out[1], RemotingCommand) and out[1].opaque == 6
+
+
+def test_crc_mismatch_is_refused_unless_verification_is_off() -> None:
+    data = bytearray(frame(10, 3, body=b"hello world"))
+    data[-1] ^= 0xFF
+    (bad,) = FrameDecoder().feed(bytes(data))
+    assert isinstance(bad, BadFrame) and bad.response_code == ResponseCode.BODY_CRC_MISMATCH
+    assert "CRC32 mismatch" in bad.reason
+    (cmd,) = FrameDecoder(verify_crc=False).feed(bytes(data))
+    assert isinstance(cmd, RemotingCommand)
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (b"{bad", "not valid UTF-8 JSON"),
+        (b"[1,2]", "must be a JSON object, got list"),
+        (b'{"a":{"b":1}}', "header 'a' must be a string, number, boolean or null"),
+        (b"\xff\xfe", "not valid UTF-8 JSON"),
+        (b"[" * 5000 + b"]" * 5000, "not valid UTF-8 JSON"),
+    ],
+)
+def test_malformed_header_map_is_a_bad_request(header: bytes, reason: str) -> None:
+    dec = FrameDecoder(max_header_bytes=60000)
+    out = dec.feed(frame(10, 8, header=header) + frame(10, 9))
+    assert isinstance(out[0], BadFrame) and out[0].response_code == ResponseCode.BAD_REQUEST
+    assert reason in out[0].reason
+    assert isinstance(out[1], RemotingCommand)
+
+
+def test_unknown_flag_bits_are_refused() -> None:
+    (bad,) = FrameDecoder().feed(frame(10, 1, flags=0x40))
+    assert isinstance(bad, BadFrame) and "unknown flag bits 0x40" in bad.reason
+
+
+def test_encoder_refuses_what_it_cannot_send() -> None:
+    with pytest.raises(FrameEncodeError, match="not JSON-encodable"):
+        encode_command(RemotingCommand.request(10, {"x": object()}))  # type: ignore[dict-item]
+    with pytest.raises(FrameEncodeError, match="over 65535"):
+        encode_command(RemotingCommand.request(10, {"x": "y" * 70000}))
+    long_remark = RemotingCommand.response(1, "e" * 100_000)
+    (decoded,) = FrameDecoder().feed(encode_command(long_remark))
+    assert decoded.remark.endswith("...") and len(decoded.remark) == 65535
+
+
+def test_typed_header_access_names_the_field() -> None:
+    cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, {"brokerId": "2", "n": 1.5, "b": "true"})
+    assert cmd.header_int("brokerId") == 2
+    assert cmd.header_bool("b") is True
+    with pytest.raises(
+        RemotingCommandError, match="REGISTER_BROKER: required header 'brokerName' is missing"
+    ):
+        cmd.header_str("brokerName")
+    with pytest.raises(RemotingCommandError, match="header 'n' must be an integer"):
+        cmd.header_int("n")
+    with pytest.raises(RemotingCommandError, match="out of range"):
+        cmd.header_int("brokerId", max_value=1)
+    assert cmd.header_str("missing", "dflt") == "dflt"
+
+
+# ---------------------------------------------------------------------------------------------
+# server and client over sockets
+# ---------------------------------------------------------------------------------------------
+def echo(conn: Any, req: RemotingCommand) -> RemotingCommand:
+    return req.make_response(headers=req.headers, body=req.body, remark="echo")
+
+
+async def start_server(**kwargs: Any) -> RemotingServer:
+    server = RemotingServer("127.0.0.1", 0, **kwargs)
+    server.register_processor(RequestCode.HEART_BEAT, echo)
+    await server.start()
+    return server
+
+
+async def raw_exchange(port: int, data: bytes, expect: int, timeout: float = 5.0) -> list[Any]:
+    """Send raw bytes, read until ``expect`` decoded frames arrive (or the server closes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    dec = FrameDecoder()
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < expect and time.monotonic() < deadline:
+        chunk = await asyncio.wait_for(reader.read(65536), deadline - time.monotonic())
+        if not chunk:
+            break
+        out += dec.feed(chunk)
+    writer.close()
+    return out
+
+
+def test_sync_invoke_round_trip() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(
+                server.address,
+                RemotingCommand.request(RequestCode.HEART_BEAT, {"a": "b", "n": 3}, b"body"),
+                3.0,
+            )
+            assert resp.is_response and resp.code == ResponseCode.SUCCESS
+            assert resp.headers == {"a": "b", "n": 3} and resp.body == b"body" and resp.remark == "echo"
+        await server.stop()
+
+    run(main())
+
+
+def test_unknown_request_code_is_answered_not_supported() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(server.address, RemotingCommand.request(4242), 3.0)
+            assert resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+            assert resp.remark == "request code 4242 (UNKNOWN(4242)) not supported"
+            # the connection is still good
+            ok = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert ok.is_success
+        assert server.dispatcher.unsupported == 1
+        await server.stop()
+
+    run(main())
+
+
+def test_default_processor_takes_unregistered_codes() -> None:
+    async def main() -> None:
+        server = await start_server()
+        server.register_default_processor(lambda c, r: r.make_response(remark=f"default {r.code}"))
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(server.address, RemotingCommand.request(4242), 3.0)
+            assert resp.is_success and resp.remark == "default 4242"
+        await server.stop()
+
+    run(main())
+
+
+def test_processor_errors_become_responses() -> None:
+    def broken(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        raise KeyError("boom")
+
+    def picky(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        req.header_str("topic")
+        return req.make_response()
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, broken)
+        server.register_processor(2, picky)
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(server.address, RemotingCommand.request(1), 3.0)
+            assert resp.code == ResponseCode.SYSTEM_ERROR and "KeyError: 'boom'" in resp.remark
+            resp = await client.invoke_sync(server.address, RemotingCommand.request(2), 3.0)
+            assert (
+                resp.code == ResponseCode.BAD_REQUEST and "required header 'topic' is missing" in resp.remark
+            )
+        await server.stop()
+
+    run(main())
+
+
+def test_async_processors_coroutine_and_future() -> None:
+    async def coro(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(0.01)
+        return req.make_response(remark="coro")
+
+    def fut(conn: Any, req: RemotingCommand) -> asyncio.Future[RemotingCommand]:
+        f: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, f.set_result, req.make_response(remark="future"))
+        return f
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, coro)
+        server.register_processor(2, fut)
+        async with RemotingClient() as client:
+            a, b = await asyncio.gather(
+                client.invoke_sync(server.address, RemotingCommand.request(1), 3.0),
+                client.invoke_sync(server.address, RemotingCommand.request(2), 3.0),
+            )
+            assert (a.remark, b.remark) == ("coro", "future")
+        await server.stop()
+
+    run(main())
+
+
+def test_many_requests_in_flight_on_one_connection_are_matched_by_opaque() -> None:
+    async def shuffled(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(random.random() * 0.05)  # answers come back out of order
+        return req.make_response(body=req.body)
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, shuffled)
+        async with RemotingClient() as client:
+            n = 500
+            resps = await asyncio.gather(
+                *(
+                    client.invoke_sync(server.address, RemotingCommand.request(1, body=str(i).encode()), 5.0)
+                    for i in range(n)
+                )
+            )
+            assert [r.body for r in resps] == [str(i).encode() for i in range(n)]
+            assert client.connected_addresses == [server.address]
+            assert server.stats.connections_opened == 1
+        await server.stop()
+
+    run(main())
+
+
+def test_async_invoke_calls_back_with_response_or_error() -> None:
+    async def never(conn: Any, req: RemotingCommand) -> None:
+        await asyncio.sleep(10)
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, never)
+        async with RemotingClient() as client:
+            got: list[tuple[Any, Any]] = []
+            done = asyncio.Event()
+
+            def callback(resp: RemotingCommand | None, err: BaseException | None) -> None:
+                got.append((resp, err))
+                if len(got) == 2:
+                    done.set()
+
+            await client.invoke_async(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0, callback
+            )
+            await client.invoke_async(server.address, RemotingCommand.request(1), 0.2, callback)
+            await asyncio.wait_for(done.wait(), 3.0)
+            ok = next(r for r, e in got if r is not None)
+            err = next(e for r, e in got if e is not None)
+            assert ok.is_success
+            assert isinstance(err, RemotingTimeoutError)
+        await server.stop()
+
+    run(main())
+
+
+def test_oneway_gets_no_response() -> None:
+    async def main() -> None:
+        seen = asyncio.Event()
+
+        def record(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            assert req.is_oneway
+            seen.set()
+            return req.make_response(remark="must not be sent")
+
+        server = await start_server()
+        server.register_processor(1, record)
+        async with RemotingClient() as client:
+            await client.invoke_oneway(server.address, RemotingCommand.request(1, {"k": "v"}))
+            await asyncio.wait_for(seen.wait(), 3.0)
+            await asyncio.sleep(0.05)
+            assert client.stats.frames_in == 0 and server.stats.frames_out == 0
+        await server.stop()
+
+    run(main())
+
+
+def test_timeout_then_connection_still_usable() -> None:
+    async def slow(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(0.5)
+        return req.make_response(remark="late")
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, slow)
+        async with RemotingClient() as client:
+            t0 = time.monotonic()
+            with pytest.raises(
+                RemotingTimeoutError, match=r"within 0.1s; the request may or may not have been processed"
+            ):
+                await client.invoke_sync(server.address, RemotingCommand.request(1), 0.1)
+            assert time.monotonic() - t0 < 0.45  # the timer fired, not the 0.5 s answer
+            await asyncio.sleep(0.5)  # the late answer arrives and is dropped
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert resp.is_success and client.stats.timeouts == 1
+        await server.stop()
+
+    run(main())
+
+
+def test_pool_overflow_is_answered_system_busy() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def gated(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            await release.wait()
+            return req.make_response()
+
+        server = await start_server()
+        pool = ProcessorPool("send", max_concurrency=1, max_queue=1)
+        server.register_processor(RequestCode.SEND_MESSAGE, gated, pool)
+        async with RemotingClient() as client:
+            calls = [
+                asyncio.ensure_future(
+                    client.invoke_sync(server.address, RemotingCommand.request(RequestCode.SEND_MESSAGE), 5.0)
+                )
+                for _ in range(5)
+            ]
+            deadline = time.monotonic() + 3
+            while sum(c.done() for c in calls) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            busy = [c.result() for c in calls if c.done()]
+            assert len(busy) == 3 and all(r.code == ResponseCode.SYSTEM_BUSY for r in busy)
+            assert "[OVERLOAD] pool send" in busy[0].remark
+            release.set()
+            rest = await asyncio.gather(*(c for c in calls if not c.done()))
+            assert [r.code for r in rest] == [ResponseCode.SUCCESS] * 2
+            assert pool.rejected == 3 and pool.admitted == 0
+        await server.stop()
+
+    run(main())
+
+
+def test_malformed_stream_drops_only_that_connection() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient() as client:
+            await client.invoke_sync(server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0)
+            out = await raw_exchange(server.port, b"GET / HTTP/1.1\r\nHost: nameserver\r\n\r\n", expect=1)
+            assert out == []  # closed without an answer
+            assert server.stats.protocol_errors == 1
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert resp.is_success
+        await server.stop()
+
+    run(main())
+
+
+def test_oversize_body_is_answered_and_the_connection_goes_on() -> None:
+    async def main() -> None:
+        server = await start_server(config=RemotingConfig(max_body_bytes=64 * 1024))
+        data = frame(RequestCode.HEART_BEAT, 11, body=b"z" * 100_000) + frame(
+            RequestCode.HEART_BEAT, 12, body=b"fine"
+        )
+        out = await raw_exchange(server.port, data, expect=2)
+        assert [r.opaque for r in out] == [11, 12]
+        assert out[0].code == ResponseCode.FRAME_TOO_LARGE
+        assert "body of 100000 bytes exceeds the 65536-byte limit" in out[0].remark
+        assert out[1].code == ResponseCode.SUCCESS and out[1].body == b"fine"
+        assert server.stats.bad_frames == 1
+        await server.stop()
+
+    run(main())
+
+
+def test_crc_mismatch_and_bad_header_are_answered() -> None:
+    async def main() -> None:
+        server = await start_server()
+        corrupt = frame(RequestCode.HEART_BEAT, 21, body=b"payload", crc=1234, flags=FLAG_CRC)
+        bad_header = frame(RequestCode.HEART_BEAT, 22, header=b"{nope")
+        out = await raw_exchange(server.port, corrupt + bad_header, expect=2)
+        assert [(r.opaque, r.code) for r in out] == [
+            (21, ResponseCode.BODY_CRC_MISMATCH),
+            (22, ResponseCode.BAD_REQUEST),
+        ]
+        await server.stop()
+
+    run(main())
+
+
+def test_client_refuses_to_send_an_oversize_body() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient(RemotingConfig(max_body_bytes=1024)) as client:
+            with pytest.raises(FrameEncodeError, match="exceeds max_body_bytes=1024"):
+                await client.invoke_sync(server.address, RemotingCommand.request(1, body=b"x" * 2000), 3.0)
+        await server.stop()
+
+    run(main())
+
+
+def test_connect_errors_name_the_address() -> None:
+    async def main() -> None:
+        probe = await start_server()
+        port = probe.port
+        await probe.stop()  # nothing listens there now
+        async with RemotingClient() as client:
+            with pytest.raises(RemotingConnectError, match=f"connect to 127.0.0.1:{port} failed"):
+                await client.invoke_sync(f"127.0.0.1:{port}", RemotingCommand.request(1), 2.0)
+            with pytest.raises(RemotingConnectError, match="expected host:port"):
+                await client.invoke_sync("no-port-here", RemotingCommand.request(1), 2.0)
+
+    run(main())
+
+
+def test_in_flight_calls_fail_when_the_connection_closes_and_client_reconnects() -> None:
+    async def main() -> None:
+        closed: list[str] = []
+
+        async def hang(conn: Any, req: RemotingCommand) -> None:
+            await asyncio.sleep(30)
+
+        server = await start_server()
+        server.register_processor(1, hang)
+        server.add_connection_listener(on_closed=lambda c: closed.append(c.remote_addr))
+        port = server.port
+        async with RemotingClient() as client:
+            call = asyncio.ensure_future(client.invoke_sync(server.address, RemotingCommand.request(1), 10.0))
+            await asyncio.sleep(0.1)
+            await server.stop()
+            with pytest.raises(RemotingConnectionClosedError, match="outcome unknown"):
+                await call
+            assert len(closed) == 1
+            # same port, new server: the client's cache notices the dead connection and reconnects
+            server2 = RemotingServer("127.0.0.1", port)
+            server2.register_processor(RequestCode.HEART_BEAT, echo)
+            await server2.start()
+            resp = await client.invoke_sync(
+                f"127.0.0.1:{port}", RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert resp.is_success
+            await server2.stop()
+
+    run(main())
+
+
+def test_server_can_invoke_the_client_on_the_same_connection() -> None:
+    async def main() -> None:
+        async def ask_back(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            fut = conn.invoke(RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {"tx": "42"}), 3.0)
+            answer = await fut
+            return req.make_response(remark=f"client said {answer.remark}")
+
+        server = await start_server()
+        server.register_processor(RequestCode.END_TRANSACTION, ask_back)
+        async with RemotingClient() as client:
+            client.register_processor(
+                RequestCode.CHECK_TRANSACTION_STATE,
+                lambda c, r: r.make_response(remark=f"commit {r.header_str('tx')}"),
+            )
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.END_TRANSACTION), 3.0
+            )
+            assert resp.remark == "client said commit 42"
+        await server.stop()
+
+    run(main())
+
+
+def test_large_bodies_and_pipelined_batches() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient() as client:
+            big = bytes(random.getrandbits(8) for _ in range(1000)) * 3000  # 3 MB
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT, body=big), 5.0
+            )
+            assert resp.body == big
+            resps = await asyncio.gather(
+                *(
+                    client.invoke_sync(
+                        server.address, RemotingCommand.request(RequestCode.HEART_BEAT, body=b"%d" % i), 5.0
+                    )
+                    for i in range(2000)
+                )
+            )
+            assert all(r.body == b"%d" % i for i, r in enumerate(resps))
+        await server.stop()
+
+    run(main())
+
+
+def test_client_callers_wait_while_the_socket_is_congested() -> None:
+    async def main() -> None:
+        stalled: list[asyncio.StreamWriter] = []
+
+        async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            stalled.append(writer)
+            await asyncio.sleep(30)
+
+        sink = await asyncio.start_server(never_read, "127.0.0.1", 0)
+        addr = f"127.0.0.1:{sink.sockets[0].getsockname()[1]}"
+        config = RemotingConfig(write_buffer_high_bytes=64 * 1024)
+        async with RemotingClient(config) as client:
+            body = b"b" * (1024 * 1024)
+            with pytest.raises(RemotingTimeoutError, match="send buffer still full"):
+                for _ in range(200):  # kernel buffers take a few MB, then the transport's fills
+                    await client.invoke_async(
+                        addr,
+                        RemotingCommand.request(RequestCode.SEND_MESSAGE, body=body),
+                        0.3,
+                        lambda r, e: None,
+                    )
+                    await asyncio.sleep(0)  # let the queued frame reach the transport
+            conn = await client.get_connection(addr)
+            assert not conn.writable
+        for w in stalled:
+            w.close()
+        sink.close()
+        await sink.wait_closed()
+
+    run(main())
+
+
+def test_server_stops_reading_a_peer_that_does_not_read_and_serves_others() -> None:
+    async def main() -> None:
+        big = b"r" * (256 * 1024)
+        server = RemotingServer("127.0.0.1", 0, RemotingConfig(write_buffer_high_bytes=64 * 1024))
+        server.register_processor(RequestCode.PULL_MESSAGE, lambda c, r: r.make_response(body=big))
+        server.register_processor(RequestCode.HEART_BEAT, echo)
+        await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        pull = RemotingCommand.request(RequestCode.PULL_MESSAGE)
+        for i in range(200):  # 50 MB of answers this peer never reads
+            pull.opaque = i
+            writer.write(encode_command(pull))
+        await writer.drain()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and all(c.writable for c in server.connections):
+            await asyncio.sleep(0.02)
+        (stalled,) = server.connections
+        assert not stalled.writable  # reading from it is paused, so its answers stop piling up
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert resp.is_success
+        writer.close()
+        await server.stop()
+
+    run(main())
