@@ -20,7 +20,7 @@ from typing import Any
 
 from ledger.node import LedgerNode
 from ledger.raft import NotLeader, Role
-from remoting import RemotingServer
+from remoting import RemotingConfig, RemotingServer
 from remoting.topic import PERM_READ, PERM_WRITE
 
 from .config import BrokerConfig
@@ -59,8 +59,10 @@ class BrokerController:
         self.node.leader_ready_listeners.append(self._on_leader_ready)
         self.store.topic_listeners.append(lambda: self.trigger_register())
         self.processors = Processors(self)
-        main = RemotingServer(cfg.listen_host, cfg.listen_port, name="broker")
-        fast = RemotingServer(cfg.listen_host, cfg.fast_port, name="broker-fast")
+        # Frames may carry a whole batch; the broker's own checks then say which limit a body broke.
+        rcfg = RemotingConfig(max_body_bytes=max(cfg.max_batch_bytes, cfg.max_message_bytes) + (64 << 10))
+        main = RemotingServer(cfg.listen_host, cfg.listen_port, rcfg, name="broker")
+        fast = RemotingServer(cfg.listen_host, cfg.fast_port, rcfg, name="broker-fast")
         self.processors.register(main, pulls=True)
         self.processors.register(fast, pulls=False)  # the VIP channel serves everything but pulls
         self.servers = [main, fast]

@@ -49,7 +49,7 @@ class NamesrvCollector(Collector):
         )
         stats = server.stats
         yield GaugeMetricFamily(
-            "namesrv_connections", "Open client and broker connections", value=len(server.connections)
+            "namesrv_connections", "Open client and broker connections", value=server.connection_count
         )
         yield CounterMetricFamily(
             "namesrv_connections_opened", "Connections accepted", value=stats.connections_opened

@@ -239,6 +239,11 @@ class RemotingConnection(asyncio.Protocol):
         return self._closed
 
     @property
+    def closing(self) -> bool:
+        """Closed, or closing: nothing more can be sent."""
+        return self._closed or self._transport is None or self._transport.is_closing()
+
+    @property
     def in_flight(self) -> int:
         return len(self._pending)
 
@@ -269,7 +274,7 @@ class RemotingConnection(asyncio.Protocol):
     # --- output ---------------------------------------------------------------------------
     def send(self, cmd: RemotingCommand) -> None:
         """Queue a frame (response, or request with opaque set); written at the end of this loop turn."""
-        if self._closed or self._transport is None or self._transport.is_closing():
+        if self.closing:
             raise RemotingSendRequestError(
                 f"connection {self.local_addr}->{self.remote_addr} is closed ({self.close_reason or 'closing'})"
             )
@@ -380,7 +385,7 @@ class RemotingConnection(asyncio.Protocol):
                 entry.complete(
                     None, RemotingFrameError(f"response from {self.remote_addr} refused: {bad.reason}")
                 )
-        elif not bad.is_oneway and not self._closed:
+        elif not bad.is_oneway and not self.closing:
             self.send(RemotingCommand.response(bad.response_code, bad.reason, opaque=bad.opaque))
 
 

@@ -128,10 +128,18 @@ class RequestDispatcher:
         entry = self._table.get(code) or self._default
         if entry is None:
             self.unsupported += 1
-            log.info(
-                "request code not supported",
-                extra={"code": code, "peer": conn.remote_addr, "server": self.name},
-            )
+            if (
+                self.unsupported <= 10 or self.unsupported % 1000 == 0
+            ):  # a broken client must not flood the log
+                log.info(
+                    "request code not supported",
+                    extra={
+                        "code": code,
+                        "peer": conn.remote_addr,
+                        "server": self.name,
+                        "so_far": self.unsupported,
+                    },
+                )
             self._reply(conn, request, not_supported(request))
             return
         if entry.reject is not None and entry.reject():
@@ -236,7 +244,7 @@ class RequestDispatcher:
     def _reply(
         self, conn: RemotingConnection, request: RemotingCommand, response: RemotingCommand | None
     ) -> None:
-        if response is None or request.flags & FLAG_ONEWAY or conn.closed:
+        if response is None or request.flags & FLAG_ONEWAY or conn.closing:
             return
         if type(response) is not RemotingCommand:
             response = error_response(
@@ -247,7 +255,7 @@ class RequestDispatcher:
         try:
             conn.send(response)
         except RemotingError as exc:
-            if conn.closed:
+            if conn.closing:
                 return
             # e.g. the response body is over the limit: tell the caller instead of leaving it to time out
             self.errors += 1

@@ -52,6 +52,7 @@ HeaderValue = str | int | float | bool | None
 _SCALARS = (str, int, float, bool)
 _REQUIRED: Any = object()
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_loads = json.JSONDecoder().decode
 
 
 class RemotingCommand:
@@ -301,7 +302,7 @@ def encode_command(cmd: RemotingCommand, *, crc: bool = True) -> bytes:
 def _decode_headers(raw: bytes) -> dict[str, HeaderValue]:
     """Parse the header map; ValueError says what is wrong with it."""
     try:
-        value = json.loads(raw)
+        value = _loads(raw.decode("utf-8"))  # str input skips json's encoding sniffing
     except (ValueError, RecursionError) as exc:
         raise ValueError(f"header map is not valid UTF-8 JSON: {exc}") from None
     if not isinstance(value, dict):

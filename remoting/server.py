@@ -82,6 +82,11 @@ class RemotingServer:
     def connections(self) -> frozenset[RemotingConnection]:
         return frozenset(self._connections)
 
+    @property
+    def connection_count(self) -> int:
+        """Open connections; safe to read from another thread (the metrics endpoint does)."""
+        return len(self._connections)
+
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting, cancel requests in progress, close every connection (flushing replies)."""
         if self._server is not None:

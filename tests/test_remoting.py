@@ -713,3 +713,24 @@ def test_server_stops_reading_a_peer_that_does_not_read_and_serves_others() -> N
         await server.stop()
 
     run(main())
+
+
+def test_processor_closing_its_connection_mid_batch_is_harmless() -> None:
+    async def main() -> None:
+        def hang_up(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            conn.close("processor hung up")
+            return req.make_response()
+
+        server = await start_server()
+        server.register_processor(1, hang_up)
+        bye = frame(1, 1) + frame(RequestCode.HEART_BEAT, 2) + frame(RequestCode.HEART_BEAT, 3)
+        out = await raw_exchange(server.port, bye, expect=3, timeout=2.0)
+        assert out == []  # closed before any answer was flushed; nothing raised on the way
+        assert server.dispatcher.errors == 0
+        async with RemotingClient() as client:
+            assert (
+                await client.invoke_sync(server.address, RemotingCommand.request(RequestCode.HEART_BEAT))
+            ).is_success
+        await server.stop()
+
+    run(main())
