@@ -79,6 +79,8 @@ class BrokerController:
             force_register=False,
         )
         self.registration.start()
+        if self.config.metrics_port:
+            self._serve_metrics()
         log.info(
             "broker started",
             extra={
@@ -88,6 +90,27 @@ class BrokerController:
                 "replayed_index": self.store.applied if self.store else 0,
             },
         )
+
+    def _serve_metrics(self) -> None:
+        """Broker gauges join the embedded ledger node's registry: one endpoint per broker process."""
+        from prometheus_client import Gauge
+
+        assert self.node is not None and self.store is not None
+        reg = self.node.metrics.registry
+        store = self.store
+        Gauge("broker_is_master", "1 while this broker is its group's master", registry=reg).set_function(
+            lambda: 1.0 if self.is_master else 0.0
+        )
+        Gauge("broker_dispatched_messages", "Messages dispatched into consume queues", registry=reg).set_function(
+            lambda: float(store.dispatched_messages)
+        )
+        Gauge("broker_applied_index", "Ledger index the dispatcher has applied", registry=reg).set_function(
+            lambda: float(store.applied)
+        )
+        Gauge("broker_last_switch_ms", "Duration of the last switch to master", registry=reg).set_function(
+            lambda: self.switch_times_ms[-1] if self.switch_times_ms else 0.0
+        )
+        self.node.metrics.serve(self.config.metrics_host, self.config.metrics_port)
 
     async def shutdown(self) -> None:
         if self._stopped.is_set():
