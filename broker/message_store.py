@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from typing import Any
 from ledger.codec import KIND_NOOP
 from ledger.node import LedgerNode
 from ledger.wire import LedgerError
-from remoting.message import RECORD_MESSAGE, read_record_header
+from remoting.message import REC_HEADER_SIZE, RECORD_MESSAGE, read_record_header, unpack_record_header
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
 
 from .consume_queue import ConsumeQueue
@@ -50,6 +51,7 @@ class MessageStore:
         self.dedup_window = dedup_window
         self.applied = node.store.first_index - 1
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._queue_cache: dict[tuple[bytes, int], ConsumeQueue] = {}  # keyed by raw topic bytes
         self.topics: dict[str, TopicConfig] = {}
         self.data_version = DataVersion()
         self.offsets: dict[tuple[str, str, int], int] = {}
@@ -94,32 +96,40 @@ class MessageStore:
 
     def _apply_message(self, index: int, data: bytes | memoryview, touched: set[tuple[str, int]]) -> None:
         try:
-            h = read_record_header(data)
-        except (ValueError, UnicodeDecodeError) as exc:
+            _, flags, qid, th, _, _, seq, tl, pl, prl, bl = unpack_record_header(data)
+            if REC_HEADER_SIZE + tl + pl + prl + bl != len(data):
+                raise ValueError("record lengths do not add up to its size")
+            tb = bytes(data[REC_HEADER_SIZE : REC_HEADER_SIZE + tl])
+            cq = self._queue_cache.get((tb, qid))
+            pid = bytes(data[REC_HEADER_SIZE + tl : REC_HEADER_SIZE + tl + pl]).decode() if pl else ""
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
             log.error("undecodable message record", extra={"index": index, "error": str(exc)})
             return
-        key = (h.topic, h.queue_id)
-        if h.producer_id and h.seq:
-            seen = self.producers.get(h.producer_id)
+        if pid and seq:
+            seen = self.producers.get(pid)
             if seen is None:
-                seen = self.producers[h.producer_id] = OrderedDict()
-            prior = seen.get(h.seq)
+                seen = self.producers[pid] = OrderedDict()
+            prior = seen.get(seq)
             if prior is not None:
                 if index in self._watch:
                     self._watch[index] = Stored(prior.queue_offset, prior.ledger_index, True)
                 return
-        cq = self.queues.get(key)
         if cq is None:
-            cq = self.queues[key] = ConsumeQueue(h.topic, h.queue_id)
-        result = Stored(cq.append(index, h.tag_hash), index)
+            key = (tb.decode(), qid)
+            cq = self.queues.get(key)
+            if cq is None:
+                cq = self.queues[key] = ConsumeQueue(key[0], qid)
+            self._queue_cache[(tb, qid)] = cq
+        result = Stored(cq.append(index, th), index)
         self.dispatched_messages += 1
-        touched.add(key)
-        if h.producer_id and h.seq:
-            seen[h.seq] = result
+        touched.add((cq.topic, qid))
+        if pid and seq:
+            seen[seq] = result
             if len(seen) > self.dedup_window:
                 seen.popitem(last=False)
-        if h.flags & FLAG_HAS_KEYS:
-            self._index_keys(h.topic, index, data[h.props_off : h.props_off + h.props_len])
+        if flags & FLAG_HAS_KEYS:
+            off = REC_HEADER_SIZE + tl + pl
+            self._index_keys(cq.topic, index, data[off : off + prl])
         if index in self._watch:
             self._watch[index] = result
 

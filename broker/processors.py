@@ -21,7 +21,7 @@ from remoting.message import (
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     MessageFormatError,
-    decode_batch,
+    batch_to_records,
     decode_properties,
     encode_pull_body,
     encode_record,
@@ -187,25 +187,22 @@ class Processors:
                 ResponseCode.MESSAGE_ILLEGAL,
                 f"batch of {len(req.body)} bytes exceeds the limit of {self.config.max_batch_bytes}",
             )
+        def tag_and_flags(props: bytes, i: int) -> tuple[int, int]:
+            decoded = decode_properties(props, f"batch item {i} properties")
+            return tag_hash(decoded.get(PROPERTY_TAGS)), FLAG_HAS_KEYS if decoded.get(PROPERTY_KEYS) else 0
+
         try:
-            items = decode_batch(req.body, self.config.max_message_bytes)
+            records = batch_to_records(
+                req.body,
+                topic.encode(),
+                queue_id,
+                req.header_str("producerId", "").encode(),
+                int(time.time() * 1000),
+                self.config.max_message_bytes,
+                tag_and_flags,
+            )
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        pid = req.header_str("producerId", "").encode()
-        tb = topic.encode()
-        now = int(time.time() * 1000)
-        records = []
-        for i, it in enumerate(items):
-            if it.props:
-                try:
-                    props = decode_properties(it.props, f"batch item {i} properties")
-                except MessageFormatError as exc:
-                    return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-                th = tag_hash(props.get(PROPERTY_TAGS))
-                flags = FLAG_HAS_KEYS if props.get(PROPERTY_KEYS) else 0
-            else:
-                th = flags = 0
-            records.append(encode_record(tb, queue_id, it.body, it.props, th, it.born_ms, now, pid, it.seq, flags))
         name = self.config.broker_name
 
         def reply(results: list[Stored]) -> RemotingCommand:
