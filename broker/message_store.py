@@ -176,24 +176,24 @@ class MessageStore:
         Raises ``NotLeader`` at once if this broker's node does not lead.
         """
         watch = self._watch
+        first = self.node.store.last_index + 1  # where the proposal below will land
+        indexes = range(first, first + len(payloads))
 
-        def committed(code: int, first: int, term: int, message: str) -> None:
+        def committed(code: int, at: int, term: int, message: str) -> None:
             if code != 0:
-                for i in range(first, first + len(payloads)) if first else ():
+                for i in indexes:
                     watch.pop(i, None)
                 done(None, LedgerError(code, message))
                 return
             self.dispatch()
-            results = [watch.pop(i, None) or Stored(-1, i) for i in range(first, first + len(payloads))]
-            done(results, None)
+            done([watch.pop(i, None) or Stored(-1, i) for i in indexes], None)
 
-        first = self.node.store.last_index + 1
-        for i in range(first, first + len(payloads)):
+        for i in indexes:
             watch[i] = None
         try:
             self.node.propose(payloads, committed)
         except Exception:
-            for i in range(first, first + len(payloads)):
+            for i in indexes:
                 watch.pop(i, None)
             raise
 
