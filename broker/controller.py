@@ -47,6 +47,7 @@ class BrokerController:
         self.servers: list[RemotingServer] = []
         self._stopped = asyncio.Event()
         self._bootstrap_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ life cycle
 
@@ -79,6 +80,8 @@ class BrokerController:
             force_register=False,
         )
         self.registration.start()
+        if self.config.retention_hours > 0:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._checkpoint_metadata()))
         if self.config.metrics_port:
             self._serve_metrics()
         log.info(
@@ -115,6 +118,8 @@ class BrokerController:
     async def shutdown(self) -> None:
         if self._stopped.is_set():
             return
+        for t in self._tasks:
+            t.cancel()
         if self.registration is not None:
             await self.registration.stop()
         try:
@@ -171,6 +176,17 @@ class BrokerController:
             except (NotLeader, Exception) as exc:  # noqa: BLE001 - the next master will try again
                 log.warning("could not create configured topic", extra={"topic": name, "error": str(exc)})
                 return
+
+    async def _checkpoint_metadata(self) -> None:
+        """With retention on, re-state topics and offsets well within the retention period."""
+        interval = max(1.0, min(600.0, self.config.retention_hours * 3600 / 4))
+        while True:
+            await asyncio.sleep(interval)
+            if self.is_master and self.store is not None and (self.store.topics or self.store.offsets):
+                try:
+                    await self.store.append_async([self.store.snapshot_record()])
+                except Exception as exc:  # noqa: BLE001 - the next round or the next master retries
+                    log.warning("metadata checkpoint failed", extra={"error": str(exc)})
 
     def master_address(self) -> str | None:
         assert self.node is not None

@@ -28,7 +28,7 @@ from remoting.message import REC_HEADER_SIZE, RECORD_MESSAGE, read_record_header
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
 
 from .consume_queue import ConsumeQueue
-from .meta import RECORD_META, decode_meta
+from .meta import RECORD_META, decode_meta, snapshot_op
 
 log = logging.getLogger("broker.store")
 
@@ -160,6 +160,15 @@ class MessageStore:
                 # Derived from the log position, so every broker computes the same version.
                 self.data_version = DataVersion(index, self.data_version.counter + 1)
                 return True
+            elif op == "snapshot":
+                for name, t in doc["topics"].items():
+                    self.topics[name] = TopicConfig(
+                        name, int(t["read"]), int(t["write"]), int(t["perm"]), order=bool(t.get("order"))
+                    )
+                for g, t, q, o in doc["offsets"]:
+                    self.offsets[(str(g), str(t), int(q))] = int(o)
+                self.data_version = DataVersion(index, self.data_version.counter + 1)
+                return True
             else:
                 log.error("unknown metadata op", extra={"index": index, "op": op})
         except (ValueError, KeyError, TypeError) as exc:
@@ -206,6 +215,14 @@ class MessageStore:
 
         self.append(payloads, done)
         return await fut
+
+    def snapshot_record(self) -> bytes:
+        topics = {
+            n: {"read": t.read_queue_nums, "write": t.write_queue_nums, "perm": t.perm, "order": t.order}
+            for n, t in self.topics.items()
+        }
+        offsets = [[g, t, q, o] for (g, t, q), o in self.offsets.items()]
+        return snapshot_op(topics, offsets)
 
     # ------------------------------------------------------------------ reads
 

@@ -31,3 +31,13 @@ def topic_op(name: str, read_queue_nums: int, write_queue_nums: int, perm: int, 
 
 def offset_op(group: str, topic: str, queue_id: int, offset: int) -> bytes:
     return encode_meta("offset", group=group, topic=topic, queue=queue_id, offset=offset)
+
+
+def snapshot_op(topics: dict[str, Any], offsets: list[list[Any]]) -> bytes:
+    """All topics and consumer offsets at one point of the log.
+
+    With ledger retention on, the segments holding the original topic and offset records
+    are eventually deleted; a checkpoint appended more often than retention removes them
+    keeps the replayed state complete after a restart.
+    """
+    return encode_meta("snapshot", topics=topics, offsets=offsets)
