@@ -1,0 +1,76 @@
+"""ledgermq clients (RocketMQ's client module): producer, pull and push consumers, admin.
+
+Everything is asyncio::
+
+    from client import Producer, PushConsumer, Message
+
+    producer = Producer("my-group", "127.0.0.1:9876;127.0.0.1:9877", idempotent=True)
+    await producer.start()
+    result = await producer.send(Message("orders", b"hello", tags="new"))
+    await producer.shutdown()
+
+Errors from a send: ``SendOutcomeUnknownError`` means the message may have been stored;
+any other exception means it was not (see ``client.errors``).
+"""
+
+from client.admin_api import AdminClient, QueueProgress, TopicUpdateResult
+from client.broker_api import PullResult, PullStatus
+from client.consumer import PullConsumer
+from client.errors import (
+    BrokerError,
+    ClientError,
+    ClientStateError,
+    MessageInvalidError,
+    NameServerUnavailableError,
+    NoBrokerAvailableError,
+    NoNameServerError,
+    RouteNotFoundError,
+    SendError,
+    SendFailedError,
+    SendOutcomeUnknownError,
+)
+from client.instance import ClientInstance
+from client.namesrv_client import NamesrvClient, parse_namesrv_addrs
+from client.producer import Producer
+from client.push_consumer import ConsumeFromWhere, ConsumeStatus, MessageListener, PushConsumer
+from client.rebalance import allocate_average
+from client.route import MessageQueue, RouteTable, TopicPublishInfo
+from client.send_attempts import BatchSendResult, SendCallback, SendResult, SendStatus
+from remoting.message import Message
+
+__all__ = [
+    "AdminClient",
+    "BatchSendResult",
+    "BrokerError",
+    "ClientError",
+    "ClientInstance",
+    "ClientStateError",
+    "ConsumeFromWhere",
+    "ConsumeStatus",
+    "Message",
+    "MessageInvalidError",
+    "MessageListener",
+    "MessageQueue",
+    "NameServerUnavailableError",
+    "NamesrvClient",
+    "NoBrokerAvailableError",
+    "NoNameServerError",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "QueueProgress",
+    "RouteNotFoundError",
+    "RouteTable",
+    "SendCallback",
+    "SendError",
+    "SendFailedError",
+    "SendOutcomeUnknownError",
+    "SendResult",
+    "SendStatus",
+    "TopicPublishInfo",
+    "TopicUpdateResult",
+    "allocate_average",
+    "parse_namesrv_addrs",
+]

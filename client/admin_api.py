@@ -1,0 +1,267 @@
+"""AdminClient: the operations behind ``ledgermq-admin`` (RocketMQ's DefaultMQAdminExt), usable from code.
+
+The Jepsen harness and tests call these directly (cluster state, broker runtime info, topic
+creation); the CLI in ``client.admin`` only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client import broker_api as B
+from client.broker_api import call, json_body
+from client.consumer import ConsumerBase
+from client.errors import BrokerError, ClientError, NoBrokerAvailableError
+from client.instance import ClientInstance
+from client.route import MessageQueue
+from remoting.codes import RequestCode, ResponseCode, response_code_name
+from remoting.exceptions import RemotingError
+from remoting.message import Message, decode_pull_body, parse_msg_id
+from remoting.protocol import HeaderValue, RemotingCommand
+from remoting.route import MASTER_ID, BrokerData, ClusterInfo, TopicRouteData
+from remoting.topic import PERM_READ_WRITE, topic_name_error
+
+
+@dataclass(slots=True)
+class TopicUpdateResult:
+    broker_name: str
+    addr: str
+    ok: bool
+    error: str = ""
+
+
+@dataclass(slots=True)
+class QueueProgress:
+    """One queue of a consumer group: how far the broker is, how far the group got."""
+
+    queue: MessageQueue
+    broker_offset: int | None
+    consumer_offset: int | None
+    error: str = ""
+
+    @property
+    def lag(self) -> int | None:
+        if self.broker_offset is None:
+            return None
+        return self.broker_offset - (self.consumer_offset or 0)
+
+
+class AdminClient(ConsumerBase):
+    """Cluster, topic, broker and message queries. ``await close()`` when done."""
+
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str] | None = None,
+        *,
+        timeout_s: float = 5.0,
+        group: str = "ledgermq-admin",
+        instance: ClientInstance | None = None,
+    ) -> None:
+        super().__init__(group, namesrv_addrs, call_timeout_s=timeout_s, instance=instance)
+        self._running = True
+
+    async def close(self) -> None:
+        self._running = False
+        await self._close_instance()
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- nameserver -----------------------------------------------------------------------------
+    async def cluster_info(self) -> ClusterInfo:
+        info = await self.instance.namesrv.get_cluster_info()
+        self.instance.routes.update_brokers(info.broker_addr_table)
+        return info
+
+    async def topic_route(self, topic: str) -> TopicRouteData:
+        return await self.instance.routes.route(topic, force=True)
+
+    async def topic_list(self) -> list[str]:
+        return await self.instance.namesrv.get_all_topics()
+
+    async def broker_groups(self, cluster: str | None = None) -> dict[str, BrokerData]:
+        """Broker groups by name, of one cluster or all; ClientError naming the cluster if it is unknown."""
+        info = await self.cluster_info()
+        if cluster is None:
+            return dict(info.broker_addr_table)
+        names = info.cluster_addr_table.get(cluster)
+        if names is None:
+            known = ", ".join(sorted(info.cluster_addr_table)) or "none"
+            raise ClientError(f"cluster {cluster} is not known to the nameserver (clusters: {known})")
+        return {n: info.broker_addr_table[n] for n in sorted(names) if n in info.broker_addr_table}
+
+    # --- topics -----------------------------------------------------------------------------------
+    async def update_topic(
+        self,
+        topic: str,
+        *,
+        read_queue_nums: int = 8,
+        write_queue_nums: int = 8,
+        perm: int = PERM_READ_WRITE,
+        cluster: str | None = None,
+        broker_addr: str | None = None,
+    ) -> list[TopicUpdateResult]:
+        """Create or update ``topic`` on one broker (``broker_addr``) or every group's master of
+        ``cluster`` (default: every group known). A slave's NOT_MASTER is followed to its master."""
+        problem = topic_name_error(topic)
+        if problem:
+            raise ClientError(f"topic: {problem}")
+        headers: dict[str, HeaderValue] = {
+            B.TOPIC: topic,
+            B.READ_QUEUE_NUMS: read_queue_nums,
+            B.WRITE_QUEUE_NUMS: write_queue_nums,
+            B.PERM: perm,
+        }
+        targets: list[tuple[str, str]] = []
+        if broker_addr:
+            targets.append(("", broker_addr))
+        else:
+            groups = await self.broker_groups(cluster)
+            if not groups:
+                raise NoBrokerAvailableError(
+                    f"no broker group in {'cluster ' + cluster if cluster else 'any cluster'}"
+                )
+            for name, bd in groups.items():
+                master = bd.broker_addrs.get(MASTER_ID)
+                targets.append((name, master or bd.select_broker_addr() or ""))
+
+        async def one(name: str, addr: str) -> TopicUpdateResult:
+            if not addr:
+                return TopicUpdateResult(name, "", False, "group has no live member")
+            for _ in range(3):
+                try:
+                    response = await self.instance.remoting.invoke_sync(
+                        addr, _request(RequestCode.UPDATE_AND_CREATE_TOPIC, headers), self.call_timeout_s
+                    )
+                except RemotingError as exc:
+                    return TopicUpdateResult(name, addr, False, str(exc))
+                hint = response.header_str(B.MASTER_ADDR, "")
+                if response.code == ResponseCode.NOT_MASTER and hint and hint != addr:
+                    addr = hint
+                    continue
+                if response.code != ResponseCode.SUCCESS:
+                    return TopicUpdateResult(
+                        name, addr, False, f"{response_code_name(response.code)}: {response.remark}"
+                    )
+                return TopicUpdateResult(name, addr, True)
+            return TopicUpdateResult(name, addr, False, "kept being redirected to another master")
+
+        return list(await asyncio.gather(*(one(n, a) for n, a in targets)))
+
+    # --- brokers ------------------------------------------------------------------------------------
+    async def broker_runtime_info(self, addr: str) -> dict[str, Any]:
+        response = await call(
+            self.instance.remoting,
+            addr,
+            RequestCode.GET_BROKER_RUNTIME_INFO,
+            timeout_s=self.call_timeout_s,
+            what="broker runtime info",
+        )
+        info = json_body(response, addr, "broker runtime info")
+        if not isinstance(info, dict):
+            raise BrokerError(response.code, "runtime info is not a JSON object", addr, "broker runtime info")
+        return info
+
+    async def all_topic_config(self, addr: str) -> Any:
+        response = await call(
+            self.instance.remoting,
+            addr,
+            RequestCode.GET_ALL_TOPIC_CONFIG,
+            timeout_s=self.call_timeout_s,
+            what="topic config",
+        )
+        return json_body(response, addr, "topic config")
+
+    # --- messages -----------------------------------------------------------------------------------
+    async def _group_addrs_by_name(self, broker_name: str) -> list[str]:
+        addrs = self.instance.routes.broker_addrs(broker_name)
+        if not addrs:
+            await self.cluster_info()
+            addrs = self.instance.routes.broker_addrs(broker_name)
+        if not addrs:
+            raise NoBrokerAvailableError(f"broker group {broker_name} is not known to the nameserver")
+        return addrs
+
+    async def view_message(self, msg_id: str) -> Message:
+        """The message with this id (ids name their broker group, so no topic is needed)."""
+        try:
+            broker_name, _index = parse_msg_id(msg_id)
+        except ValueError as exc:
+            raise ClientError(str(exc)) from None
+        errors: list[str] = []
+        for addr in await self._group_addrs_by_name(broker_name):
+            try:
+                response = await self.instance.remoting.invoke_sync(
+                    addr, _request(RequestCode.VIEW_MESSAGE_BY_ID, {B.MSG_ID: msg_id}), self.call_timeout_s
+                )
+            except RemotingError as exc:
+                errors.append(f"{addr}: {exc}")
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                raise BrokerError(response.code, response.remark, addr, f"message {msg_id}")
+            msgs = _decode(response.body, broker_name, addr)
+            if not msgs:
+                raise BrokerError(response.code, "empty answer", addr, f"message {msg_id}")
+            return msgs[0]
+        raise NoBrokerAvailableError(
+            f"message {msg_id}: no member of group {broker_name} answered ({'; '.join(errors)})"
+        )
+
+    async def query_message_by_key(self, topic: str, key: str, max_num: int = 32) -> list[Message]:
+        """Messages of ``topic`` with ``key`` among their keys, from every group serving it."""
+        route = await self.instance.routes.route(topic, force=True)
+        out: list[Message] = []
+        for bd in sorted(route.broker_datas, key=lambda b: b.broker_name):
+            addr = bd.select_broker_addr()
+            if addr is None:
+                continue
+            response = await call(
+                self.instance.remoting,
+                addr,
+                RequestCode.QUERY_MESSAGE,
+                {B.TOPIC: topic, B.KEY: key, B.MAX_NUM: max_num},
+                timeout_s=self.call_timeout_s,
+                what="query message",
+                ok_codes=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND),
+            )
+            if response.code == ResponseCode.SUCCESS:
+                out.extend(_decode(response.body, bd.broker_name, addr))
+        return out
+
+    async def message_at(self, queue: MessageQueue, offset: int) -> Message | None:
+        """The message at ``offset`` of ``queue``, or None if there is none."""
+        result = await self.pull(queue, offset, 1, 0)
+        for m in result.messages:
+            if m.queue_offset == offset:
+                return m
+        return None
+
+    async def consumer_progress(self, group: str, topic: str) -> list[QueueProgress]:
+        """Per queue of ``topic``: the broker's max offset and ``group``'s committed offset."""
+        queues = await self.fetch_queues(topic)
+        reader = ConsumerBase(group, call_timeout_s=self.call_timeout_s, instance=self.instance)
+
+        async def one(q: MessageQueue) -> QueueProgress:
+            try:
+                return QueueProgress(q, await self.max_offset(q), await reader.query_offset(q))
+            except (ClientError, RemotingError) as exc:
+                return QueueProgress(q, None, None, str(exc))
+
+        return list(await asyncio.gather(*(one(q) for q in queues)))
+
+
+def _request(code: int, headers: dict[str, HeaderValue]) -> RemotingCommand:
+    return RemotingCommand.request(code, headers)
+
+
+def _decode(body: bytes | bytearray | memoryview, broker_name: str, addr: str) -> list[Message]:
+    try:
+        return decode_pull_body(memoryview(body), broker_name)
+    except ValueError as exc:
+        raise BrokerError(ResponseCode.SUCCESS, f"malformed message body: {exc}", addr) from None

@@ -1,0 +1,241 @@
+"""Broker requests and their answers (RocketMQ's MQClientAPIImpl), shared by producer, consumers and admin.
+
+Header names live here only, so the client and the broker protocol description agree in one
+place. Sends go through ``invoke_tracked``, which knows whether the request left this
+process: an error before that point means "not stored", after it "outcome unknown".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from client.errors import BrokerError
+from remoting.client import RemotingClient
+from remoting.codes import RequestCode, ResponseCode
+from remoting.connection import RemotingConnection, ResponseCallback
+from remoting.exceptions import RemotingCommandError, RemotingError
+from remoting.jsonbody import Fields, dump_body, load_body
+from remoting.message import Message, decode_pull_body
+from remoting.protocol import HeaderValue, RemotingCommand
+
+# --- header names (the broker protocol) ------------------------------------------------------
+PRODUCER_GROUP = "producerGroup"
+CONSUMER_GROUP = "consumerGroup"
+CLIENT_ID = "clientID"
+TOPIC = "topic"
+QUEUE_ID = "queueId"
+QUEUE_OFFSET = "queueOffset"
+BORN_TIMESTAMP = "bornTimestamp"
+FLAG = "flag"
+PROPERTIES = "properties"
+PRODUCER_ID = "producerId"
+SEQ = "seq"
+MSG_ID = "msgId"
+LEDGER_INDEX = "ledgerIndex"
+DUPLICATE = "duplicate"
+MASTER_ADDR = "masterAddr"
+MAX_MSG_NUMS = "maxMsgNums"
+SUSPEND_TIMEOUT_MILLIS = "suspendTimeoutMillis"
+COMMIT_OFFSET = "commitOffset"
+NEXT_BEGIN_OFFSET = "nextBeginOffset"
+MIN_OFFSET = "minOffset"
+MAX_OFFSET = "maxOffset"
+BROKER_NAME = "brokerName"
+OFFSET = "offset"
+READ_QUEUE_NUMS = "readQueueNums"
+WRITE_QUEUE_NUMS = "writeQueueNums"
+PERM = "perm"
+KEY = "key"
+MAX_NUM = "maxNum"
+
+
+class NotSentError(Exception):
+    """Internal: the request never left this process (connect failure, closed connection, no time)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+async def _connection_for(remoting: RemotingClient, addr: str, deadline: float) -> RemotingConnection:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise NotSentError(TimeoutError(f"no time left to send to {addr}"))
+    try:
+        conn = await remoting.get_connection(addr, remaining)
+        if not conn.writable:
+            await asyncio.wait_for(conn.wait_writable(), max(deadline - time.monotonic(), 0))
+    except TimeoutError:
+        raise NotSentError(TimeoutError(f"send buffer to {addr} stayed full; request not sent")) from None
+    except RemotingError as exc:
+        raise NotSentError(exc) from None
+    return conn
+
+
+async def invoke_tracked(
+    remoting: RemotingClient, addr: str, request: RemotingCommand, timeout_s: float
+) -> RemotingCommand:
+    """Like RemotingClient.invoke_sync, but failures before the write raise NotSentError.
+
+    Any RemotingError raised afterwards (timeout, connection closed, refused response frame)
+    means the broker may have processed the request.
+    """
+    deadline = time.monotonic() + timeout_s
+    conn = await _connection_for(remoting, addr, deadline)
+    try:
+        future = conn.invoke(request, deadline - time.monotonic(), call_timeout_s=timeout_s)
+    except RemotingError as exc:  # FrameEncodeError, closed connection, no time left: nothing written
+        raise NotSentError(exc) from None
+    assert future is not None
+    return await future
+
+
+async def invoke_tracked_async(
+    remoting: RemotingClient,
+    addr: str,
+    request: RemotingCommand,
+    timeout_s: float,
+    callback: ResponseCallback,
+) -> None:
+    """Write the request and return; ``callback`` gets the answer. NotSentError if it was never written."""
+    deadline = time.monotonic() + timeout_s
+    conn = await _connection_for(remoting, addr, deadline)
+    try:
+        conn.invoke(request, deadline - time.monotonic(), callback, call_timeout_s=timeout_s)
+    except RemotingError as exc:
+        raise NotSentError(exc) from None
+
+
+async def invoke_tracked_oneway(
+    remoting: RemotingClient, addr: str, request: RemotingCommand, timeout_s: float
+) -> None:
+    conn = await _connection_for(remoting, addr, time.monotonic() + timeout_s)
+    try:
+        conn.invoke_oneway(request)
+    except RemotingError as exc:
+        raise NotSentError(exc) from None
+
+
+# --- pull ---------------------------------------------------------------------------------------
+class PullStatus(Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(slots=True)
+class PullResult:
+    """One pull: messages from ``offset`` on, and where to continue (``next_begin_offset``)."""
+
+    status: PullStatus
+    messages: list[Message] = field(default_factory=list)
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    broker_addr: str = ""
+
+
+def pull_request(
+    group: str,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    max_nums: int,
+    suspend_ms: int,
+    commit_offset: int | None = None,
+) -> RemotingCommand:
+    headers: dict[str, HeaderValue] = {
+        CONSUMER_GROUP: group,
+        TOPIC: topic,
+        QUEUE_ID: queue_id,
+        QUEUE_OFFSET: offset,
+        MAX_MSG_NUMS: max_nums,
+        SUSPEND_TIMEOUT_MILLIS: suspend_ms,
+    }
+    if commit_offset is not None:
+        headers[COMMIT_OFFSET] = commit_offset
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
+
+
+_PULL_STATUS = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+def parse_pull_response(response: RemotingCommand, addr: str, broker_name: str, offset: int) -> PullResult:
+    status = _PULL_STATUS.get(response.code)  # type: ignore[call-overload]
+    if status is None:
+        raise BrokerError(response.code, response.remark, addr, "pull")
+    try:
+        name = response.header_str(BROKER_NAME, broker_name) or broker_name
+        result = PullResult(
+            status,
+            [],
+            response.header_int(NEXT_BEGIN_OFFSET, offset),
+            response.header_int(MIN_OFFSET, 0),
+            response.header_int(MAX_OFFSET, 0),
+            addr,
+        )
+        if status is PullStatus.FOUND:
+            result.messages = decode_pull_body(memoryview(response.body), name)
+            if not result.messages:
+                result.status = PullStatus.NO_NEW_MSG
+    except (RemotingCommandError, ValueError) as exc:
+        raise BrokerError(response.code, f"malformed pull response: {exc}", addr, "pull") from None
+    return result
+
+
+# --- small request helpers ------------------------------------------------------------------------
+async def call(
+    remoting: RemotingClient,
+    addr: str,
+    code: int,
+    headers: dict[str, HeaderValue] | None = None,
+    body: bytes = b"",
+    *,
+    timeout_s: float = 3.0,
+    what: str = "",
+    ok_codes: tuple[int, ...] = (ResponseCode.SUCCESS,),
+) -> RemotingCommand:
+    """One request; BrokerError for any answer outside ``ok_codes`` (RemotingError passes through)."""
+    response = await remoting.invoke_sync(addr, RemotingCommand.request(code, headers, body), timeout_s)
+    if response.code not in ok_codes:
+        raise BrokerError(response.code, response.remark, addr, what)
+    return response
+
+
+def json_body(response: RemotingCommand, addr: str, what: str) -> Any:
+    try:
+        return load_body(response.body, what)
+    except RemotingCommandError as exc:
+        raise BrokerError(response.code, f"malformed body: {exc}", addr, what) from None
+
+
+def heartbeat_body(
+    client_id: str, consumer_group: str | None, producer_group: str | None, topics: list[str]
+) -> bytes:
+    return dump_body(
+        {
+            "clientID": client_id,
+            "consumerGroup": consumer_group,
+            "producerGroup": producer_group,
+            "topics": topics,
+        }
+    )
+
+
+def parse_consumer_ids(response: RemotingCommand, addr: str) -> list[str]:
+    try:
+        ids = Fields(load_body(response.body, "consumer list"), "consumer list").get_list(
+            "consumerIdList", []
+        )
+    except RemotingCommandError as exc:
+        raise BrokerError(response.code, f"malformed consumer list: {exc}", addr, "consumer list") from None
+    return sorted({str(i) for i in ids})

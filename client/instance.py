@@ -1,0 +1,87 @@
+"""ClientInstance: the connections, nameserver client and route cache one process shares.
+
+RocketMQ's MQClientInstance lets every producer and consumer of a process share one set of
+broker connections and one route table; ours can be passed to several producers and
+consumers the same way (each one otherwise makes its own). It is closed by whoever created it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from client.namesrv_client import DEFAULT_NAMESRV_TIMEOUT_S, NamesrvClient
+from client.route import DEFAULT_ROUTE_TTL_S, RouteTable
+from remoting.client import RemotingClient
+from remoting.codes import RequestCode
+from remoting.config import RemotingConfig
+from remoting.protocol import RemotingCommand
+
+log = logging.getLogger("client")
+
+_instance_counter = itertools.count(1)
+
+
+def make_client_id() -> str:
+    """``host@pid#n-random``: unique per instance, so consumers sharing a process still rebalance apart.
+
+    The host name, not an IP: resolving it could block start-up for seconds on a bad resolver.
+    """
+    return f"{socket.gethostname()}@{os.getpid()}#{next(_instance_counter)}-{uuid.uuid4().hex[:8]}"
+
+
+class ClientInstance:
+    """Shared plumbing: RemotingClient + NamesrvClient + RouteTable, plus a client id."""
+
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str] | None = None,
+        *,
+        remoting_config: RemotingConfig | None = None,
+        namesrv_timeout_s: float = DEFAULT_NAMESRV_TIMEOUT_S,
+        route_ttl_s: float = DEFAULT_ROUTE_TTL_S,
+        name: str = "ledgermq-client",
+    ) -> None:
+        self.client_id = make_client_id()
+        self.remoting = RemotingClient(remoting_config, name=name)
+        self.namesrv = NamesrvClient(namesrv_addrs, self.remoting, timeout_s=namesrv_timeout_s)
+        self.routes = RouteTable(self.namesrv, ttl_s=route_ttl_s)
+        self._closed = False
+        self._ids_watchers: dict[str, list[Callable[[], None]]] = {}
+        # Brokers tell clients when a group's membership changes so they rebalance at once
+        # instead of at the next periodic round (RocketMQ's NOTIFY_CONSUMER_IDS_CHANGED).
+        self.remoting.register_processor(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+
+    def watch_consumer_ids(self, group: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when a broker says ``group`` changed; returns the function that stops it."""
+        self._ids_watchers.setdefault(group, []).append(callback)
+
+        def unwatch() -> None:
+            watchers = self._ids_watchers.get(group, [])
+            if callback in watchers:
+                watchers.remove(callback)
+
+        return unwatch
+
+    def _on_ids_changed(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        group = request.header_str("consumerGroup", "")
+        for callback in list(self._ids_watchers.get(group, [])):
+            try:
+                callback()
+            except Exception:
+                log.exception("consumer-ids watcher raised", extra={"group": group})
+        return request.make_response()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.remoting.close()

@@ -1,0 +1,552 @@
+"""A fake broker group for client tests: just enough of the broker protocol, plus fault scripts.
+
+The real nameserver (in-process) hands out routes; fake broker nodes register with it through
+the real BrokerOuterAPI, so the clients see exactly what they would in production. A group's
+nodes share one store (standing in for the replicated ledger), so a failover keeps every
+stored message, offset and de-duplication entry, as DLedger would.
+
+Everything server-side runs on its own event loop in a background thread (``ServerThread``),
+so tests drive clients with ``asyncio.run`` and the CLI with click's CliRunner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from broker.registration import BrokerIdentity, BrokerOuterAPI
+from namesrv.config import NamesrvConfig
+from namesrv.controller import NamesrvController
+from remoting import RemotingCommand, RemotingServer, RequestCode, ResponseCode
+from remoting.jsonbody import dump_body, load_body
+from remoting.message import (
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    decode_batch,
+    decode_properties,
+    encode_pull_body,
+    encode_record,
+    make_msg_id,
+    parse_msg_id,
+    tag_hash,
+)
+from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
+
+T = TypeVar("T")
+
+
+class ServerThread:
+    """An event loop in a daemon thread; ``call`` runs a coroutine there and returns its result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fake-cluster", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        async def cancel_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.call(cancel_rest(), 5)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(5)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+
+@dataclass
+class Stored:
+    index: int
+    record: bytes
+    keys: list[str]
+
+
+@dataclass
+class GroupState:
+    """What the group's ledger would hold."""
+
+    topics: dict[str, TopicConfig] = field(default_factory=dict)
+    queues: dict[tuple[str, int], list[Stored]] = field(default_factory=dict)
+    by_index: dict[int, Stored] = field(default_factory=dict)
+    next_index: int = 1
+    dedup: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+    offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    consumers: dict[str, dict[str, float]] = field(default_factory=dict)
+    version: DataVersion = field(default_factory=DataVersion)
+
+
+class FakeNode:
+    """One broker process of a group. ``script`` holds actions for the next SEND requests it gets."""
+
+    def __init__(self, group: FakeGroup, index: int) -> None:
+        self.group = group
+        self.index = index
+        self.server = RemotingServer("127.0.0.1", 0, name=f"{group.name}-{index}")
+        self.outer = BrokerOuterAPI(group.namesrv_addrs)
+        self.script: list[str] = []
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.alive = False
+        for code, handler in {
+            RequestCode.SEND_MESSAGE: self.send,
+            RequestCode.SEND_BATCH_MESSAGE: self.send_batch,
+            RequestCode.PULL_MESSAGE: self.pull,
+            RequestCode.QUERY_CONSUMER_OFFSET: self.query_offset,
+            RequestCode.UPDATE_CONSUMER_OFFSET: self.update_offset,
+            RequestCode.GET_MAX_OFFSET: self.max_offset,
+            RequestCode.GET_MIN_OFFSET: self.min_offset,
+            RequestCode.HEART_BEAT: self.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topics,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
+            RequestCode.QUERY_MESSAGE: self.query_message,
+        }.items():
+            self.server.register_processor(code, handler)
+
+    # --- identity ---------------------------------------------------------------------------------
+    @property
+    def addr(self) -> str:
+        return self.server.address
+
+    @property
+    def is_master(self) -> bool:
+        return self.group.master == self.index
+
+    @property
+    def broker_id(self) -> int:
+        return 0 if self.is_master else self.index + 1
+
+    @property
+    def state(self) -> GroupState:
+        return self.group.state
+
+    def sends(self) -> list[dict[str, Any]]:
+        return [h for kind, h in self.requests if kind in ("SEND", "BATCH")]
+
+    async def start(self) -> None:
+        await self.server.start()
+        self.alive = True
+
+    async def register(self) -> None:
+        identity = BrokerIdentity(self.group.cluster, self.group.name, self.addr, self.broker_id)
+        wrapper = TopicConfigWrapper(dict(self.state.topics), self.state.version)
+        await self.outer.register_broker_all(identity, wrapper, timeout_s=3.0)
+
+    async def kill(self) -> None:
+        """Stop serving and drop the nameserver connection (the nameserver forgets us at once)."""
+        self.alive = False
+        await self.server.stop(grace_s=0.5)
+        await self.outer.close()
+        self.outer = BrokerOuterAPI(self.group.namesrv_addrs)
+
+    # --- helpers ----------------------------------------------------------------------------------------
+    def _not_master(self, req: RemotingCommand) -> RemotingCommand:
+        master = self.group.master_node
+        headers = (
+            {"masterAddr": master.addr} if master is not None and master.alive and self.group.hints else {}
+        )
+        where = f"; master is {master.addr}" if headers else ""
+        return req.make_response(ResponseCode.NOT_MASTER, f"{self.addr} is not master{where}", headers)
+
+    def _store(
+        self, topic: str, qid: int, flag: int, born: int, seq: int, pid: str, props: bytes, body: bytes
+    ) -> tuple[int, int, bool]:
+        st = self.state
+        if pid and seq:
+            hit = st.dedup.get((pid, seq))
+            if hit is not None:
+                return hit[1], hit[2], True
+        p = decode_properties(props)
+        index = st.next_index
+        st.next_index += 1
+        rec = encode_record(
+            topic.encode(),
+            qid,
+            body,
+            props,
+            tag_hash(p.get(PROPERTY_TAGS)),
+            born,
+            int(time.time() * 1000),
+            pid.encode(),
+            seq,
+            flag,
+        )
+        entries = st.queues.setdefault((topic, qid), [])
+        stored = Stored(index, rec, p.get(PROPERTY_KEYS, "").split())
+        entries.append(stored)
+        st.by_index[index] = stored
+        offset = len(entries) - 1
+        if pid and seq:
+            st.dedup[(pid, seq)] = (qid, offset, index)
+        self.group.notify()
+        return offset, index, False
+
+    def _check_queue(self, req: RemotingCommand, topic: str, qid: int) -> RemotingCommand | None:
+        tc = self.state.topics.get(topic)
+        if tc is None:
+            return req.make_response(ResponseCode.TOPIC_NOT_EXIST, f"topic {topic} not exist")
+        if not 0 <= qid < tc.write_queue_nums:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"queue id {qid} out of range")
+        return None
+
+    async def _fault(
+        self, req: RemotingCommand, action: str | None, conn: Any
+    ) -> RemotingCommand | None | str:
+        """Apply a scripted fault; returns a response, None for "no reply", or "store" to go on."""
+        if action is None:
+            return "store"
+        if action == "not_master":
+            return self._not_master(req)
+        if action == "busy":
+            return req.make_response(ResponseCode.SYSTEM_BUSY, "busy")
+        if action == "unavailable":
+            return req.make_response(ResponseCode.SERVICE_NOT_AVAILABLE, "no leader yet")
+        if action == "illegal":
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, "message illegal")
+        if action == "repl_timeout_nostore":
+            return req.make_response(ResponseCode.REPLICATION_TIMEOUT, "not committed in time")
+        return "store"
+
+    # --- sends ------------------------------------------------------------------------------------------
+    async def send(self, conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+        h = dict(req.headers)
+        self.requests.append(("SEND", h))
+        action = self.script.pop(0) if self.script else None
+        if not self.is_master:
+            return self._not_master(req)
+        fault = await self._fault(req, action, conn)
+        if fault != "store":
+            return fault  # type: ignore[return-value]
+        topic, qid = req.header_str("topic"), req.header_int("queueId")
+        bad = self._check_queue(req, topic, qid)
+        if bad is not None:
+            return bad
+        offset, index, dup = self._store(
+            topic,
+            qid,
+            req.header_int("flag", 0),
+            req.header_int("bornTimestamp"),
+            req.header_int("seq", 0),
+            req.header_str("producerId", ""),
+            req.header_str("properties", "").encode(),
+            bytes(req.body),
+        )
+        return self._after_store(
+            req,
+            action,
+            conn,
+            req.make_response(
+                headers={
+                    "msgId": make_msg_id(self.group.name, index),
+                    "queueId": qid,
+                    "queueOffset": offset,
+                    "ledgerIndex": index,
+                    "duplicate": dup,
+                }
+            ),
+        )
+
+    def _after_store(
+        self, req: RemotingCommand, action: str | None, conn: Any, ok: RemotingCommand
+    ) -> RemotingCommand | None:
+        if action == "repl_timeout":
+            return req.make_response(ResponseCode.REPLICATION_TIMEOUT, "stored but not committed in time")
+        if action == "system_error":
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "boom after append")
+        if action and action.startswith("drop"):
+            # "drop": store, then lose the connection; "drop_then_master:N": and node N takes over.
+            if ":" in action:
+                self.group.master = int(action.split(":")[1])
+            conn.abort("scripted drop")
+            return None
+        if action == "hang":
+            return None
+        return ok
+
+    async def send_batch(self, conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+        h = dict(req.headers)
+        self.requests.append(("BATCH", h))
+        action = self.script.pop(0) if self.script else None
+        if not self.is_master:
+            return self._not_master(req)
+        fault = await self._fault(req, action, conn)
+        if fault != "store":
+            return fault  # type: ignore[return-value]
+        topic, qid = req.header_str("topic"), req.header_int("queueId")
+        bad = self._check_queue(req, topic, qid)
+        if bad is not None:
+            return bad
+        pid = req.header_str("producerId", "")
+        items = decode_batch(req.body, 4 << 20)
+        offsets, ids, dups = [], [], 0
+        for it in items:
+            offset, index, dup = self._store(topic, qid, it.flag, it.born_ms, it.seq, pid, it.props, it.body)
+            offsets.append(offset)
+            ids.append(make_msg_id(self.group.name, index))
+            dups += dup
+        body = dump_body({"queueId": qid, "offsets": offsets, "msgIds": ids, "duplicates": dups})
+        return self._after_store(req, action, conn, req.make_response(body=body))
+
+    # --- reads -----------------------------------------------------------------------------------------
+    def _range(self, topic: str, qid: int) -> tuple[int, int]:
+        return 0, len(self.state.queues.get((topic, qid), []))
+
+    async def pull(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        h = dict(req.headers)
+        self.requests.append(("PULL", h))
+        topic, qid = req.header_str("topic"), req.header_int("queueId")
+        offset, max_nums = req.header_int("queueOffset"), req.header_int("maxMsgNums")
+        group = req.header_str("consumerGroup")
+        commit = req.header_int("commitOffset", None)
+        if commit is not None and self.is_master:
+            self.state.offsets[(group, topic, qid)] = commit
+        deadline = time.monotonic() + req.header_int("suspendTimeoutMillis", 0) / 1000
+        while True:
+            lo, hi = self._range(topic, qid)
+            headers = {"minOffset": lo, "maxOffset": hi, "brokerName": self.group.name}
+            if offset < lo or offset > hi:
+                return req.make_response(
+                    ResponseCode.PULL_OFFSET_MOVED,
+                    "offset moved",
+                    {**headers, "nextBeginOffset": max(lo, min(offset, hi))},
+                )
+            if offset < hi:
+                entries = self.state.queues[(topic, qid)][offset : offset + max_nums]
+                body = encode_pull_body([(offset + i, e.index, e.record) for i, e in enumerate(entries)])
+                return req.make_response(
+                    headers={**headers, "nextBeginOffset": offset + len(entries)}, body=body
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return req.make_response(
+                    ResponseCode.PULL_NOT_FOUND, "no new message", {**headers, "nextBeginOffset": offset}
+                )
+            await self.group.wait_new(remaining)
+
+    def query_offset(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        key = (req.header_str("consumerGroup"), req.header_str("topic"), req.header_int("queueId"))
+        if key not in self.state.offsets:
+            return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no offset")
+        return req.make_response(headers={"offset": self.state.offsets[key]})
+
+    def update_offset(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        self.requests.append(("COMMIT", dict(req.headers)))
+        if not self.is_master:
+            return self._not_master(req)
+        key = (req.header_str("consumerGroup"), req.header_str("topic"), req.header_int("queueId"))
+        self.state.offsets[key] = req.header_int("commitOffset")
+        return req.make_response()
+
+    def max_offset(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(
+            headers={"offset": self._range(req.header_str("topic"), req.header_int("queueId"))[1]}
+        )
+
+    def min_offset(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(headers={"offset": 0})
+
+    def heartbeat(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        hb = load_body(req.body, "heartbeat")
+        group = hb.get("consumerGroup")
+        if group:
+            members = self.state.consumers.setdefault(group, {})
+            new = hb["clientID"] not in members
+            members[hb["clientID"]] = time.monotonic()
+            if new and self.group.notify_ids_changed:
+                # Like RocketMQ's broker: tell connected clients so they rebalance now.
+                for c in self.server.connections:
+                    if c is not conn and not c.closed:
+                        c.invoke_oneway(
+                            RemotingCommand.request(
+                                RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group}
+                            )
+                        )
+        return req.make_response()
+
+    def unregister(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        self.state.consumers.get(req.header_str("consumerGroup"), {}).pop(req.header_str("clientID"), None)
+        return req.make_response()
+
+    def consumer_list(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        now = time.monotonic()
+        seen = self.state.consumers.get(req.header_str("consumerGroup"), {})
+        ids = sorted(c for c, t in seen.items() if now - t < self.group.consumer_expiry_s)
+        return req.make_response(body=dump_body({"consumerIdList": ids}))
+
+    async def update_topic(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        if not self.is_master:
+            return self._not_master(req)
+        topic = req.header_str("topic")
+        self.state.topics[topic] = TopicConfig(
+            topic, req.header_int("readQueueNums"), req.header_int("writeQueueNums"), req.header_int("perm")
+        )
+        self.state.version = self.state.version.next()
+        await self.group.register_all()
+        return req.make_response()
+
+    def all_topics(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(
+            body=dump_body({"topicConfigTable": {n: t.to_json() for n, t in self.state.topics.items()}})
+        )
+
+    def runtime_info(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        info = {
+            "brokerName": self.group.name,
+            "brokerId": self.broker_id,
+            "role": "MASTER" if self.is_master else "SLAVE",
+            "ledger": {"term": 1, "commitIndex": self.state.next_index - 1},
+            "topics": sorted(self.state.topics),
+        }
+        return req.make_response(body=dump_body(info))
+
+    def view_message(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        _name, index = parse_msg_id(req.header_str("msgId"))
+        stored = self.state.by_index.get(index)
+        if stored is None:
+            return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no such message")
+        for (_t, _q), entries in self.state.queues.items():
+            for off, e in enumerate(entries):
+                if e is stored:
+                    return req.make_response(body=encode_pull_body([(off, e.index, e.record)]))
+        return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no such message")
+
+    def query_message(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        topic, key, max_num = req.header_str("topic"), req.header_str("key"), req.header_int("maxNum")
+        found = []
+        for (t, _q), entries in sorted(self.state.queues.items()):
+            if t != topic:
+                continue
+            found.extend((off, e.index, e.record) for off, e in enumerate(entries) if key in e.keys)
+        if not found:
+            return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no message with that key")
+        return req.make_response(body=encode_pull_body(found[:max_num]))
+
+
+class FakeGroup:
+    """A broker group of ``size`` nodes sharing one store; node ``master`` answers writes."""
+
+    def __init__(
+        self, name: str, namesrv_addrs: list[str], size: int = 1, cluster: str = "FakeCluster"
+    ) -> None:
+        self.name = name
+        self.cluster = cluster
+        self.namesrv_addrs = namesrv_addrs
+        self.state = GroupState()
+        self.master: int | None = 0
+        self.hints = True
+        self.consumer_expiry_s = 30.0
+        self.notify_ids_changed = True
+        self.nodes = [FakeNode(self, i) for i in range(size)]
+        self._new = asyncio.Event()
+
+    @property
+    def master_node(self) -> FakeNode | None:
+        return None if self.master is None else self.nodes[self.master]
+
+    def notify(self) -> None:
+        self._new.set()
+        self._new = asyncio.Event()
+
+    async def wait_new(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._new.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    async def start(self) -> None:
+        for n in self.nodes:
+            await n.start()
+        await self.register_all()
+
+    async def register_all(self) -> None:
+        await asyncio.gather(*(n.register() for n in self.nodes if n.alive))
+
+    async def add_topic(self, topic: str, queues: int = 4, perm: int = 6) -> None:
+        self.state.topics[topic] = TopicConfig(topic, queues, queues, perm)
+        self.state.version = self.state.version.next()
+        await self.register_all()
+
+    async def failover(self, new_master: int | None) -> None:
+        """Change the master (None: electing) and re-register, as a DLedger role change does."""
+        self.master = new_master
+        self.state.version = self.state.version.next()
+        await self.register_all()
+
+    async def stop(self) -> None:
+        for n in self.nodes:
+            if n.alive:
+                await n.kill()
+            await n.outer.close()
+
+    def messages(self, topic: str, qid: int) -> list[Stored]:
+        return list(self.state.queues.get((topic, qid), []))
+
+    def count(self, topic: str) -> int:
+        return sum(len(v) for (t, _q), v in self.state.queues.items() if t == topic)
+
+    def reset_scripts(self) -> None:
+        for n in self.nodes:
+            n.script.clear()
+            n.requests.clear()
+
+
+class FakeCluster:
+    """One in-process nameserver (or two) and fake broker groups, on a ServerThread."""
+
+    def __init__(self, groups: dict[str, int], nameservers: int = 1) -> None:
+        self.thread = ServerThread()
+        self.namesrvs: list[NamesrvController] = []
+        self.groups: dict[str, FakeGroup] = {}
+
+        async def boot() -> None:
+            for _ in range(nameservers):
+                ctl = NamesrvController(NamesrvConfig(listen_host="127.0.0.1", listen_port=0))
+                await ctl.start()
+                self.namesrvs.append(ctl)
+            addrs = [c.address for c in self.namesrvs]
+            for name, size in groups.items():
+                g = FakeGroup(name, addrs, size)
+                await g.start()
+                self.groups[name] = g
+
+        self.thread.call(boot())
+
+    @property
+    def namesrv_addr(self) -> str:
+        return ";".join(c.address for c in self.namesrvs)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 10.0) -> T:
+        return self.thread.call(coro, timeout)
+
+    def add_topic(self, topic: str, queues: int = 4, groups: list[str] | None = None) -> None:
+        async def go() -> None:
+            for name in groups or list(self.groups):
+                await self.groups[name].add_topic(topic, queues)
+
+        self.call(go())
+
+    def close(self) -> None:
+        async def down() -> None:
+            for g in self.groups.values():
+                await g.stop()
+            for c in self.namesrvs:
+                await c.shutdown()
+
+        try:
+            self.call(down())
+        finally:
+            self.thread.stop()
