@@ -1,0 +1,665 @@
+"""Drive the top-level docker-compose.yml group: stand up, inspect, break, tear down.
+
+``ComposeGroup`` is what the container tests and the harness's ``docker`` backend use. It
+shells out to ``docker compose`` (v2) or ``docker-compose`` (v1, what Debian ships), because
+testcontainers' ``DockerCompose`` speaks only v2 (``ps --format json``) and this project's
+machines have v1. Containers are found by the compose labels
+(``com.docker.compose.project`` / ``.service``), so a group started by anyone (v1, v2,
+testcontainers, a user's shell) can be driven, and faults go through the plain ``docker``
+CLI: ``kill``, ``start``, ``pause``/``unpause``, and iptables inside the containers
+(they run with ``cap_add: NET_ADMIN``) for partitions.
+
+The addresses are fixed by docker-compose.yml: every service has
+``<LEDGERMQ_NET>.<octet>`` on the project network; :data:`LAYOUT` mirrors the file and
+:meth:`ComposeGroup.up` checks that the containers really got those addresses.
+
+Partitions are directed, as the harness's local backend models them: cutting ``a -> b``
+drops a's packets to b both where they leave (OUTPUT in a) and where they arrive (INPUT in
+b), so the cut holds while either end is paused or restarting; rules live in the
+``LEDGERMQ-IN``/``LEDGERMQ-OUT`` chains and are put back after a restart or unpause (a
+restarted container gets a fresh network namespace). TCP needs both directions, so a
+one-way cut stops a connection both ways in practice; what one-way cuts add is that new
+connections in the other direction fail differently (SYN dropped vs SYN-ACK dropped).
+
+Example::
+
+    group = ComposeGroup(project="ledgermq-dev")
+    group.up()                                      # build if missing, wait healthy
+    master = asyncio.run(group.wait_for_master())   # "broker1" (routed by the nameservers)
+    group.kill(master)                              # SIGKILL the container
+    new = asyncio.run(group.wait_for_master(exclude={master}))
+    group.partition([new], ["broker1", "broker2", "broker3"])   # isolate the new master
+    group.heal()
+    group.logs(Path("logs"))
+    group.down()                                    # containers, network, volumes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .images import DEFAULT_IMAGE, ROOT, build_image, image_exists
+
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DEFAULT_NET = "172.28.10"
+NAMESRV_PORT = 9876
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service of docker-compose.yml: its fixed address and ports (keep in step with the file)."""
+
+    name: str
+    kind: Literal["namesrv", "broker"]
+    octet: int
+    port: int  # namesrv: 9876; broker: main port (fast port = port - 2)
+    ledger_port: int = 0
+    node_id: str = ""  # the broker's member id in the ledger group
+    publish_env: str = ""  # the variable that sets the published host port
+    default_published: int = 0
+
+
+LAYOUT: dict[str, ServiceSpec] = {
+    s.name: s
+    for s in (
+        ServiceSpec("namesrv1", "namesrv", 11, NAMESRV_PORT, publish_env="LEDGERMQ_NAMESRV1_PORT", default_published=9876),
+        ServiceSpec("namesrv2", "namesrv", 12, NAMESRV_PORT, publish_env="LEDGERMQ_NAMESRV2_PORT", default_published=9877),
+        ServiceSpec("broker1", "broker", 21, 10911, 20911, "n1", "LEDGERMQ_BROKER1_PORT", 10911),
+        ServiceSpec("broker2", "broker", 22, 10921, 20921, "n2", "LEDGERMQ_BROKER2_PORT", 10921),
+        ServiceSpec("broker3", "broker", 23, 10931, 20931, "n3", "LEDGERMQ_BROKER3_PORT", 10931),
+    )
+}
+NAMESERVERS = tuple(n for n, s in LAYOUT.items() if s.kind == "namesrv")
+BROKERS = tuple(n for n, s in LAYOUT.items() if s.kind == "broker")
+TOPIC = "TopicTest"  # created by the first master (BROKER_TOPICS in docker-compose.yml)
+BROKER_NAME = "broker-a"
+
+Link = tuple[str, str]
+
+
+class ComposeError(RuntimeError):
+    """A docker or compose command failed, or the group did not reach the wanted state in time."""
+
+
+def compose_command() -> list[str]:
+    """The compose CLI: ``$LEDGERMQ_COMPOSE`` if set, else ``docker compose`` (v2), else ``docker-compose`` (v1)."""
+    override = os.environ.get("LEDGERMQ_COMPOSE")
+    if override:
+        return override.split()
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30, check=False)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise ComposeError("neither `docker compose` (v2) nor `docker-compose` (v1) is installed")
+
+
+def docker_unavailable_reason() -> str | None:
+    """None if a Docker engine answers and a compose CLI exists; otherwise why not (for skips)."""
+    if not shutil.which("docker"):
+        return "the docker CLI is not installed"
+    try:
+        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if info.returncode != 0:
+        return f"no Docker engine answers (`docker info`: {(info.stderr or info.stdout).strip()[:200]})"
+    try:
+        compose_command()
+    except ComposeError as exc:
+        return str(exc)
+    return None
+
+
+def free_net_prefix(start: int = 10) -> str:
+    """A ``172.28.N`` prefix whose /24 overlaps no existing Docker network (for parallel groups)."""
+    ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout.split()
+    used: list[ipaddress.IPv4Network] = []
+    if ids:
+        out = subprocess.run(["docker", "network", "inspect", *ids], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+        for net in json.loads(out):
+            for cfg in (net.get("IPAM") or {}).get("Config") or []:
+                try:
+                    used.append(ipaddress.ip_network(cfg.get("Subnet", ""), strict=False))
+                except ValueError:
+                    continue
+    for n in [*range(start, 255), *range(0, start)]:
+        cand = ipaddress.ip_network(f"172.28.{n}.0/24")
+        if not any(cand.overlaps(u) for u in used if u.version == 4):
+            return f"172.28.{n}"
+    raise ComposeError("no free 172.28.N.0/24 for the group's network")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now (for publishing a test group beside a user's)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ComposeGroup:
+    """The 2-nameserver + 3-broker group of docker-compose.yml as one compose project.
+
+    ``project`` names the compose project (containers, network and volumes carry it), so
+    several groups can run side by side when each gets its own ``net`` prefix and published
+    ports. All waits are bounded and raise :class:`ComposeError` naming what was not reached.
+    """
+
+    def __init__(
+        self,
+        project: str = "ledgermq",
+        *,
+        net: str | None = None,
+        image: str | None = None,
+        publish_host: str = "127.0.0.1",
+        published_ports: Mapping[str, int] | None = None,
+        compose_file: Path = COMPOSE_FILE,
+        compose_cmd: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
+        ``published_ports``: service -> host port (defaults as in docker-compose.yml);
+        ``env``: extra variables for compose (e.g. ``LEDGERMQ_BASE_IMAGE``);
+        ``log_dir``: where :meth:`down` saves every container's log before removing it."""
+        self.project = project
+        self.net = net or os.environ.get("LEDGERMQ_NET") or DEFAULT_NET
+        self.image = image or os.environ.get("LEDGERMQ_IMAGE") or DEFAULT_IMAGE
+        self.publish_host = publish_host
+        self.published_ports = {s.name: s.default_published for s in LAYOUT.values()}
+        self.published_ports.update(published_ports or {})
+        self.compose_file = Path(compose_file)
+        self._compose_cmd = list(compose_cmd) if compose_cmd else None
+        self.extra_env = dict(env or {})
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.killed: set[str] = set()
+        self.paused: set[str] = set()
+        self.cut_links: set[Link] = set()
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        return tuple(LAYOUT)
+
+    def ip(self, service: str) -> str:
+        """The service's fixed address on the project network."""
+        return f"{self.net}.{self._spec(service).octet}"
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        """Nameserver addresses as brokers and in-network clients use them (reachable from a Linux host too)."""
+        return [f"{self.ip(n)}:{NAMESRV_PORT}" for n in NAMESERVERS]
+
+    @property
+    def namesrv_addr_str(self) -> str:
+        return ";".join(self.namesrv_addrs)
+
+    def broker_addr(self, service: str) -> str:
+        """The broker's address as registered with the nameservers (container IP : main port)."""
+        spec = self._spec(service)
+        return f"{self.ip(service)}:{spec.port}"
+
+    def ledger_addr(self, service: str) -> str:
+        spec = self._spec(service)
+        return f"{self.ip(service)}:{spec.ledger_port}"
+
+    def published_addr(self, service: str) -> str:
+        """``host:port`` where the Docker host reaches the service through its published port."""
+        host = "127.0.0.1" if self.publish_host in ("0.0.0.0", "") else self.publish_host
+        return f"{host}:{self.published_ports[service]}"
+
+    def node_id(self, service: str) -> str:
+        return self._spec(service).node_id
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The ledger group's member ids (``n1``..``n3``), in broker order."""
+        return [self.node_id(b) for b in BROKERS]
+
+    @property
+    def ledger_addrs(self) -> dict[str, str]:
+        """Node id -> ledger address (for ``ledger.client.LedgerClient`` status calls from the host)."""
+        return {self.node_id(b): self.ledger_addr(b) for b in BROKERS}
+
+    @property
+    def broker_addrs(self) -> dict[str, str]:
+        """Node id -> broker address (as the nameservers route it)."""
+        return {self.node_id(b): self.broker_addr(b) for b in BROKERS}
+
+    def service_of(self, node_or_addr: str) -> str:
+        """The broker service for a node id (``n2``) or a broker address (as a route names it)."""
+        for name in BROKERS:
+            if node_or_addr in (self.node_id(name), self.broker_addr(name), name):
+                return name
+        raise KeyError(f"no broker service for {node_or_addr!r}")
+
+    def _spec(self, service: str) -> ServiceSpec:
+        try:
+            return LAYOUT[service]
+        except KeyError:
+            raise KeyError(f"unknown service {service!r}; services: {', '.join(LAYOUT)}") from None
+
+    # ------------------------------------------------------------------ commands
+
+    @property
+    def compose_cmd(self) -> list[str]:
+        if self._compose_cmd is None:
+            self._compose_cmd = compose_command()
+        return self._compose_cmd
+
+    def compose_env(self) -> dict[str, str]:
+        """The variables docker-compose.yml reads, for this group (plus the caller's environment)."""
+        env = {**os.environ, **self.extra_env}
+        env.update(
+            LEDGERMQ_NET=self.net,
+            LEDGERMQ_IMAGE=self.image,
+            LEDGERMQ_PUBLISH_HOST=self.publish_host,
+            COMPOSE_PROJECT_NAME=self.project,
+        )
+        for s in LAYOUT.values():
+            env[s.publish_env] = str(self.published_ports[s.name])
+        return env
+
+    def compose(self, *args: str, timeout: float = 300.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run one compose subcommand on this project (``-p``/``-f`` added)."""
+        argv = [*self.compose_cmd, "-p", self.project, "-f", str(self.compose_file), *args]
+        return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
+
+    @staticmethod
+    def _run(argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
+             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+                                  env=dict(env) if env is not None else None)
+        except subprocess.TimeoutExpired as exc:
+            raise ComposeError(f"{' '.join(argv)} did not finish within {timeout:.0f}s") from exc
+        if check and proc.returncode != 0:
+            raise ComposeError(
+                f"{' '.join(argv)} exited with {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-3000:]}"
+            )
+        return proc
+
+    def docker(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self._run(["docker", *args], timeout=timeout, check=check)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def build(self, *, base_image: str | None = None, log: Any = print) -> str:
+        """Build the image (base image, wheelhouse, classic ``docker build``); cached layers make it quick."""
+        return build_image(self.image, base_image=base_image or self.extra_env.get("LEDGERMQ_BASE_IMAGE"), log=log)
+
+    def up(self, *, build: Literal["always", "missing", "never"] = "missing", timeout: float = 180.0,
+           log: Any = print) -> None:
+        """Start every service (``up -d``), then wait until all are healthy and have their fixed addresses.
+
+        ``build="always"`` rebuilds the image from the current source first (what tests want);
+        ``"missing"`` builds only when the image does not exist.
+        """
+        if build == "always" or (build == "missing" and not image_exists(self.image)):
+            self.build(log=log)
+        self.compose("up", "-d", "--no-build", timeout=timeout)
+        self.killed.clear()
+        self.paused.clear()
+        self.wait_healthy(timeout=timeout)
+        for name in LAYOUT:
+            got = self.container_ip(name)
+            if got != self.ip(name):
+                raise ComposeError(f"{name} has address {got}, docker-compose.yml says {self.ip(name)}")
+
+    def down(self, *, volumes: bool = True, logs: Path | None = None, timeout: float = 120.0) -> list[str]:
+        """Remove containers, the network and (``volumes``) the named volumes; returns what had to be forced.
+
+        ``logs`` (default ``log_dir``): write every container's log there first (they vanish
+        with the containers).
+        Paused containers are unpaused first (stopping a frozen process hangs until the
+        timeout). If compose fails, anything left with this project's label is removed
+        directly, so a broken run never leaks containers, networks or volumes.
+        """
+        logs = logs if logs is not None else self.log_dir
+        if logs is not None and self._ids():
+            try:
+                self.logs(logs)
+            except (ComposeError, OSError):
+                pass  # logs are a courtesy; the teardown must still happen
+        for cid in self._ids(paused_only=True):
+            self.docker("unpause", cid, check=False)
+        args = ["down", "--remove-orphans", "-t", "3"] + (["-v"] if volumes else [])
+        self.compose(*args, timeout=timeout, check=False)
+        forced: list[str] = []
+        label = f"label=com.docker.compose.project={self.project}"
+        left = self.docker("ps", "-aq", "--filter", label, check=False).stdout.split()
+        if left:
+            self.docker("rm", "-f", "-v", *left, check=False)
+            forced += [f"container {c}" for c in left]
+        nets = self.docker("network", "ls", "-q", "--filter", label, check=False).stdout.split()
+        if nets:
+            self.docker("network", "rm", *nets, check=False)
+            forced += [f"network {n}" for n in nets]
+        if volumes:
+            vols = self.docker("volume", "ls", "-q", "--filter", label, check=False).stdout.split()
+            if vols:
+                self.docker("volume", "rm", "-f", *vols, check=False)
+                forced += [f"volume {v}" for v in vols]
+        self.killed.clear()
+        self.paused.clear()
+        self.cut_links.clear()
+        return forced
+
+    def leftovers(self) -> list[str]:
+        """Containers, networks and volumes still carrying this project's label (empty after ``down``)."""
+        label = f"label=com.docker.compose.project={self.project}"
+        out = []
+        for kind, args in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"]),
+                           ("volume", ["volume", "ls", "-q"])):
+            out += [f"{kind} {x}" for x in self.docker(*args, "--filter", label, check=False).stdout.split()]
+        return out
+
+    def __enter__(self) -> ComposeGroup:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    # ------------------------------------------------------------------ containers
+
+    def _ids(self, service: str | None = None, *, paused_only: bool = False) -> list[str]:
+        args = ["ps", "-aq", "--filter", f"label=com.docker.compose.project={self.project}"]
+        if service:
+            args += ["--filter", f"label=com.docker.compose.service={service}"]
+        if paused_only:
+            args += ["--filter", "status=paused"]
+        return self.docker(*args).stdout.split()
+
+    def container_id(self, service: str) -> str:
+        """The container of ``service`` in this project (running or not)."""
+        self._spec(service)
+        ids = self._ids(service)
+        if len(ids) != 1:
+            raise ComposeError(f"expected one container for {service} in project {self.project}, found {ids}")
+        return ids[0]
+
+    def inspect(self, service: str) -> dict[str, Any]:
+        return json.loads(self.docker("inspect", self.container_id(service)).stdout)[0]
+
+    def state(self, service: str) -> str:
+        """``running``, ``paused``, ``exited``...; with ``/healthy`` etc. appended when there is a healthcheck."""
+        st = self.inspect(service)["State"]
+        health = (st.get("Health") or {}).get("Status")
+        return f"{st['Status']}/{health}" if health else st["Status"]
+
+    def network_name(self) -> str:
+        """The Docker network of the group (``<project>_ledgermq``), to attach client containers to."""
+        nets = self.inspect(BROKERS[0])["NetworkSettings"]["Networks"]
+        if len(nets) != 1:
+            raise ComposeError(f"{BROKERS[0]} is on {len(nets)} networks, expected one: {sorted(nets)}")
+        return next(iter(nets))
+
+    def container_ip(self, service: str) -> str:
+        nets = self.inspect(service)["NetworkSettings"]["Networks"]
+        ips = [n.get("IPAddress") for n in nets.values() if n.get("IPAddress")]
+        return ips[0] if ips else ""
+
+    def wait_healthy(self, services: Iterable[str] | None = None, *, timeout: float = 180.0) -> None:
+        """Wait until each service's container is running and its healthcheck says healthy."""
+        want = list(services or LAYOUT)
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while True:
+            states = {s: self.state(s) for s in want}
+            bad = {s: st for s, st in states.items() if st != "running/healthy"}
+            if not bad:
+                return
+            dead = {s: st for s, st in bad.items() if not st.startswith("running")}
+            if time.monotonic() > deadline or dead:
+                why = "; ".join(f"{s}: {st}: {self._health_log(s)}" for s, st in bad.items())
+                raise ComposeError(f"not healthy within {timeout:.0f}s: {why}")
+            time.sleep(0.5)
+
+    def _health_log(self, service: str) -> str:
+        try:
+            st = self.inspect(service)["State"]
+        except ComposeError as exc:
+            return str(exc)
+        entries = (st.get("Health") or {}).get("Log") or []
+        last = entries[-1]["Output"].strip() if entries else "no healthcheck result yet"
+        tail = self.docker("logs", "--tail", "5", self.container_id(service), check=False)
+        return f"{last[:300]} | last log lines: {(tail.stdout + tail.stderr).strip()[-600:]}"
+
+    def exec(self, service: str, *argv: str, timeout: float = 60.0, check: bool = True) -> str:
+        """Run a command inside the service's container (e.g. ``ledgermq-admin``, ``iptables -S``)."""
+        return self.docker("exec", self.container_id(service), *argv, timeout=timeout, check=check).stdout
+
+    # ------------------------------------------------------------------ faults
+
+    def kill(self, service: str, signal: str = "KILL") -> None:
+        """Send ``signal`` (default SIGKILL) to the container's main process and wait until it is gone."""
+        cid = self.container_id(service)
+        if service in self.paused:
+            self.unpause(service)
+        self.docker("kill", "--signal", signal, cid)
+        if signal.upper() in ("KILL", "SIGKILL", "9"):
+            self.docker("wait", cid, timeout=30, check=False)
+            self.killed.add(service)
+
+    def stop(self, service: str, timeout_s: int = 10) -> None:
+        """Graceful stop (SIGTERM, SIGKILL after ``timeout_s``): the broker unregisters itself."""
+        self.docker("stop", "-t", str(timeout_s), self.container_id(service), timeout=timeout_s + 30)
+        self.killed.add(service)
+
+    def restart(self, service: str, *, wait_healthy: bool = True, timeout: float = 90.0) -> None:
+        """Start a killed or stopped container again (same volume, same address) and put its cuts back."""
+        self.docker("start", self.container_id(service))
+        self.killed.discard(service)
+        self.paused.discard(service)
+        self._apply_cuts([service])
+        if wait_healthy:
+            self.wait_healthy([service], timeout=timeout)
+
+    def pause(self, service: str) -> None:
+        """Freeze every process of the container (cgroup freezer), like SIGSTOP on the whole node."""
+        self.docker("pause", self.container_id(service))
+        self.paused.add(service)
+
+    def unpause(self, service: str) -> None:
+        self.docker("unpause", self.container_id(service))
+        self.paused.discard(service)
+        self._apply_cuts([service])
+
+    def cut(self, links: Iterable[Link]) -> dict[str, Any]:
+        """Make exactly ``links`` (directed ``(src, dst)`` service pairs) cut; every other link carries traffic.
+
+        Returns ``{"cut": [[src, dst], ...], "unapplied": {service: reason}}``; a service that
+        is down or paused is listed under ``unapplied`` and gets its rules when it comes back
+        (the other end of each link already enforces them).
+        """
+        wanted = set()
+        for src, dst in links:
+            self._spec(src)
+            self._spec(dst)
+            if src != dst:
+                wanted.add((src, dst))
+        self.cut_links = wanted
+        unapplied = self._apply_cuts(list(LAYOUT))
+        return {"cut": sorted([list(link) for link in wanted]), "unapplied": unapplied}
+
+    def partition(self, *sides: Iterable[str]) -> dict[str, Any]:
+        """Cut every link (both directions) between services on different sides.
+
+        ``partition(["broker1"], ["broker2", "broker3", "namesrv1", "namesrv2"])`` isolates
+        broker1. Services named on no side keep talking to everyone.
+        """
+        groups = [list(s) for s in sides]
+        links = {(a, b) for i, ga in enumerate(groups) for j, gb in enumerate(groups) if i != j
+                 for a in ga for b in gb}
+        return self.cut(links)
+
+    def isolate(self, service: str, from_: Iterable[str] | None = None) -> dict[str, Any]:
+        """Cut ``service`` off from ``from_`` (default: every other service), both directions."""
+        others = [s for s in (from_ or LAYOUT) if s != service]
+        return self.partition([service], others)
+
+    def heal(self) -> dict[str, Any]:
+        """Remove every cut."""
+        return self.cut(set())
+
+    def _apply_cuts(self, services: Sequence[str]) -> dict[str, str]:
+        """Rewrite the LEDGERMQ-IN/OUT chains of ``services`` from ``self.cut_links``; returns failures."""
+        def script(service: str) -> str:
+            lines = [
+                "set -e",
+                "for c in LEDGERMQ-IN LEDGERMQ-OUT; do iptables -w -N $c 2>/dev/null || true; iptables -w -F $c; done",
+                "iptables -w -C INPUT -j LEDGERMQ-IN 2>/dev/null || iptables -w -I INPUT 1 -j LEDGERMQ-IN",
+                "iptables -w -C OUTPUT -j LEDGERMQ-OUT 2>/dev/null || iptables -w -I OUTPUT 1 -j LEDGERMQ-OUT",
+            ]
+            for src, dst in sorted(self.cut_links):
+                if dst == service:
+                    lines.append(f"iptables -w -A LEDGERMQ-IN -s {self.ip(src)} -j DROP")
+                if src == service:
+                    lines.append(f"iptables -w -A LEDGERMQ-OUT -d {self.ip(dst)} -j DROP")
+            return "\n".join(lines)
+
+        def apply(service: str) -> tuple[str, str | None]:
+            if service in self.killed:
+                return service, "not running"
+            if service in self.paused:
+                return service, "paused"
+            proc = self.docker("exec", self.container_id(service), "sh", "-c", script(service), check=False)
+            if proc.returncode != 0:
+                return service, (proc.stderr or proc.stdout).strip()[-300:] or f"exit {proc.returncode}"
+            return service, None
+
+        with ThreadPoolExecutor(max_workers=len(services) or 1) as pool:
+            results = list(pool.map(apply, services))
+        return {s: why for s, why in results if why}
+
+    def rules(self, service: str) -> str:
+        """The container's current LEDGERMQ chains (``iptables -S``), for reports and tests."""
+        return self.exec(service, "sh", "-c", "iptables -w -S LEDGERMQ-IN; iptables -w -S LEDGERMQ-OUT", check=False)
+
+    # ------------------------------------------------------------------ logs
+
+    def logs(self, dest: Path) -> dict[str, Path]:
+        """Write each container's stdout+stderr to ``dest/<service>.log`` (killed containers included)."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        out: dict[str, Path] = {}
+        for name in LAYOUT:
+            ids = self._ids(name)
+            if not ids:
+                continue
+            proc = self.docker("logs", "--timestamps", ids[0], timeout=120, check=False)
+            path = dest / f"{name}.log"
+            path.write_text(proc.stdout + proc.stderr, encoding="utf-8", errors="replace")
+            out[name] = path
+        return out
+
+    # ------------------------------------------------------------------ the brokers, over the protocol
+
+    async def runtime_info(self, client: Any, service: str, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        """GET_BROKER_RUNTIME_INFO of a broker (``role``, ``masterAddr``, ``ledger``...), None if unreachable."""
+        from remoting import RemotingCommand, RequestCode
+
+        try:
+            resp = await client.invoke_sync(
+                self.broker_addr(service), RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), timeout_s
+            )
+        except Exception:  # noqa: BLE001 - a broker that is down, paused or cut off
+            return None
+        return json.loads(bytes(resp.body)) if resp.is_success else None
+
+    async def route(self, client: Any, namesrv: str, topic: str = TOPIC, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        """The topic route one nameserver gives (``brokerDatas``, ``queueDatas``), None if it has none."""
+        from remoting import RemotingCommand, RequestCode
+
+        try:
+            resp = await client.invoke_sync(
+                namesrv, RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), timeout_s
+            )
+        except Exception:  # noqa: BLE001
+            return None
+        return json.loads(bytes(resp.body)) if resp.is_success else None
+
+    async def routed_master(self, client: Any, topic: str = TOPIC) -> dict[str, str | None]:
+        """Nameserver address -> the broker address it routes as master (id 0) of the group, or None."""
+        out: dict[str, str | None] = {}
+        for ns in self.namesrv_addrs:
+            route = await self.route(client, ns, topic)
+            master = None
+            for bd in (route or {}).get("brokerDatas") or []:
+                if bd.get("brokerName") == BROKER_NAME:
+                    master = (bd.get("brokerAddrs") or {}).get("0")
+            out[ns] = master
+        return out
+
+    async def wait_for_master(self, *, exclude: Iterable[str] = (), timeout: float = 60.0,
+                              topic: str = TOPIC, all_nameservers: bool = False) -> str:
+        """Wait until a broker (not in ``exclude``) says MASTER and a nameserver routes ``topic`` to it.
+
+        ``all_nameservers=True`` waits until every nameserver routes to it. Returns the service name.
+        """
+        from remoting import RemotingClient
+
+        excluded = set(exclude)
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        async with RemotingClient(name="compose-group") as client:
+            while time.monotonic() < deadline:
+                routes = await self.routed_master(client, topic)
+                for name in BROKERS:
+                    if name in excluded or name in self.killed or name in self.paused:
+                        continue
+                    info = await self.runtime_info(client, name)
+                    last[name] = info and info.get("role")
+                    if not info or info.get("role") != "MASTER":
+                        continue
+                    hits = [ns for ns, addr in routes.items() if addr == self.broker_addr(name)]
+                    if hits and (not all_nameservers or len(hits) == len(routes)):
+                        return name
+                last["routes"] = routes
+                await asyncio.sleep(0.2)
+        raise ComposeError(f"no routed master (excluding {sorted(excluded)}) within {timeout:.0f}s; last seen {last}")
+
+    async def status(self) -> dict[str, Any]:
+        """Each service's container state and address; brokers add role/term/leader from runtime info."""
+        from remoting import RemotingClient
+
+        out: dict[str, Any] = {}
+        async with RemotingClient(name="compose-group") as client:
+            for name, spec in LAYOUT.items():
+                try:
+                    state = self.state(name)
+                except ComposeError as exc:
+                    state = f"missing ({exc})"
+                entry: dict[str, Any] = {"state": state, "ip": self.ip(name), "published": self.published_addr(name)}
+                if spec.kind == "broker":
+                    entry["addr"] = self.broker_addr(name)
+                    info = await self.runtime_info(client, name) if state.startswith("running") else None
+                    if info:
+                        ledger = info.get("ledger") or {}
+                        entry.update(role=info.get("role"), master=info.get("masterAddr"),
+                                     term=ledger.get("term"), leader=ledger.get("leader"))
+                out[name] = entry
+            out["routes"] = await self.routed_master(client)
+        return out

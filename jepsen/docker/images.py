@@ -1,0 +1,203 @@
+"""Build the project's Docker image from a wheelhouse made on the host.
+
+Why a host-side wheelhouse: the image build must not need the network (this project's
+machines run a Docker engine with no registry, and the build containers may have no route
+out), so everything pip installs inside the image is a wheel prepared here first:
+
+* ``wheelhouse/ledgermq-*.whl``: the project itself, built from a clean copy of the source
+  (so no ``build/`` directory is left in the work tree) with ``SOURCE_DATE_EPOCH`` fixed,
+  which makes the wheel byte-identical for identical sources and lets Docker's layer cache
+  skip the install step when nothing changed;
+* ``wheelhouse/deps/``: only the servers' run-time dependencies (:data:`RUNTIME_DEPS`), as
+  binary wheels for CPython 3.11 on the engine's architecture. PySpark, matplotlib and
+  pysyncobj are harness/checker dependencies and stay out of the image.
+
+The base image is ``python:3.11-slim`` where it can be used; where it is neither present
+nor pullable, ``build-base-image.sh`` makes ``ledgermq-base:<codename>`` with debootstrap.
+Only the standard library is used here, so ``python -m jepsen.docker build`` works before
+the project is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = ROOT / "wheelhouse"
+DEFAULT_IMAGE = "ledgermq:latest"
+UPSTREAM_BASE = "python:3.11-slim"
+RUNTIME_DEPS = ("xxhash>=3.4", "uvloop>=0.19", "prometheus-client>=0.20", "click>=8.1")
+#: Source that goes into the project wheel (everything pyproject's package finder includes).
+SOURCE_ITEMS = ("pyproject.toml", "README.md", "ledger", "namesrv", "broker", "jepsen", "remoting", "client")
+BASE_SCRIPT = Path(__file__).resolve().with_name("build-base-image.sh")
+
+
+class ImageBuildError(RuntimeError):
+    """A build step failed; the message carries the command and the tail of its output."""
+
+
+def _run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    """Run a build command, failing with its output so a broken build says why."""
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ImageBuildError(f"{' '.join(argv)} took longer than {timeout:.0f}s") from exc
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        raise ImageBuildError(f"{' '.join(argv)} exited with {proc.returncode}:\n{tail}")
+    return proc.stdout
+
+
+def image_exists(tag: str) -> bool:
+    """True if the engine has ``tag`` locally (no registry is asked)."""
+    return (
+        subprocess.run(["docker", "image", "inspect", tag], capture_output=True, timeout=60, check=False).returncode
+        == 0
+    )
+
+
+def default_base_tag() -> str:
+    """``ledgermq-base:<codename>`` for this host's Debian release (what build-base-image.sh makes)."""
+    codename = "bookworm"
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("VERSION_CODENAME=") and line.split("=", 1)[1].strip('"'):
+                codename = line.split("=", 1)[1].strip('"')
+    except OSError:
+        pass
+    return f"ledgermq-base:{codename}"
+
+
+def ensure_base_image(base_image: str | None = None, *, pull_timeout: float = 60.0, log=print) -> str:
+    """Return a base image tag that exists locally, making one if needed.
+
+    Order: an explicit ``base_image`` (or ``LEDGERMQ_BASE_IMAGE``) is used as given (built
+    with the debootstrap script if it is a ``ledgermq-base:*`` tag that is missing); otherwise
+    ``python:3.11-slim`` if present or pullable; otherwise the local debootstrap base, built
+    once per machine (about 1.5 minutes) and reused afterwards.
+    """
+    base_image = base_image or os.environ.get("LEDGERMQ_BASE_IMAGE") or None
+    if base_image:
+        if image_exists(base_image):
+            return base_image
+        if base_image.startswith("ledgermq-base:"):
+            _build_local_base(base_image, log)
+            return base_image
+        _run(["docker", "pull", base_image], timeout=600)
+        return base_image
+    local = default_base_tag()
+    if image_exists(local):
+        return local
+    if image_exists(UPSTREAM_BASE):
+        return UPSTREAM_BASE
+    try:
+        _run(["docker", "pull", UPSTREAM_BASE], timeout=pull_timeout)
+        return UPSTREAM_BASE
+    except ImageBuildError as exc:
+        log(f"cannot pull {UPSTREAM_BASE} ({str(exc).splitlines()[-1][:200]}); building {local} with debootstrap")
+    _build_local_base(local, log)
+    return local
+
+
+def _build_local_base(tag: str, log) -> None:
+    t0 = time.monotonic()
+    _run(["bash", str(BASE_SCRIPT), "--tag", tag], timeout=1800)
+    log(f"base image {tag} built in {time.monotonic() - t0:.0f}s")
+
+
+def _engine_arch() -> str:
+    """The engine's CPU architecture in wheel-tag spelling (x86_64, aarch64)."""
+    try:
+        arch = _run(["docker", "info", "--format", "{{.Architecture}}"], timeout=60).strip()
+    except ImageBuildError:
+        arch = platform.machine()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch or "x86_64")
+
+
+def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = False, log=print) -> Path:
+    """Make ``wheelhouse/`` (the project wheel + run-time dependency wheels) and return the project wheel.
+
+    The dependency wheels are downloaded once (``refresh_deps`` downloads them again);
+    the project wheel is rebuilt every time from a temporary copy of the source.
+    """
+    deps = wheelhouse / "deps"
+    deps.mkdir(parents=True, exist_ok=True)
+    names = [d.split(">")[0].split("=")[0].replace("-", "_").lower() for d in RUNTIME_DEPS]
+    have = {p.name.split("-")[0].lower() for p in deps.glob("*.whl")}
+    if refresh_deps or not set(names) <= have:
+        arch = _engine_arch()
+        platforms = [f"manylinux{v}_{arch}" for v in ("2014", "_2_17", "_2_24", "_2_28", "_2_31", "_2_34")]
+        argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
+                "--python-version", "3.11", "--implementation", "cp", "--dest", str(deps)]
+        for p in platforms:
+            argv += ["--platform", p]
+        t0 = time.monotonic()
+        _run([*argv, *RUNTIME_DEPS], timeout=900)
+        log(f"run-time dependency wheels in {deps} ({time.monotonic() - t0:.0f}s)")
+
+    for old in wheelhouse.glob("ledgermq-*.whl"):
+        old.unlink()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ledgermq-src-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "wheelhouse", ".*cache")
+        for item in SOURCE_ITEMS:
+            p = ROOT / item
+            if p.is_dir():
+                shutil.copytree(p, src / item, ignore=ignore)
+            elif p.exists():
+                shutil.copy2(p, src / item)
+        env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
+        _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "-q",
+              "-w", str(wheelhouse), str(src)], timeout=900, env=env)
+    wheels = sorted(wheelhouse.glob("ledgermq-*.whl"))
+    if len(wheels) != 1:
+        raise ImageBuildError(f"expected one ledgermq wheel in {wheelhouse}, found {[w.name for w in wheels]}")
+    log(f"project wheel {wheels[0].name} ({time.monotonic() - t0:.0f}s)")
+    return wheels[0]
+
+
+def build_image(
+    tag: str = DEFAULT_IMAGE,
+    *,
+    base_image: str | None = None,
+    refresh_deps: bool = False,
+    log=print,
+) -> str:
+    """Build ``tag`` from the top-level Dockerfile (classic builder) and return it.
+
+    Runs :func:`ensure_base_image` and :func:`build_wheelhouse` first; unchanged layers
+    come from Docker's cache, so a rebuild with no source change takes seconds.
+    """
+    base = ensure_base_image(base_image, log=log)
+    build_wheelhouse(refresh_deps=refresh_deps, log=log)
+    t0 = time.monotonic()
+    previous = _image_id(tag)
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder must work: use it
+    _run(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, "-f", str(ROOT / "Dockerfile"),
+          str(ROOT)], timeout=1800, env=env)
+    log(f"image {tag} (FROM {base}) built in {time.monotonic() - t0:.0f}s")
+    if previous and previous != _image_id(tag):
+        # The image this tag named before is now untagged: remove it rather than pile up 200 MB
+        # per source change (it stays if a container still uses it).
+        inspect = subprocess.run(["docker", "image", "inspect", "--format", "{{len .RepoTags}}", previous],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        if inspect.returncode == 0 and inspect.stdout.strip() == "0":
+            subprocess.run(["docker", "image", "rm", previous], capture_output=True, timeout=120, check=False)
+    return tag
+
+
+def _image_id(tag: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+                          text=True, timeout=60, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
