@@ -359,7 +359,7 @@ class RaftCore:
         self._reset_timers()
         self.leader_match = 0
         self.last_acked = 0
-        # SIM-FIX (ledger/sim.py seed 24): ``last_seq`` is echoed to the leader by ``_ack_leader``;
+        # SIM-FIX (python -m ledger.sim --seed 46): ``last_seq`` is echoed to the leader by ``_ack_leader``;
         # a seq kept from a previous leader's numbering inflated the new leader's acked_seq,
         # which could confirm a read without a round started after it (stale read) and, as
         # the seed showed, left later reads pending forever once real seqs were lower.
@@ -559,7 +559,7 @@ class RaftCore:
 
     def _handle_install_base(self, m: InstallBase) -> None:
         self._accept_leader(m)
-        # SIM-FIX (ledger/sim.py seed 0): a delayed or duplicated InstallBase may name a base at
+        # SIM-FIX (python -m ledger.sim --seed 106): a delayed or duplicated InstallBase may name a base at
         # or below our commit index (e.g. below a base installed since). That prefix is
         # committed, hence already matches the leader: resetting to it would throw away
         # acknowledged entries and leave commit beyond the end of the log.
@@ -593,21 +593,29 @@ class RaftCore:
                 self.transfer_target = None  # the target did not take over in time: keep leading
         if self.election_elapsed >= cfg.election_ticks:
             self.election_elapsed = 0
-            if cfg.check_quorum:
-                active = 1 + sum(1 for pr in self.progress.values() if pr.active)
-                for pr in self.progress.values():
-                    pr.active = False
-                if active < self.quorum:
-                    self._become_follower(self.term, None)
-                    return
-            self._maybe_transfer_to_preferred()
+            # SIM-FIX (tests/test_raft_core.py::test_an_unreachable_preferred_leader_does_not_block_writes):
+            # remember who answered during the last election timeout, for CheckQuorum and for
+            # the preferred-leader transfer. The flags are now cleared even without CheckQuorum,
+            # so "active" always means "answered within the last election timeout".
+            recently_active = {p for p, pr in self.progress.items() if pr.active}
+            for pr in self.progress.values():
+                pr.active = False
+            if cfg.check_quorum and 1 + len(recently_active) < self.quorum:
+                self._become_follower(self.term, None)
+                return
+            self._maybe_transfer_to_preferred(recently_active)
         if self.heartbeat_elapsed >= cfg.heartbeat_ticks:
             self.heartbeat_elapsed = 0
             self._broadcast_heartbeat()
 
-    def _maybe_transfer_to_preferred(self) -> None:
+    def _maybe_transfer_to_preferred(self, recently_active: set[str]) -> None:
         pref = self.config.preferred_leader
         if not pref or pref == self.id or pref not in self.progress or self.transfer_target is not None:
+            return
+        if pref not in recently_active:
+            # SIM-FIX: a silent preferred leader keeps its old REPLICATE progress; transferring to
+            # it blocked proposals for a whole election timeout, retried at every timeout (in
+            # the very tick the previous attempt expired), i.e. writes stopped while it was down.
             return
         if self.commit < self.noop_index:
             return
@@ -637,7 +645,7 @@ class RaftCore:
         base_pos = first[0].pos if first else -1
         if base_pos < 0:
             return
-        # SIM-FIX (ledger/sim.py seed 0): a follower in REPLICATE keeps a ``next`` below the
+        # SIM-FIX (python -m ledger.sim --seed 23): a follower in REPLICATE keeps a ``next`` below the
         # base, and a successful answer in REPLICATE never raises ``next``, so the leader sent
         # InstallBase forever and never an entry. Probing makes the answer set next = base + 1.
         pr.become_probe()
@@ -676,7 +684,7 @@ class RaftCore:
         if pr is None:
             return
         pr.active = True
-        if m.seq > pr.acked_seq:
+        if pr.acked_seq < m.seq <= self.read_seq:  # a seq this leader never sent proves nothing
             pr.acked_seq = m.seq
             if self.pending_reads:
                 self._release_reads()

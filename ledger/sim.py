@@ -11,10 +11,15 @@ approach: find a failing seed with a cheap search, then replay it under a debugg
 
 A run has two phases. In the *fault* phase the swarm profile drawn for the seed decides
 which faults are on (crashes, partitions, drops, duplicates, long delays, pauses, slow
-disks, leadership transfers, retention). In the *heal* phase every node is up, the network
-is clean and disks are fast, and the run must reach, within a bounded number of ticks, a
-leader whose no-op is committed, a fresh proposal committed on every node and a confirmed
-read: that is the liveness check.
+disks, leadership transfers, retention). In the *heal* phase the network is clean and
+disks are fast, and the run must reach, within a bound of ticks (plus time linear in the
+replication backlog), a leader whose no-op is committed, a fresh proposal committed on
+every running node and a confirmed read: that is the liveness check. Half the seeds first
+keep a minority crashed (often the preferred leader), so a quorum must make progress on
+its own, and then restart it and require it to catch up.
+
+``SimOptions.mutation`` makes the simulated runtime (or the voters) break one rule on
+purpose; the tests use it to show that each checker can actually fail.
 
 Invariants (``Checker``) are checked as events happen, in periodic sweeps and at the end:
 election safety, the persist-before-send contract, log matching, leader completeness,
@@ -52,8 +57,21 @@ from .raft import NotLeader, RaftConfig, RaftCore, Role
 # Event kinds, kept as small ints: the heap holds (time, seq, kind, node, payload).
 _TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL = range(8)
 
-#: Runtime mistakes the simulator can be told to make, to prove its checkers catch them.
-MUTATIONS = ("none", "forget_vote", "naive_async_sync", "ack_on_append")
+#: Deliberate mistakes the simulator can be told to make, to prove its checkers catch them:
+#: forget_vote - the vote is not persisted (lost on a crash); naive_async_sync - an fsync is
+#: credited up to where it started even if the log was truncated meanwhile; ack_on_append - a
+#: follower acknowledges before fsync; vote_any_log - voters skip the up-to-date check;
+#: local_reads - a leader answers reads from its commit index without a quorum round;
+#: no_durable_notice - the runtime never reports fsyncs to the core (nothing can commit).
+MUTATIONS = (
+    "none",
+    "forget_vote",
+    "naive_async_sync",
+    "ack_on_append",
+    "vote_any_log",
+    "local_reads",
+    "no_durable_notice",
+)
 
 
 class InvariantViolation(AssertionError):
@@ -70,6 +88,7 @@ class SimOptions:
     tick_ms: int = 10  # nominal tick length in virtual milliseconds
     wire: bool = True  # round-trip every message through the binary codec
     sweep_every: int = 400  # events between full invariant sweeps (log matching, durability)
+    events_per_node_tick: int = 50  # event budget; runs need about 5, far more means a message storm
     mutation: str = "none"  # see MUTATIONS: deliberately break the runtime (checker self-test)
     trace: bool = False  # print every event as it happens (for replaying a seed)
 
@@ -237,6 +256,7 @@ class Checker:
         self.quorum = len(sim.nodes) // 2 + 1
         self.leaders: dict[int, str] = {}  # term -> the one node that led it
         self.committed: dict[int, tuple[int, int | None, bytes | None]] = {}  # index -> (term, kind, data)
+        self.commit_term: dict[int, int] = {}  # index -> lowest term of a node reporting it committed
         self.max_committed = 0  # highest index in ``committed`` whose entry was seen in full
         self.max_commit_reported = 0
         self.acked: dict[int, tuple[int, bytes]] = {}  # index -> (term, payload) acknowledged to a client
@@ -276,22 +296,22 @@ class Checker:
         self.check_leader_has_committed(node, term)
 
     def check_leader_has_committed(self, node: SimNode, term: int) -> None:
-        """Leader completeness: a leader's log holds every entry committed before it was elected."""
+        """Leader completeness: a leader of term T holds every entry committed in a term below T.
+
+        Only terms below T: a leader elected late from delayed votes of an old term need not
+        hold what newer terms committed meanwhile (Raft's property is about higher terms).
+        """
         log = node.log
-        if log.last_index < self.max_committed:
-            self.fail(
-                f"leader completeness: {node.id} leads term {term} with last index {log.last_index} "
-                f"below committed index {self.max_committed}"
-            )
         base = log.base_index
-        for index, (cterm, _, _) in self.committed.items():
-            if index < base:
-                continue  # retained no longer; it was committed when it was compacted
-            have = log.term_at(index)
-            if have != cterm:
+        commit_term = self.commit_term
+        for index, (eterm, _, _) in self.committed.items():
+            if commit_term[index] >= term or index < base:
+                continue  # committed in this term or later, or retained no longer (committed)
+            have = log.term_at(index) if index <= log.last_index else None
+            if have != eterm:
                 self.fail(
                     f"leader completeness: {node.id} leads term {term} but holds term {have} at "
-                    f"index {index}, committed with term {cterm}"
+                    f"index {index}, committed (in term {commit_term[index]}) with term {eterm}"
                 )
 
     # -- state machine safety and durability of acknowledged writes
@@ -299,17 +319,21 @@ class Checker:
     def on_commit(self, node: SimNode, commit: int) -> None:
         log = node.log
         stats = self.sim.stats
+        assert node.core is not None
         if commit > log.last_index:
             self.fail(f"{node.id} reports commit {commit} beyond its last index {log.last_index}")
         lo = node.validated + 1
         if commit < lo:
             return
+        # The reporter's term bounds the term the entries were committed in from above: a
+        # follower learns its commit index from a leader of its own term.
+        reporter_term = node.core.term
         if lo <= log.base_index:
             # Installed or retained away: only the base entry's term is still known here.
-            self._record(node, log.base_index, log.base_term, None, None)
+            self._record(node, log.base_index, log.base_term, None, None, reporter_term)
             lo = log.base_index + 1
         for e in log.entries(lo, commit) if lo <= commit else ():
-            self._record(node, e.index, e.term, e.kind, bytes(e.data))
+            self._record(node, e.index, e.term, e.kind, bytes(e.data), reporter_term)
         node.validated = commit
         stats.commits += 1
         if commit > self.max_commit_reported:
@@ -317,15 +341,20 @@ class Checker:
             stats.max_commit = commit
         self._ack_proposals(node, commit)
 
-    def _record(self, node: SimNode, index: int, term: int, kind: int | None, data: bytes | None) -> None:
+    def _record(
+        self, node: SimNode, index: int, term: int, kind: int | None, data: bytes | None, cterm: int
+    ) -> None:
         have = self.committed.get(index)
         if have is None:
             self.committed[index] = (term, kind, data)
+            self.commit_term[index] = cterm
             if data is not None and index > self.max_committed:
                 self.max_committed = index
-            self._check_current_leaders(index, term)
+            self._check_current_leaders(index, term, cterm)
             return
-        if have[0] != term or (data is not None and have[2] is not None and (have[1], have[2]) != (kind, data)):
+        if have[0] != term or (
+            data is not None and have[2] is not None and (have[1], have[2]) != (kind, data)
+        ):
             self.fail(
                 f"state machine safety: {node.id} commits index {index} as term {term} kind {kind} "
                 f"data {data!r}, but it was committed as term {have[0]} kind {have[1]} data {have[2]!r}"
@@ -333,18 +362,21 @@ class Checker:
         if have[2] is None and data is not None:
             self.committed[index] = (term, kind, data)
             self.max_committed = max(self.max_committed, index)
+        if cterm < self.commit_term[index]:
+            self.commit_term[index] = cterm
+            self._check_current_leaders(index, term, cterm)
 
-    def _check_current_leaders(self, index: int, term: int) -> None:
-        """Leader completeness, forwards: a newly committed entry is in every newer leader's log."""
+    def _check_current_leaders(self, index: int, term: int, cterm: int) -> None:
+        """Leader completeness, forwards: an entry committed in term C is in every leader above C."""
         for other in self.sim.nodes:
             core = other.core
-            if core is None or core.role is not Role.LEADER or core.term <= term:
+            if core is None or core.role is not Role.LEADER or core.term <= cterm:
                 continue
             log = other.log
             if index > log.base_index and (index > log.last_index or log.term_at(index) != term):
                 self.fail(
-                    f"leader completeness: index {index} (term {term}) committed but missing from "
-                    f"{other.id}, leader of term {core.term}"
+                    f"leader completeness: index {index} (term {term}) committed in term {cterm} but "
+                    f"missing from {other.id}, leader of term {core.term}"
                 )
 
     def _ack_proposals(self, node: SimNode, commit: int) -> None:
@@ -517,6 +549,8 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             durable_index=n.log.durable_index,
         )
+        if self.opts.mutation == "vote_any_log":
+            n.core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
         n.validated = n.core.commit
         n.syncing = n.sync_scheduled = False
         n.log.floor = None
@@ -564,10 +598,12 @@ class Simulation:
             if rd.commit_index is not None:
                 self.checker.on_commit(n, rd.commit_index)
             for ctx, index in rd.read_states:
-                n.reads.remove(ctx)
+                if ctx in n.reads:
+                    n.reads.remove(ctx)
                 self.checker.on_read_state(n, ctx, index)
             for ctx in rd.dropped_reads:
-                n.reads.remove(ctx)
+                if ctx in n.reads:
+                    n.reads.remove(ctx)
                 self.checker.on_read_dropped(n, ctx)
             if self.opts.mutation == "ack_on_append" and core.role is not Role.LEADER:
                 core.on_durable(n.log.last_index)  # a runtime that acknowledges before fsync
@@ -673,7 +709,10 @@ class Simulation:
             log.sync()
             durable = log.durable_index
         n.syncing = False
-        self._trace(f"{n.id} durable {durable}")
+        if self.opts.trace:
+            self._trace(f"{n.id} durable {durable}")
+        if self.opts.mutation == "no_durable_notice":
+            return
         n.core.on_durable(durable)
         self._drain(n)
 
@@ -715,6 +754,12 @@ class Simulation:
         assert core is not None
         self._next_read += 1
         ctx = f"r{self._next_read}"
+        if self.opts.mutation == "local_reads":
+            if core.role is not Role.LEADER:
+                return None
+            self.checker.on_read_issued(n, ctx)
+            self.checker.on_read_state(n, ctx, core.commit)
+            return ctx
         try:
             core.read_index(ctx)
         except NotLeader:
@@ -817,7 +862,7 @@ class Simulation:
             if not self.healing:
                 self._on_chaos()
         elif kind == _RESTART:
-            if self.nodes[idx].core is None:
+            if self.nodes[idx].core is None and not self.healing:  # healing restarts by itself
                 self._trace(f"RESTART {self.nodes[idx].id}")
                 self._start(idx)
         elif kind == _NET_HEAL:
@@ -828,10 +873,17 @@ class Simulation:
         queue = self._queue
         sweep_every = self.opts.sweep_every
         stats = self.stats
+        opts = self.opts
+        max_events = opts.events_per_node_tick * opts.nodes * (opts.fault_ticks + 3 * opts.heal_ticks)
         while queue and queue[0][0] <= deadline:
             at, _, kind, idx, payload = heapq.heappop(queue)
             self.now = at
             stats.events += 1
+            if stats.events > max_events:
+                raise InvariantViolation(
+                    f"[t={self.now}] liveness: more than {max_events} events; a message storm? "
+                    f"({stats.messages} messages sent, {stats.install_base} of them InstallBase)"
+                )
             self._dispatch(kind, idx, payload)
             if stats.events % sweep_every == 0:
                 self.checker.sweep()
@@ -855,21 +907,44 @@ class Simulation:
         return self.stats
 
     def _heal(self) -> None:
-        """Stop all faults and require progress within ``heal_ticks`` (the liveness check)."""
+        """Stop all faults and require progress within a bound (the liveness check).
+
+        Half the seeds keep a random minority crashed at first: a quorum that is up and
+        connected must make progress on its own (no waiting on a dead preferred leader or
+        transfer target), and then the restarted minority must catch up too.
+        """
         self.healing = True
-        self._trace("HEAL")
+        rng = self.rng
+        nodes = self.nodes
+        keep_down: list[int] = []
+        if rng.random() < 0.5:
+            keep_down = rng.sample(range(len(nodes)), rng.randint(1, (len(nodes) - 1) // 2))
+            preferred = nodes[0].config.preferred_leader
+            if preferred is not None and rng.random() < 0.7:
+                keep_down[0] = self.ids.index(preferred)  # the node everyone wants to hand over to
+                keep_down = list(dict.fromkeys(keep_down))
+        self._trace(f"HEAL, keeping {[nodes[i].id for i in keep_down]} down")
         self.blocked.clear()
-        for i, n in enumerate(self.nodes):
+        for i, n in enumerate(nodes):
             n.paused_until = 0
             n.slow_disk_until = 0
-            if n.core is None:
+            if i in keep_down:
+                self._crash(i)
+            elif n.core is None:
                 self._start(i)
+        self._await_progress("after healing" + (" with a minority down" if keep_down else ""))
+        if keep_down:
+            for i in keep_down:
+                self._start(i)
+            self._await_progress("after restarting the minority")
+
+    def _await_progress(self, when: str) -> None:
+        """A leader with a committed no-op, a new write committed on every up node, a read confirmed."""
         deadline = self.now + self.opts.heal_ticks * self.opts.tick_ms + self._catch_up_allowance()
         state: dict[str, Any] = {"marker": None, "read": None, "stage": "write"}
 
         def done() -> bool:
-            leaders = self._leaders()
-            live = [n for n in leaders if n.core is not None and n.core.commit >= n.core.noop_index]
+            live = [n for n in self._leaders() if n.core is not None and n.core.commit >= n.core.noop_index]
             if not live:
                 return False
             leader = max(live, key=lambda n: n.core.term if n.core else 0)
@@ -882,11 +957,10 @@ class Simulation:
                     state["marker"] = None if index is None else (leader.id, index, core.term)
                     return False
                 _, index, term = marker
-                if all(n.core is not None and n.core.commit >= index for n in self.nodes):
+                if all(n.core is None or n.core.commit >= index for n in self.nodes):
                     if self.checker.committed.get(index, (None,))[0] != term:
                         self.fail_liveness(f"marker {index} committed with another term")
                     state["stage"] = "read"
-                    state["bound"] = index
                 return False
             read = state["read"]
             if read is not None:
@@ -901,7 +975,7 @@ class Simulation:
             leaders = [(n.id, n.core.term) for n in self._leaders() if n.core]
             status = [n.core.status() for n in self.nodes if n.core]
             self.fail_liveness(
-                f"no progress within {self.opts.heal_ticks} ticks after healing "
+                f"no progress within {self.opts.heal_ticks} ticks {when} "
                 f"(stage {state['stage']}, leaders {leaders}, nodes {status})"
             )
 
