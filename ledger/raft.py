@@ -190,6 +190,8 @@ class RaftCore:
         self.transfer_target: str | None = None
         self.transfer_elapsed = 0
         self.timeout_now_sent = False
+        self.preferred_backoff = 0  # election timeouts to wait after an aborted preferred transfer
+        self.preferred_wait = 0
         self.read_seq = 0
         self.pending_reads: deque[tuple[int, Any, int]] = deque()  # (seq, ctx, commit at request)
         self.reads_before_noop: list[Any] = []
@@ -590,7 +592,13 @@ class RaftCore:
         if self.transfer_target is not None:
             self.transfer_elapsed += 1
             if self.transfer_elapsed >= cfg.election_ticks:
-                self.transfer_target = None  # the target did not take over in time: keep leading
+                # The target did not take over in time: keep leading. A preferred leader that
+                # cannot catch up would otherwise be retried at once, refusing writes for good;
+                # back off exponentially (in election timeouts) before trying it again.
+                if self.transfer_target == cfg.preferred_leader:
+                    self.preferred_backoff = min(max(2, 2 * self.preferred_backoff), 32)
+                    self.preferred_wait = self.preferred_backoff
+                self.transfer_target = None
         if self.election_elapsed >= cfg.election_ticks:
             self.election_elapsed = 0
             # SIM-FIX (tests/test_raft_core.py::test_an_unreachable_preferred_leader_does_not_block_writes):
@@ -611,6 +619,9 @@ class RaftCore:
     def _maybe_transfer_to_preferred(self, recently_active: set[str]) -> None:
         pref = self.config.preferred_leader
         if not pref or pref == self.id or pref not in self.progress or self.transfer_target is not None:
+            return
+        if self.preferred_wait > 0:
+            self.preferred_wait -= 1
             return
         if pref not in recently_active:
             # SIM-FIX: a silent preferred leader keeps its old REPLICATE progress; transferring to

@@ -518,11 +518,6 @@ def test_an_unreachable_preferred_leader_does_not_block_writes() -> None:
     assert refused <= E + 1, f"{refused} of {4 * E} proposals refused while n2 was unreachable"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known liveness gap, not fixed: a transfer to a preferred leader that is reachable but "
-    "cannot catch up times out and is restarted in the same tick, so writes stay refused",
-)
 def test_a_preferred_leader_that_cannot_catch_up_does_not_block_writes() -> None:
     """n2 answers heartbeats (so it looks alive) but its disk is stalled: its match never moves.
 
