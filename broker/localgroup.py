@@ -73,9 +73,16 @@ class LocalBrokerGroup(ProcessSet):
     def name_of(self, node_id: str) -> str:
         return f"broker-{node_id}"
 
+    def peer_ledger_addr(self, nid: str, peer: str) -> str:
+        """Where ``nid`` dials ``peer``'s ledger node (the harness routes this through a proxy)."""
+        return self.ledger_addr[peer]
+
     def write_configs(self) -> None:
-        group = [f"{n}={self.broker_addr[n]}@{self.ledger_addr[n]}" for n in self.node_ids]
         for nid in self.node_ids:
+            group = [
+                f"{n}={self.broker_addr[n]}@{self.ledger_addr[n] if n == nid else self.peer_ledger_addr(nid, n)}"
+                for n in self.node_ids
+            ]
             d = self.base_dir / self.name_of(nid)
             d.mkdir(parents=True, exist_ok=True)
             conf = {

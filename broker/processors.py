@@ -227,7 +227,10 @@ class Processors:
         bad = self._check_topic(req, topic, queue_id, PERM_READ)
         if bad is not None:
             return bad
-        if not self.broker.is_master and not self.config.slave_read_enable:
+        if not self.broker.is_master and (
+            not self.config.slave_read_enable or req.header_bool("requireMaster", False)
+        ):
+            # requireMaster: the caller needs a linearizable answer, which only a master gives.
             return self._not_master(req)
         commit = req.header_int("commitOffset", -1)
         group = req.header_str("consumerGroup", "")

@@ -1,0 +1,47 @@
+"""Hands a recorded history to the Spark checker and puts its verdict next to the history.
+
+The checker runs in this process through ``jepsen.checker.analyze.analyze_files``: the
+nodes are already stopped by then, and its Spark session is built once per process and
+reused, so a test session (or a batch of runs) pays the JVM start-up once. The checker
+writes ``<out>/<history stem>/results.json`` and ``report.html``; those two are moved
+into the run directory so a run keeps one flat layout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+VERDICTS = {True: 0, False: 1, "unknown": 2}
+
+
+def run_checker(history: Path, workload: str, run_dir: Path, *, master: str | None = None,
+                budget: float | None = None) -> dict[str, Any]:
+    """Check ``history``; returns ``{"valid", "results", "output"}``.
+
+    ``valid`` is the checker's True / False / "unknown", or None when it could not run
+    (the reason is in ``output``).
+    """
+    try:
+        from jepsen.checker.analyze import DEFAULT_BUDGET, analyze_files
+    except ImportError as exc:
+        return {"valid": None, "results": None, "output": f"the checker is not importable: {exc}"}
+    scratch = Path(tempfile.mkdtemp(prefix=".check-", dir=run_dir))
+    try:
+        try:
+            res = analyze_files([history], workload=workload, out_dir=scratch, master=master,
+                                budget=budget if budget is not None else DEFAULT_BUDGET, report=True)
+        except Exception as exc:  # noqa: BLE001 - no Java, Spark failure: reported, not a verdict
+            return {"valid": None, "results": None, "output": f"the checker failed: {type(exc).__name__}: {exc}"}
+        outcome = res["files"][0]
+        for name in ("results.json", "report.html"):
+            src = outcome.out_dir / name
+            if src.exists():
+                shutil.move(str(src), run_dir / name)
+        valid = outcome.valid if outcome.error is None else None
+        return {"valid": valid, "results": outcome.result, "output": outcome.error or outcome.verdict,
+                "seconds": round(res["seconds"], 3)}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

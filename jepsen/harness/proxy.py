@@ -1,0 +1,264 @@
+"""Cuttable TCP links between local nodes: network partitions without root or namespaces.
+
+Every directed peer link ``src -> dst`` gets its own listening port on ``dst``'s loopback
+address; ``src`` is configured to reach ``dst`` through it. Cutting the link aborts every
+connection on it and refuses new ones (accept, then abort), so the sender sees a dead peer
+exactly as with a dropped network, and no frame is ever delivered half-way: a TCP proxy
+cannot drop single packets without corrupting the stream, so a cut link carries nothing
+at all until it is healed. Clients of the harness bypass the proxies (they talk to the
+nodes' own addresses), the way Jepsen's control node keeps reaching every node.
+
+The links run in their own process (``python -m jepsen.harness.proxy``), not in the
+harness, so a busy client event loop never delays heartbeats. The process is driven by
+JSON lines on stdin and answers on stdout; it exits when stdin closes, so it cannot
+outlive the harness that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Link = tuple[str, str]  # (src, dst) node ids
+
+
+# ---------------------------------------------------------------------------------- the process
+
+
+@dataclass
+class _LinkState:
+    name: str
+    host: str
+    target: tuple[str, int]
+    cut: bool = False
+    conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = field(default_factory=set)
+    accepted: int = 0
+    refused: int = 0
+    bytes: int = 0
+    server: asyncio.base_events.Server | None = None
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _LinkState) -> None:
+    while True:
+        data = await src.read(1 << 16)
+        if not data or link.cut:
+            return
+        link.bytes += len(data)
+        dst.write(data)
+        await dst.drain()
+
+
+async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    if link.cut:
+        link.refused += 1
+        writer.transport.abort()
+        return
+    try:
+        up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*link.target), 1.0)
+    except (OSError, TimeoutError):
+        writer.transport.abort()  # the node behind the link is down: so is the link
+        return
+    if link.cut:  # cut while connecting
+        up_w.transport.abort()
+        writer.transport.abort()
+        return
+    link.accepted += 1
+    pair = (writer, up_w)
+    link.conns.add(pair)
+    tasks = [asyncio.ensure_future(_pipe(reader, up_w, link)), asyncio.ensure_future(_pipe(up_r, writer, link))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        pass
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        link.conns.discard(pair)
+        writer.transport.abort()
+        up_w.transport.abort()
+
+
+def _apply_cuts(links: dict[str, _LinkState], cut: set[str]) -> int:
+    closed = 0
+    for name, link in links.items():
+        link.cut = name in cut
+        if link.cut:
+            for a, b in list(link.conns):
+                a.transport.abort()
+                b.transport.abort()
+                closed += 1
+            link.conns.clear()
+    return closed
+
+
+async def _serve(spec: list[dict[str, Any]]) -> None:
+    loop = asyncio.get_running_loop()
+    links: dict[str, _LinkState] = {}
+    bound: dict[str, str] = {}
+    # The nodes' own ports were picked but are not bound yet: never take one of them.
+    avoid = {item["target"] for item in spec}
+    for item in spec:
+        host, port = item["target"].rsplit(":", 1)
+        link = _LinkState(item["name"], item["host"], (host, int(port)))
+        for _ in range(100):
+            server = await asyncio.start_server(
+                lambda r, w, link=link: _handle(link, r, w), item["host"], 0, reuse_address=True
+            )
+            addr = f"{item['host']}:{server.sockets[0].getsockname()[1]}"
+            if addr not in avoid:
+                break
+            server.close()
+        link.server = server
+        links[link.name] = link
+        bound[link.name] = addr
+    print(json.dumps({"ready": bound}), flush=True)
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while True:
+        line = await reader.readline()
+        if not line:
+            return  # the harness is gone: so are we
+        try:
+            cmd = json.loads(line)
+            if "cut" in cmd:
+                closed = _apply_cuts(links, set(cmd["cut"]))
+                reply: dict[str, Any] = {"ok": True, "cut": sorted(n for n, s in links.items() if s.cut),
+                                         "closed": closed}
+            elif cmd.get("op") == "stats":
+                reply = {"ok": True, "links": {n: {"cut": s.cut, "open": len(s.conns), "accepted": s.accepted,
+                                                   "refused": s.refused, "bytes": s.bytes}
+                                               for n, s in links.items()}}
+            else:
+                reply = {"ok": False, "error": f"unknown command {cmd!r}"}
+        except (ValueError, TypeError, KeyError) as exc:
+            reply = {"ok": False, "error": str(exc)}
+        print(json.dumps(reply), flush=True)
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    try:
+        asyncio.run(_serve(spec))
+    except KeyboardInterrupt:
+        pass
+
+
+# ---------------------------------------------------------------------------------- the controller
+
+
+def link_name(src: str, dst: str) -> str:
+    return f"{src}->{dst}"
+
+
+class ProxyError(RuntimeError):
+    """The proxy process did not start or did not answer."""
+
+
+class LinkProxy:
+    """Starts the proxy process for a set of directed links and cuts/heals them.
+
+    ``targets`` maps a node id to its real ``host:port``; every ordered pair of distinct
+    nodes gets a link listening on the destination's host. Thread-safe: the nemesis may
+    call it from a worker thread.
+    """
+
+    def __init__(self, targets: dict[str, str], *, log_path: str | os.PathLike[str] | None = None,
+                 python: str = sys.executable) -> None:
+        self.targets = dict(targets)
+        self.links: list[Link] = [(a, b) for a in targets for b in targets if a != b]
+        self.addresses: dict[Link, str] = {}
+        self.cut: set[Link] = set()
+        self._lock = threading.Lock()
+        spec = [{"name": link_name(a, b), "host": targets[b].rsplit(":", 1)[0], "target": targets[b]}
+                for a, b in self.links]
+        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [python, "-m", "jepsen.harness.proxy", json.dumps(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+        )
+        try:
+            ready = self._read_reply(timeout=20)
+            bound = ready["ready"]
+            self.addresses = {(a, b): bound[link_name(a, b)] for a, b in self.links}
+        except BaseException:
+            self.close()
+            raise
+
+    def address(self, src: str, dst: str) -> str:
+        """Where ``src`` must dial to reach ``dst`` through the cuttable link."""
+        return self.addresses[(src, dst)]
+
+    def _read_reply(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            raise ProxyError(f"link proxy (pid {self.proc.pid}) did not answer within {timeout}s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise ProxyError(f"link proxy (pid {self.proc.pid}) exited with {self.proc.poll()}")
+        return json.loads(line)
+
+    def _command(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError) as exc:
+                raise ProxyError(f"link proxy (pid {self.proc.pid}) is gone: {exc}") from None
+            reply = self._read_reply(timeout=10)
+        if not reply.get("ok"):
+            raise ProxyError(f"link proxy refused {cmd}: {reply.get('error')}")
+        return reply
+
+    def set_cut(self, links: Iterable[Link]) -> dict[str, Any]:
+        """Make exactly ``links`` cut (every other link heals); returns the proxy's answer."""
+        want = set(links)
+        unknown = want - set(self.links)
+        if unknown:
+            raise ValueError(f"no such links: {sorted(unknown)}")
+        reply = self._command({"cut": [link_name(a, b) for a, b in sorted(want)]})
+        self.cut = want
+        return reply
+
+    def heal(self) -> dict[str, Any]:
+        return self.set_cut(())
+
+    def stats(self) -> dict[str, Any]:
+        return self._command({"op": "stats"})["links"]
+
+    def close(self) -> None:
+        """Stop the proxy process (closing stdin ends it; SIGKILL if it lingers) and reap it."""
+        if self.proc.poll() is None:
+            try:
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+                self.proc.wait(timeout=3)
+            except (subprocess.TimeoutExpired, BrokenPipeError, OSError):
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        for fh in (self.proc.stdout,):
+            if fh is not None:
+                fh.close()
+        if self._log is not subprocess.DEVNULL:
+            self._log.close()  # type: ignore[union-attr]
+
+    def __enter__(self) -> LinkProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    main()

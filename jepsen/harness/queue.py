@@ -1,0 +1,282 @@
+"""The ``queue`` workload: producers and consumers through the broker clients, on a broker group.
+
+Two nameservers and three brokers run as local processes; the brokers' ledger links go
+through the harness's cuttable proxies, so partitions split the Raft group while clients
+still reach every broker. Each queue of the test topic is one history ``key``
+(``"<topic>/<queue id>"``) and its consume-queue offsets are the log offsets, so the
+``log`` checker judges it.
+
+Sends use the project's Producer (not idempotent, so a duplicate can only come from the
+system, never from a retry of ours); an unknown outcome is recorded as ``info``. Polls
+ask the master only, with ``requireMaster``: a master confirms its leadership (ReadIndex)
+before answering, so a poll that comes back short really reached the committed end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from broker.localgroup import LocalBrokerGroup
+from client.broker_api import PullStatus, parse_pull_response, pull_request
+from client.consumer import PullConsumer
+from client.errors import ClientError, SendOutcomeUnknownError
+from client.producer import Producer
+from remoting import RemotingClient, ResponseCode
+from remoting.exceptions import RemotingError
+from remoting.message import Message
+
+from .backends import Backend, Unsupported
+from .clients import Definite, Indefinite, LogClient, Pair, decode_value
+from .proxy import Link, LinkProxy
+from .workloads import WORKLOADS, LogWorkload, RunContext, Workload
+
+TOPIC = "JepsenQueue"
+
+
+class _ProxiedBrokerGroup(LocalBrokerGroup):
+    """A broker group whose ledger nodes reach each other through the link proxy."""
+
+    proxy: LinkProxy | None = None
+
+    def peer_ledger_addr(self, nid: str, peer: str) -> str:
+        assert self.proxy is not None, "start the link proxy before writing configs"
+        return self.proxy.address(nid, peer)
+
+
+class LocalBrokerBackend(Backend):
+    """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
+
+    system = "broker"
+    client_timeout = 4.0
+
+    def __init__(self, base_dir: Path, queues: int = 2, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(base_dir)
+        self.queues = queues
+        self.group = _ProxiedBrokerGroup(
+            self.base_dir, topics=(f"{TOPIC}:{queues}",), settings={"register_interval_s": 10, **(settings or {})}
+        )
+        self.nodes = list(self.group.node_ids)
+        self.proxy: LinkProxy | None = None
+        self._rc: RemotingClient | None = None
+        self._rc_loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.proxy = LinkProxy(dict(self.group.ledger_addr), log_path=self.base_dir / "proxy.log")
+        self.group.proxy = self.proxy
+        self.group.start()
+
+    def stop(self) -> None:
+        try:
+            self.group.stop()
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
+
+    async def status(self, nid: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        if self._rc is None or self._rc_loop is not loop:
+            self._rc = RemotingClient()
+            self._rc_loop = loop
+        info = await self.group.runtime_info(self._rc, nid)
+        if info is None:
+            return None
+        led = info.get("ledger", {})
+        return {
+            "role": led.get("role"),
+            "term": led.get("term"),
+            "leader": led.get("leader"),
+            "ready": bool(led.get("leader_ready")) and info.get("role") == "MASTER",
+            "commit_index": led.get("commit_index"),
+        }
+
+    def kill(self, nid: str) -> None:
+        self.group.kill(self.group.name_of(nid), signal.SIGKILL)
+        self.killed.add(nid)
+        self.paused.discard(nid)
+
+    def restart(self, nid: str) -> None:
+        self.group.start_broker(nid)
+        self.killed.discard(nid)
+
+    def pause(self, nid: str) -> None:
+        self.group.pause(self.group.name_of(nid))
+        self.paused.add(nid)
+
+    def resume(self, nid: str) -> None:
+        self.group.resume(self.group.name_of(nid))
+        self.paused.discard(nid)
+
+    def set_cut(self, links: set[Link]) -> dict[str, Any]:
+        assert self.proxy is not None
+        reply = self.proxy.set_cut(links)
+        self.cut = set(links)
+        return reply
+
+    def log_client(self) -> LogClient:
+        raise Unsupported("the broker backend runs the queue workload (the log workload talks to bare ledger nodes)")
+
+    def queue_client(self) -> QueueClient:
+        names = {self.group.broker_addr[n]: n for n in self.nodes}
+        return QueueClient(self.group.namesrv_addrs, names, timeout=self.client_timeout)
+
+    def log_files(self) -> dict[str, Path]:
+        files = {n: self.base_dir / self.group.name_of(n) / "broker.log" for n in self.nodes}
+        files.update({ns: self.base_dir / ns / "namesrv.log" for ns in self.group.namesrv_ids})
+        return files
+
+    def cleanup_data(self) -> None:
+        for n in self.nodes:
+            shutil.rmtree(self.base_dir / self.group.name_of(n) / "data", ignore_errors=True)
+
+
+class QueueClient:
+    """Producer and master-only pulls for one harness process."""
+
+    def __init__(self, namesrv: list[str], names: dict[str, str], *, timeout: float = 4.0) -> None:
+        self.producer = Producer("jepsen", namesrv, send_timeout_s=timeout, retries=2, retry_backoff_s=0.05)
+        self.consumer = PullConsumer("jepsen", namesrv, call_timeout_s=timeout)
+        self.names = names
+        self.timeout = timeout
+        self.node: str | None = None
+        self._started = False
+        self._broker_name: str | None = None
+
+    async def _ensure(self) -> None:
+        if not self._started:
+            await self.producer.start()
+            await self.consumer.start()
+            self._started = True
+
+    async def send(self, queue_id: int, value: int) -> int:
+        await self._ensure()
+        try:
+            r = await self.producer.send(Message(TOPIC, str(value).encode()), queue_id=queue_id)
+        except SendOutcomeUnknownError as exc:
+            raise Indefinite(str(exc)) from None
+        except ClientError as exc:
+            raise Definite(str(exc)) from None
+        self.node = self.names.get(r.broker_addr, r.broker_addr)
+        return r.queue_offset
+
+    async def _master(self) -> tuple[str, str]:
+        routes = self.consumer.instance.routes
+        if self._broker_name is None:
+            queues = await self.consumer.fetch_queues(TOPIC)
+            if not queues:
+                raise Definite(f"no route for {TOPIC}")
+            self._broker_name = queues[0].broker_name
+        addr = routes.master_addr(self._broker_name)
+        if addr is None:
+            await routes.route(TOPIC, force=True)
+            addr = routes.master_addr(self._broker_name)
+        if addr is None:
+            raise Definite(f"broker group {self._broker_name} has no master at the moment")
+        return self._broker_name, addr
+
+    async def poll(self, queue_id: int, start: int, limit: int) -> list[Pair]:
+        await self._ensure()
+        name, addr = await self._master()
+        req = pull_request("jepsen", TOPIC, queue_id, start, limit, 0)
+        req.headers["requireMaster"] = True
+        self.node = self.names.get(addr, addr)
+        try:
+            resp = await self.consumer.instance.remoting.invoke_sync(addr, req, self.timeout)
+        except RemotingError as exc:
+            self.consumer.instance.routes.forget_master(name, addr)
+            raise Definite(f"pull from {addr}: {exc}") from None
+        if resp.code in (ResponseCode.NOT_MASTER, ResponseCode.SERVICE_NOT_AVAILABLE):
+            hint = str(resp.headers.get("masterAddr") or "")
+            routes = self.consumer.instance.routes
+            routes.note_master(name, hint) if hint and hint != addr else routes.forget_master(name, addr)
+            raise Definite(f"{addr} is not the master: {resp.remark}")
+        result = parse_pull_response(resp, addr, name, start)
+        if result.status is PullStatus.OFFSET_ILLEGAL:
+            raise Definite(f"offset {start} outside [{result.min_offset}, {result.max_offset}]")
+        return [(m.queue_offset, decode_value(m.body)) for m in result.messages]
+
+    async def drain(self, queue_id: int) -> list[Pair]:
+        out: list[Pair] = []
+        for _ in range(1_000_000):
+            batch = await self.poll(queue_id, out[-1][0] + 1 if out else 0, 500)
+            out.extend(batch)
+            if len(batch) < 500:
+                return out
+        raise Indefinite("drain did not reach the end")
+
+    async def close(self) -> None:
+        if self._started:
+            await self.producer.shutdown(grace_s=0.5)
+            await self.consumer.shutdown()
+            self._started = False
+
+
+class _QueueLog:
+    """One queue of a QueueClient, seen as the LogClient the log workload drives."""
+
+    def __init__(self, client: QueueClient, queue_id: int) -> None:
+        self.client = client
+        self.queue_id = queue_id
+
+    @property
+    def node(self) -> str | None:
+        return self.client.node
+
+    async def send(self, value: int) -> int:
+        return await self.client.send(self.queue_id, value)
+
+    async def poll(self, start: int, limit: int) -> list[Pair]:
+        return await self.client.poll(self.queue_id, start, limit)
+
+    async def drain(self) -> list[Pair]:
+        return await self.client.drain(self.queue_id)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class _QueuePart(LogWorkload):
+    """The log workload on one queue; values are drawn from a counter shared by all queues."""
+
+    def __init__(self, backend: Backend, ctx: RunContext, queue_id: int, values: itertools.count[int]) -> None:
+        super().__init__(backend, ctx)
+        self.queue_id = queue_id
+        self.key = f"{TOPIC}/{queue_id}"
+        self._values = values
+
+    def client(self) -> LogClient:
+        c: LogClient = _QueueLog(self.backend.queue_client(), self.queue_id)
+        return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
+
+
+class QueueWorkload(Workload):
+    """Producers send unique integers to the queues of a topic; consumers poll them back."""
+
+    name = "queue"
+    checker = "log"
+
+    def __init__(self, backend: Backend, ctx: RunContext) -> None:
+        super().__init__(backend, ctx)
+        queues = getattr(backend, "queues", None)
+        if not queues:
+            raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
+        values = itertools.count(1)  # unique across the whole history, as HISTORY.md requires
+        self.parts = [_QueuePart(backend, ctx, q, values) for q in range(queues)]
+
+    async def worker(self, w: int) -> None:
+        await self.parts[w % len(self.parts)].worker(w)
+
+    async def final(self) -> None:
+        await asyncio.gather(*(p.final() for p in self.parts))
+
+    def summary(self) -> dict[str, Any]:
+        drained = {p.key: p.summary().get("drained") for p in self.parts}
+        return {"drained": drained, "drained_total": sum(v or 0 for v in drained.values())}
+
+
+WORKLOADS["queue"] = QueueWorkload

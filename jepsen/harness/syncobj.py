@@ -1,0 +1,271 @@
+"""The pysyncobj group as a system under test: three ``jepsen.pysyncobj_node`` processes.
+
+It shows the harness and checker on a system no one here wrote. Nodes dial each other
+through the link proxies (pysyncobj keeps one connection per pair, opened by the node
+with the larger address, so cuts are made symmetric). Clients speak the node program's
+JSON-lines protocol directly to each node's client port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ledger.localcluster import free_port
+
+from .backends import Backend
+from .clients import Definite, Indefinite, LogClient, Pair
+from .proxy import Link, LinkProxy
+
+
+class LocalSyncObjBackend(Backend):
+    system = "pysyncobj"
+    directed_links = False
+
+    def __init__(self, base_dir: Path, n: int = 3, python: str = sys.executable) -> None:
+        super().__init__(base_dir)
+        self.nodes = [f"n{i + 1}" for i in range(n)]
+        self.hosts = {nid: f"127.0.0.{i + 1}" for i, nid in enumerate(self.nodes)}
+        self.raft = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
+        self.client_addr = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
+        self.python = python
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.proxy: LinkProxy | None = None
+
+    # ------------------------------------------------------------------ processes
+
+    def _argv(self, nid: str) -> list[str]:
+        assert self.proxy is not None
+        dial = ",".join(f"{self.raft[p]}={self.proxy.address(nid, p)}" for p in self.nodes if p != nid)
+        return [self.python, "-m", "jepsen.pysyncobj_node", "--self", self.raft[nid],
+                "--peers", ",".join(self.raft[p] for p in self.nodes), "--dial", dial,
+                "--client", self.client_addr[nid], "--data", str(self.base_dir / nid / "data")]
+
+    def _spawn(self, nid: str) -> None:
+        proc = self.procs.get(nid)
+        if proc is not None and proc.poll() is None:
+            return
+        (self.base_dir / nid).mkdir(parents=True, exist_ok=True)
+        with open(self.base_dir / nid / "node.log", "ab") as logf:
+            self.procs[nid] = subprocess.Popen(self._argv(nid), stdout=logf, stderr=subprocess.STDOUT,
+                                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def start(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.proxy = LinkProxy(self.raft, log_path=self.base_dir / "proxy.log")
+        for nid in self.nodes:
+            self._spawn(nid)
+
+    def stop(self) -> None:
+        try:
+            for nid, proc in self.procs.items():
+                if proc.poll() is None:
+                    if nid in self.paused:
+                        proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+            deadline = time.monotonic() + 5
+            for proc in self.procs.values():
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+            self.paused.clear()
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
+
+    def kill(self, nid: str) -> None:
+        proc = self.procs.get(nid)
+        if proc is not None and proc.poll() is None:
+            if nid in self.paused:
+                proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait(timeout=10)
+        self.killed.add(nid)
+        self.paused.discard(nid)
+
+    def restart(self, nid: str) -> None:
+        self._spawn(nid)
+        self.killed.discard(nid)
+
+    def pause(self, nid: str) -> None:
+        proc = self.procs.get(nid)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP)
+            self.paused.add(nid)
+
+    def resume(self, nid: str) -> None:
+        proc = self.procs.get(nid)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        self.paused.discard(nid)
+
+    def set_cut(self, links: set[Link]) -> dict[str, Any]:
+        assert self.proxy is not None
+        sym = set(links) | {(b, a) for a, b in links}
+        reply = self.proxy.set_cut(sym)
+        self.cut = sym
+        return reply
+
+    # ------------------------------------------------------------------ status and clients
+
+    def node_of_raft(self, addr: str | None) -> str | None:
+        for nid, a in self.raft.items():
+            if a == addr:
+                return nid
+        return None
+
+    async def status(self, nid: str) -> dict[str, Any] | None:
+        conn = await JsonLineConn.open(self.client_addr[nid], 0.5)
+        try:
+            reply = await conn.call({"op": "status"}, 0.5)
+        finally:
+            await conn.close()
+        st = reply["status"]
+        return {"role": st["role"], "term": st["term"], "leader": self.node_of_raft(st.get("leader")),
+                "ready": True, "commit_index": st.get("commit_index")}
+
+    def log_client(self) -> LogClient:
+        return SyncObjLogClient(self, timeout=self.client_timeout)
+
+    def log_files(self) -> dict[str, Path]:
+        return {n: self.base_dir / n / "node.log" for n in self.nodes}
+
+    def cleanup_data(self) -> None:
+        import shutil
+
+        for n in self.nodes:
+            shutil.rmtree(self.base_dir / n / "data", ignore_errors=True)
+
+
+class JsonLineConn:
+    """One JSON-lines connection with at most one request in flight (a Jepsen process)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._id = 0
+
+    @classmethod
+    async def open(cls, address: str, timeout: float) -> JsonLineConn:
+        host, port = address.rsplit(":", 1)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), timeout)
+        return cls(reader, writer)
+
+    async def call(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request; ``Indefinite`` if it left and no well-formed answer came back."""
+        self._id += 1
+        self.writer.write((json.dumps({**req, "id": self._id}) + "\n").encode())
+        try:
+            await self.writer.drain()
+            line = await asyncio.wait_for(self.reader.readline(), timeout)
+        except (OSError, TimeoutError) as exc:
+            raise Indefinite(f"sent, no answer: {type(exc).__name__} {exc}") from exc
+        if not line:
+            raise Indefinite("sent, connection closed before the answer")
+        reply = json.loads(line)
+        if reply.get("id") != self._id:
+            raise Indefinite(f"answer for request {reply.get('id')} while waiting for {self._id}")
+        return reply
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
+
+class SyncObjLogClient:
+    """``LogClient`` over the pysyncobj node protocol; follows "not leader" answers."""
+
+    def __init__(self, backend: LocalSyncObjBackend, timeout: float = 5.0) -> None:
+        self.backend = backend
+        self.timeout = timeout
+        self.node: str | None = None
+        self._conns: dict[str, JsonLineConn] = {}
+        self._leader: str | None = None
+        self._rr = 0
+
+    async def _conn(self, nid: str) -> JsonLineConn:
+        conn = self._conns.get(nid)
+        if conn is not None and (conn.reader.at_eof() or conn.writer.is_closing()):
+            self._conns.pop(nid, None)  # the node closed it (died, restarted): nothing sent on it yet
+            await conn.close()
+            conn = None
+        if conn is None:
+            try:
+                conn = await JsonLineConn.open(self.backend.client_addr[nid], 1.0)
+            except (OSError, TimeoutError) as exc:
+                raise Definite(f"cannot connect to {nid}: {exc}") from exc  # nothing was sent
+            self._conns[nid] = conn
+        return conn
+
+    async def _request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send to the leader, redirecting on definite refusals; ``Indefinite`` once sent and unanswered."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        last = "no node tried"
+        nodes = self.backend.nodes
+        while loop.time() < deadline:
+            if self._leader is None:
+                self._rr = (self._rr + 1) % len(nodes)
+            nid = self._leader or nodes[self._rr]
+            self.node = nid
+            try:
+                conn = await self._conn(nid)
+            except Definite as exc:
+                last = str(exc)
+                self._leader = None
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                reply = await conn.call(req, max(0.1, deadline - loop.time()))
+            except Indefinite:
+                self._conns.pop(nid, None)
+                await conn.close()
+                self._leader = None
+                raise
+            if reply.get("ok"):
+                self._leader = nid
+                return reply
+            if not reply.get("definite"):
+                self._leader = None
+                raise Indefinite(f"{nid}: {reply.get('error')}")
+            last = f"{nid}: {reply.get('error')}"
+            self._leader = self.backend.node_of_raft(reply.get("leader"))
+            if self._leader == nid:
+                self._leader = None
+            await asyncio.sleep(0.02 if self._leader else 0.1)
+        raise Definite(f"no leader accepted the request within {self.timeout}s ({last})")
+
+    async def send(self, value: int) -> int:
+        reply = await self._request({"op": "append", "value": value})
+        return int(reply["offset"])
+
+    async def poll(self, start: int, limit: int) -> list[Pair]:
+        try:
+            reply = await self._request({"op": "read", "from": start, "max": limit})
+        except Indefinite as exc:
+            raise Definite(f"read: {exc}") from exc  # a read changes nothing
+        return [(int(o), v) for o, v in reply["entries"]]
+
+    async def drain(self) -> list[Pair]:
+        try:
+            reply = await self._request({"op": "read", "from": 0, "max": None})
+        except Indefinite as exc:
+            raise Definite(f"read: {exc}") from exc
+        return [(int(o), v) for o, v in reply["entries"]]
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            await conn.close()
+        self._conns.clear()

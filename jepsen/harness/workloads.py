@@ -1,0 +1,251 @@
+"""Workloads: what clients do during a run, recorded as history operations.
+
+A workload is one class (see :class:`Workload`): ``worker`` runs one logical client
+until the run's deadline, ``final`` runs once every fault is healed (drains, final
+reads). Each operation is written as an invoke, then exactly one completion:
+
+* ``ok`` — the adapter returned;
+* ``fail`` — it raised ``Definite`` (or a read failed: reads change nothing);
+* ``info`` — it raised anything else or timed out; the worker then continues under a
+  fresh process id and a fresh client (connections reopened), as Jepsen does.
+
+Adding the ``queue`` workload (producers/consumers through the broker clients) is one
+class: subclass :class:`Workload` with ``name = "queue"`` and ``checker = "log"`` (a queue
+is a log per ``key``: record ``send``/``poll``/``drain`` per queue exactly as
+:class:`LogWorkload` does, with ``key`` = ``"<topic>/<queue id>"`` and offsets = consume
+queue offsets), take its client from a backend method such as ``queue_client()``, and add
+it to :data:`WORKLOADS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .backends import Backend
+from .clients import Definite, LogClient, RegisterClient, RegisterReplica
+from .history import History
+
+T = TypeVar("T")
+
+
+@dataclass
+class RunContext:
+    """What workers share: the recorder, the clock, the deadline and the pace."""
+
+    history: History
+    rng: random.Random
+    deadline: float  # event-loop time at which workers stop starting operations
+    rate: float  # operations per second over all workers
+    clients: int
+    op_timeout: float = 10.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    wrap_log_client: Callable[[LogClient], LogClient] | None = None
+    wrap_register_client: Callable[[RegisterClient], RegisterClient] | None = None
+
+    def done(self) -> bool:
+        return self.stop.is_set() or asyncio.get_running_loop().time() >= self.deadline
+
+    async def pace(self, w: int) -> None:
+        """Sleep so that all workers together start about ``rate`` operations per second."""
+        mean = self.clients / self.rate if self.rate > 0 else 0.0
+        if mean > 0:
+            delay = self.rng.uniform(0.5 * mean, 1.5 * mean)
+            delay = min(delay, max(0.0, self.deadline - asyncio.get_running_loop().time()))
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self.stop.wait(), delay)
+                except TimeoutError:
+                    pass
+
+
+async def attempt(ctx: RunContext, action: Awaitable[T], *, read_only: bool = False) -> tuple[str, T | None, str | None]:
+    """Run one operation: ``(type, result, error)`` with type ok/fail/info."""
+    try:
+        result = await asyncio.wait_for(action, ctx.op_timeout)
+    except Definite as exc:
+        return "fail", None, str(exc)[:300]
+    except TimeoutError:
+        return ("fail" if read_only else "info"), None, f"timed out after {ctx.op_timeout}s"
+    except Exception as exc:  # noqa: BLE001 - unknown outcome, recorded as such
+        return ("fail" if read_only else "info"), None, f"{type(exc).__name__}: {exc}"[:300]
+    return "ok", result, None
+
+
+class Workload(ABC):
+    """One kind of client behaviour and the checker model that judges it."""
+
+    name: str = "?"
+    checker: str = "?"  # the checker's workload (model) name
+
+    def __init__(self, backend: Backend, ctx: RunContext) -> None:
+        self.backend = backend
+        self.ctx = ctx
+
+    @abstractmethod
+    async def worker(self, w: int) -> None:
+        """Run one logical client until ``ctx.done()``."""
+
+    async def final(self) -> None:
+        """After every fault is healed: drains and final reads (none by default)."""
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+class LogWorkload(Workload):
+    """Unique integers appended to one log, with polls from each worker's own position."""
+
+    name = "log"
+    checker = "log"
+    key = "0"
+
+    def __init__(self, backend: Backend, ctx: RunContext, send_ratio: float = 0.75, poll_max: int = 50) -> None:
+        super().__init__(backend, ctx)
+        self.send_ratio = send_ratio
+        self.poll_max = poll_max
+        self._values = itertools.count(1)
+        self.drained: list[tuple[int, Any]] | None = None
+
+    def client(self) -> LogClient:
+        c = self.backend.log_client()
+        return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
+
+    async def worker(self, w: int) -> None:
+        h, ctx, key = self.ctx.history, self.ctx, self.key
+        proc = h.new_process()
+        client = self.client()
+        pos = 0
+        try:
+            while not ctx.done():
+                await ctx.pace(w)
+                if ctx.done():
+                    break
+                if ctx.rng.random() < self.send_ratio:
+                    v = next(self._values)
+                    h.invoke(proc, "send", v, key=key)
+                    typ, off, err = await attempt(ctx, client.send(v))
+                    h.complete(proc, typ, "send", v, key=key, offset=off if typ == "ok" else None,
+                               error=err, node=client.node)
+                else:
+                    h.invoke(proc, "poll", {"from": pos, "max": self.poll_max}, key=key)
+                    typ, pairs, err = await attempt(ctx, client.poll(pos, self.poll_max), read_only=True)
+                    value = [[o, v] for o, v in pairs] if typ == "ok" and pairs is not None else None
+                    h.complete(proc, typ, "poll", value, key=key, error=err, node=client.node)
+                    if value:
+                        pos = value[-1][0] + 1
+                if typ == "info":
+                    proc = h.new_process()
+                    await client.close()
+                    client = self.client()
+        finally:
+            await client.close()
+
+    async def final(self) -> None:
+        """Drain the whole log once, retrying (as new operations) until one succeeds."""
+        h, key = self.ctx.history, self.key
+        proc = h.new_process()
+        client = self.client()
+        try:
+            for _ in range(10):
+                h.invoke(proc, "drain", {"from": 0, "max": None}, key=key)
+                typ, pairs, err = await attempt(self.ctx, client.drain(), read_only=True)
+                value = [[o, v] for o, v in pairs] if typ == "ok" and pairs is not None else None
+                h.complete(proc, typ, "drain", value, key=key, error=err, node=client.node)
+                if typ == "ok":
+                    self.drained = [(o, v) for o, v in value or []]
+                    return
+                await asyncio.sleep(1.0)
+        finally:
+            await client.close()
+
+    def summary(self) -> dict[str, Any]:
+        return {"drained": None if self.drained is None else len(self.drained)}
+
+
+class RegisterWorkload(Workload):
+    """Read / write / compare-and-set on a few keys, checked for linearizability per key."""
+
+    name = "register"
+    checker = "register"
+
+    def __init__(self, backend: Backend, ctx: RunContext, keys: int = 3, values: int = 5) -> None:
+        super().__init__(backend, ctx)
+        self.keys = [f"r{i}" for i in range(keys)]
+        self.values = values
+        self.replicas: list[RegisterReplica] = []
+
+    def client(self, replica: RegisterReplica) -> RegisterClient:
+        c = self.backend.register_client(replica)
+        return self.ctx.wrap_register_client(c) if self.ctx.wrap_register_client else c
+
+    async def _one(self, proc: int, client: RegisterClient, f: str, key: str) -> str:
+        h, ctx, rng = self.ctx.history, self.ctx, self.ctx.rng
+        if f == "read":
+            h.invoke(proc, "read", None, key=key)
+            typ, val, err = await attempt(ctx, client.read(key))
+            h.complete(proc, typ, "read", val if typ == "ok" else None, key=key, error=err, node=client.node)
+        elif f == "write":
+            v = rng.randrange(self.values)
+            h.invoke(proc, "write", v, key=key)
+            typ, _, err = await attempt(ctx, client.write(key, v))
+            h.complete(proc, typ, "write", v, key=key, error=err, node=client.node)
+        else:
+            old, new = rng.randrange(self.values), rng.randrange(self.values)
+            h.invoke(proc, "cas", [old, new], key=key)
+            typ, applied, err = await attempt(ctx, client.cas(key, old, new))
+            if typ == "ok" and not applied:
+                typ, err = "fail", "current value differs from the expected one"
+            h.complete(proc, typ, "cas", [old, new], key=key, error=err, node=client.node)
+        return typ
+
+    async def worker(self, w: int) -> None:
+        h, ctx = self.ctx.history, self.ctx
+        replica = RegisterReplica()
+        self.replicas.append(replica)
+        proc = h.new_process()
+        client = self.client(replica)
+        try:
+            while not ctx.done():
+                await ctx.pace(w)
+                if ctx.done():
+                    break
+                f = ctx.rng.choices(("read", "write", "cas"), (0.4, 0.3, 0.3))[0]
+                typ = await self._one(proc, client, f, ctx.rng.choice(self.keys))
+                if typ == "info":
+                    proc = h.new_process()
+                    await client.close()
+                    client = self.client(replica)
+        finally:
+            await client.close()
+
+    async def final(self) -> None:
+        """One read per key once healed: the final state, linearized with everything else."""
+        replica = RegisterReplica()
+        self.replicas.append(replica)
+        client = self.client(replica)
+        try:
+            for key in self.keys:
+                for _ in range(5):
+                    proc = self.ctx.history.new_process()
+                    if await self._one(proc, client, "read", key) == "ok":
+                        break
+                    await asyncio.sleep(0.5)
+        finally:
+            await client.close()
+
+    def summary(self) -> dict[str, Any]:
+        mism = [m for r in self.replicas for m in r.ack_mismatches]
+        return {"ack_mismatches": len(mism), "ack_mismatch_examples": mism[:5]}
+
+
+WORKLOADS: dict[str, type[Workload]] = {
+    "log": LogWorkload,
+    "register": RegisterWorkload,
+}

@@ -1,0 +1,160 @@
+"""The harness's parts on their own: the history recorder, the link proxy, partition shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+
+import pytest
+
+from jepsen.harness.history import History, HistoryMisuse, read_history, validate_history
+from jepsen.harness.nemesis import bridge, cut_between, majorities_ring
+from jepsen.harness.proxy import LinkProxy
+
+
+def test_history_lines_follow_the_contract(tmp_path):
+    path = tmp_path / "h.jsonl"
+    with History(path) as h:
+        p = h.new_process()
+        h.invoke(p, "send", 7, key="0")
+        h.complete(p, "ok", "send", 7, key="0", offset=3, node="n1")
+        h.nemesis_start("kill", {"nodes": ["n1"]})
+        h.nemesis_end("kill", {"nodes": ["n1"]})
+        h.invoke(p, "poll", {"from": 0, "max": 2}, key="0")
+        h.complete(p, "info", "poll", None, key="0", error="timed out")
+    events = read_history(path)
+    assert [e["index"] for e in events] == list(range(6))
+    assert all(isinstance(e["time"], int) for e in events)
+    assert events[1] == {"index": 1, "time": events[1]["time"], "process": 0, "type": "ok", "f": "send",
+                         "key": "0", "value": 7, "offset": 3, "node": "n1"}
+    assert events[2]["process"] == "nemesis" and events[2]["type"] == "info"
+    assert events[5]["error"] == "timed out" and "offset" not in events[5]
+    assert validate_history(events) == []
+
+
+def test_history_refuses_what_the_contract_forbids(tmp_path):
+    with History(tmp_path / "h.jsonl") as h:
+        p = h.new_process()
+        h.invoke(p, "send", 1)
+        with pytest.raises(HistoryMisuse, match="outstanding"):
+            h.invoke(p, "send", 2)  # two operations at once
+        with pytest.raises(HistoryMisuse, match="invoked"):
+            h.complete(p, "ok", "poll")  # completion of another f
+        h.complete(p, "info", "send", 1)
+        with pytest.raises(HistoryMisuse, match="reused"):
+            h.invoke(p, "send", 3)  # a process after info
+        with pytest.raises(HistoryMisuse, match="not allocated"):
+            h.invoke(99, "send", 3)
+        h.nemesis_start("pause")
+        with pytest.raises(HistoryMisuse, match="open"):
+            h.nemesis_start("kill")
+        with pytest.raises(HistoryMisuse):
+            h.nemesis_end("kill")
+        h.nemesis_end("pause")
+        assert h.new_process() == p + 1  # ids are never recycled
+
+
+def test_history_is_ordered_under_concurrent_writers(tmp_path):
+    path = tmp_path / "h.jsonl"
+    with History(path) as h:
+
+        def writer() -> None:
+            for i in range(200):
+                p = h.new_process()
+                h.invoke(p, "send", i)
+                h.complete(p, "ok", "send", i, offset=i)
+
+        threads = [threading.Thread(target=writer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    events = read_history(path)
+    assert len(events) == 1600
+    assert validate_history(events) == []
+    assert [e["index"] for e in events] == list(range(1600))
+    times = [e["time"] for e in events]
+    assert times == sorted(times)
+
+
+def test_validator_reports_broken_histories():
+    ok = {"time": 1, "f": "send", "key": "0"}
+    bad = [
+        {**ok, "index": 0, "process": 0, "type": "invoke"},
+        {**ok, "index": 0, "process": 0, "type": "info"},  # index does not increase
+        {**ok, "index": 2, "process": 0, "type": "invoke"},  # reuse after info
+        {**ok, "index": 3, "process": 1, "type": "ok"},  # completion without invoke
+        {**ok, "index": 4, "process": "nemesis", "type": "info", "f": "kill"},  # never ended
+    ]
+    problems = validate_history(bad)
+    assert any("does not increase" in p for p in problems)
+    assert any("reused after an info" in p for p in problems)
+    assert any("without invoke" in p for p in problems)
+    assert any("never ended" in p for p in problems)
+
+
+def test_partition_shapes_for_three_nodes():
+    nodes = ["n1", "n2", "n3"]
+    assert cut_between([["n1"], ["n2", "n3"]]) == {("n1", "n2"), ("n2", "n1"), ("n1", "n3"), ("n3", "n1")}
+    for seed in range(20):
+        rng = random.Random(seed)
+        ring = majorities_ring(nodes, rng, directed=True)
+        # every node drops traffic from exactly one other node, and hears from a majority
+        assert sorted(dst for _, dst in ring) == nodes
+        assert all((b, a) not in ring for a, b in ring)  # one-way cuts only
+        sym = majorities_ring(nodes, rng, directed=False)
+        assert len(sym) == 2 and all((b, a) in sym for a, b in sym)
+        cut, middle = bridge(nodes, rng)
+        assert middle not in {x for link in cut for x in link}
+        assert len(cut) == 2
+    five = [f"n{i}" for i in range(1, 6)]
+    sym5 = majorities_ring(five, random.Random(1), directed=False)
+    for n in five:  # each node still reaches two others: itself plus two is a majority of five
+        assert sum(1 for m in five if m != n and (n, m) not in sym5) == 2
+
+
+def test_link_proxy_cuts_and_heals_real_connections(tmp_path):
+    async def scenario() -> None:
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while data := await r.read(100):
+                w.write(data)
+            w.close()
+
+        srv = await asyncio.start_server(echo, "127.0.0.2", 0)
+        port = srv.sockets[0].getsockname()[1]
+        proxy = LinkProxy({"a": "127.0.0.1:9", "b": f"127.0.0.2:{port}"}, log_path=tmp_path / "proxy.log")
+        try:
+            host, p = proxy.address("a", "b").rsplit(":", 1)
+            assert host == "127.0.0.2"  # the link listens on the destination's address
+            r, w = await asyncio.open_connection(host, int(p))
+            w.write(b"ping\n")
+            assert await asyncio.wait_for(r.readline(), 5) == b"ping\n"
+            reply = await asyncio.to_thread(proxy.set_cut, {("a", "b")})
+            assert reply["cut"] == ["a->b"] and reply["closed"] == 1
+            assert await asyncio.wait_for(r.read(10), 5) == b""  # the open connection died
+            r2, w2 = await asyncio.open_connection(host, int(p))
+            assert await asyncio.wait_for(r2.read(10), 5) == b""  # new ones are refused
+            await asyncio.to_thread(proxy.heal)
+            r3, w3 = await asyncio.open_connection(host, int(p))
+            w3.write(b"again\n")
+            assert await asyncio.wait_for(r3.readline(), 5) == b"again\n"
+            stats = await asyncio.to_thread(proxy.stats)
+            assert stats["a->b"]["refused"] >= 1 and stats["b->a"]["accepted"] == 0
+            for wr in (w, w2, w3):
+                wr.close()
+        finally:
+            proxy.close()
+            srv.close()
+        assert proxy.proc.poll() is not None
+
+    asyncio.run(scenario())
+
+
+def test_link_proxy_exits_with_its_controller(tmp_path):
+    proxy = LinkProxy({"a": "127.0.0.1:9", "b": "127.0.0.2:9"})
+    pid = proxy.proc.pid
+    proxy.close()
+    assert proxy.proc.returncode is not None, f"proxy {pid} still running"
+    assert json.loads(json.dumps(list(proxy.addresses.values())))  # it had bound both links
