@@ -298,10 +298,11 @@ class _ProxiedCluster(LocalCluster):
 def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
     """The backend for ``--backend`` and the system under test (``ledger``, ``pysyncobj`` or ``broker``)."""
     if name == "docker":
-        raise Unsupported(
-            "the docker backend needs the group from docker-compose.yml (the docker issue), "
-            "which does not exist yet; use --backend local"
-        )
+        if system != "broker":
+            raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
+        from .docker_backend import DockerBrokerBackend
+
+        return DockerBrokerBackend(base_dir, **kw)
     if name != "local":
         raise Unsupported(f"unknown backend {name!r}")
     if system == "ledger":

@@ -48,11 +48,26 @@ class _ProxiedBrokerGroup(LocalBrokerGroup):
         return self.proxy.address(nid, peer)
 
 
+def broker_status(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A broker's runtime info as the harness's status (leader = its ledger node leads and it is master)."""
+    if info is None:
+        return None
+    led = info.get("ledger", {})
+    return {
+        "role": led.get("role"),
+        "term": led.get("term"),
+        "leader": led.get("leader"),
+        "ready": bool(led.get("leader_ready")) and info.get("role") == "MASTER",
+        "commit_index": led.get("commit_index"),
+    }
+
+
 class LocalBrokerBackend(Backend):
     """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
 
     system = "broker"
     client_timeout = 4.0
+    topic = TOPIC
 
     def __init__(self, base_dir: Path, queues: int = 2, settings: dict[str, Any] | None = None) -> None:
         super().__init__(base_dir)
@@ -83,17 +98,7 @@ class LocalBrokerBackend(Backend):
         if self._rc is None or self._rc_loop is not loop:
             self._rc = RemotingClient()
             self._rc_loop = loop
-        info = await self.group.runtime_info(self._rc, nid)
-        if info is None:
-            return None
-        led = info.get("ledger", {})
-        return {
-            "role": led.get("role"),
-            "term": led.get("term"),
-            "leader": led.get("leader"),
-            "ready": bool(led.get("leader_ready")) and info.get("role") == "MASTER",
-            "commit_index": led.get("commit_index"),
-        }
+        return broker_status(await self.group.runtime_info(self._rc, nid))
 
     def kill(self, nid: str) -> None:
         self.group.kill(self.group.name_of(nid), signal.SIGKILL)
@@ -123,7 +128,7 @@ class LocalBrokerBackend(Backend):
 
     def queue_client(self) -> QueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
-        return QueueClient(self.group.namesrv_addrs, names, timeout=self.client_timeout)
+        return QueueClient(self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout)
 
     def log_files(self) -> dict[str, Path]:
         files = {n: self.base_dir / self.group.name_of(n) / "broker.log" for n in self.nodes}
@@ -138,7 +143,8 @@ class LocalBrokerBackend(Backend):
 class QueueClient:
     """Producer and master-only pulls for one harness process."""
 
-    def __init__(self, namesrv: list[str], names: dict[str, str], *, timeout: float = 4.0) -> None:
+    def __init__(self, namesrv: list[str], names: dict[str, str], topic: str, *, timeout: float = 4.0) -> None:
+        self.topic = topic
         self.producer = Producer("jepsen", namesrv, send_timeout_s=timeout, retries=2, retry_backoff_s=0.05)
         self.consumer = PullConsumer("jepsen", namesrv, call_timeout_s=timeout)
         self.names = names
@@ -156,7 +162,7 @@ class QueueClient:
     async def send(self, queue_id: int, value: int) -> int:
         await self._ensure()
         try:
-            r = await self.producer.send(Message(TOPIC, str(value).encode()), queue_id=queue_id)
+            r = await self.producer.send(Message(self.topic, str(value).encode()), queue_id=queue_id)
         except SendOutcomeUnknownError as exc:
             raise Indefinite(str(exc)) from None
         except ClientError as exc:
@@ -167,13 +173,13 @@ class QueueClient:
     async def _master(self) -> tuple[str, str]:
         routes = self.consumer.instance.routes
         if self._broker_name is None:
-            queues = await self.consumer.fetch_queues(TOPIC)
+            queues = await self.consumer.fetch_queues(self.topic)
             if not queues:
-                raise Definite(f"no route for {TOPIC}")
+                raise Definite(f"no route for {self.topic}")
             self._broker_name = queues[0].broker_name
         addr = routes.master_addr(self._broker_name)
         if addr is None:
-            await routes.route(TOPIC, force=True)
+            await routes.route(self.topic, force=True)
             addr = routes.master_addr(self._broker_name)
         if addr is None:
             raise Definite(f"broker group {self._broker_name} has no master at the moment")
@@ -182,7 +188,7 @@ class QueueClient:
     async def poll(self, queue_id: int, start: int, limit: int) -> list[Pair]:
         await self._ensure()
         name, addr = await self._master()
-        req = pull_request("jepsen", TOPIC, queue_id, start, limit, 0)
+        req = pull_request("jepsen", self.topic, queue_id, start, limit, 0)
         req.headers["requireMaster"] = True
         self.node = self.names.get(addr, addr)
         try:
@@ -246,7 +252,7 @@ class _QueuePart(LogWorkload):
     def __init__(self, backend: Backend, ctx: RunContext, queue_id: int, values: itertools.count[int]) -> None:
         super().__init__(backend, ctx)
         self.queue_id = queue_id
-        self.key = f"{TOPIC}/{queue_id}"
+        self.key = f"{getattr(backend, 'topic', TOPIC)}/{queue_id}"
         self._values = values
 
     def client(self) -> LogClient:

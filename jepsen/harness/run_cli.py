@@ -30,8 +30,8 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 
 @click.command("run")
 @click.option("--backend", type=click.Choice(["local", "docker"]), default="local", show_default=True,
-              help="local: one OS process per node on 127.0.0.x, partitions through per-link proxies "
-                   "(docker: not wired yet, it comes with the queue workload)")
+              help="local: one OS process per node on 127.0.0.x, partitions through per-link proxies; "
+                   "docker: the docker-compose.yml group (queue workload), faults through Docker")
 @click.option("--system", type=click.Choice(["ledger", "pysyncobj", "broker"]), default="ledger", show_default=True,
               help="the system under test (pysyncobj: the log workload on a 3-node pysyncobj group; "
                    "broker: 2 nameservers + 3 brokers, chosen automatically for the queue workload)")
