@@ -112,7 +112,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--unbatched-concurrency", type=int, default=256)
     args = ap.parse_args()
     runs = args.runs or (1 if args.quick else 3)
