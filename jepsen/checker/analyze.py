@@ -1,0 +1,282 @@
+"""``analyze``: many histories, one Spark session, one results.json + report.html each.
+
+Kept separate from the CLI so the harness can call :func:`analyze_files` in-process
+right after a run. A history that cannot be read is reported with its file and line
+and does not stop the others from being checked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jepsen.checker import parse
+from jepsen.checker.frames import Source
+from jepsen.checker.results import error_result, linear_result, log_result, write_json
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_MALFORMED = 0, 1, 2, 3
+DEFAULT_BUDGET = 10.0
+PLOT_POINTS = 50_000
+
+
+@dataclass(slots=True)
+class FileOutcome:
+    """What happened to one input file."""
+
+    path: str
+    out_dir: Path
+    workload: str | None = None
+    valid: bool | str | None = None  # None: unreadable or malformed
+    error: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    ops: int = 0
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "ERROR"
+        return {True: "valid", False: "INVALID"}.get(self.valid, "unknown")  # type: ignore[arg-type]
+
+
+def exit_code(outcomes: list[FileOutcome]) -> int:
+    """1 if any history is invalid, else 3 if any is unreadable, else 2 if any is unknown."""
+    if any(o.valid is False for o in outcomes):
+        return EXIT_INVALID
+    if any(o.error is not None for o in outcomes):
+        return EXIT_MALFORMED
+    if any(o.valid not in (True, False) for o in outcomes):
+        return EXIT_UNKNOWN
+    return EXIT_VALID
+
+
+def _out_dirs(paths: list[str], out_dir: Path) -> list[Path]:
+    """DIR/<file name without extension>, made unique when two inputs share a name."""
+    seen: dict[str, int] = {}
+    dirs = []
+    for p in paths:
+        stem = Path(p).stem or "history"
+        n = seen.get(stem, 0) + 1
+        seen[stem] = n
+        dirs.append(out_dir / (stem if n == 1 else f"{stem}-{n}"))
+    return dirs
+
+
+def partitions_for(sources: list[Source]) -> int:
+    """Partitions for the cached operations and for shuffles, from the input size.
+
+    Small inputs get two (one per core of local[2]): stages, not data, cost there.
+    Larger ones get at least 16: the data is partitioned by key and a history may
+    have only a handful of keys, so several partitions per core let the scheduler
+    even out keys of unequal size; beyond that one per 32 MB.
+    """
+    size = 0
+    for s in sources:
+        try:
+            size += Path(s.path).stat().st_size
+        except OSError:
+            pass
+    if size < (16 << 20):
+        return 2
+    return max(16, min(128, size // (32 << 20) + 1))
+
+
+def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
+    """One small job: op counts by f/type, time span, first malformed row, per source."""
+    from pyspark.sql import functions as F
+
+    # fixed-width aggregates only (hash aggregation); the bad rows' text comes separately
+    rows = (ops.groupBy("src", "kind", "f", "type")
+            .agg(F.count("*").alias("n"), F.min("inv_time").alias("t0"),
+                 F.max(F.greatest("inv_time", "cmp_time")).alias("t1"),
+                 F.max(F.col("timed").cast("int")).alias("timed"))
+            .collect())
+    bad_srcs = sorted({r["src"] for r in rows if r["kind"] == "bad"})
+    bad_rows = (ops.filter((F.col("kind") == "bad") & F.col("src").isin(bad_srcs)).groupBy("src")
+                .agg(F.min(F.struct(F.coalesce("inv_index", F.lit(-1)).alias("i"), "problem")).alias("bad"))
+                .collect()) if bad_srcs else []
+    first_bad = {r["src"]: (r["bad"]["i"], r["bad"]["problem"]) for r in bad_rows}
+    out: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        o = out.setdefault(r["src"], {"ops": {}, "fs": set(), "t0": None, "t1": None, "bad": None,
+                                      "timed": False, "nemesis": 0, "n": 0})
+        if r["kind"] == "bad":
+            o["bad"] = first_bad.get(r["src"], (-1, "malformed event"))
+            continue
+        o["timed"] = o["timed"] or bool(r["timed"])
+        if r["kind"] == "nemesis":
+            o["nemesis"] += r["n"]
+            continue
+        o["fs"].add(r["f"])
+        o["ops"].setdefault(r["f"], {})[r["type"]] = r["n"]
+        o["n"] += r["n"]
+        for k, pick in (("t0", min), ("t1", max)):
+            if r[k] is not None:
+                o[k] = r[k] if o[k] is None else pick(o[k], r[k])
+    return out
+
+
+def _locate_problem(src: Source, spark_problem: tuple[int, str], shown: str) -> str:
+    """Spark knows a row is bad but not its line; re-read the file to name the line."""
+    try:
+        parse.read_events(src.path, src.fmt)
+    except parse.HistoryError as exc:
+        return str(parse.HistoryError(shown, exc.line, exc.message))
+    index, problem = spark_problem
+    where = f" (event index {index})" if index >= 0 else ""
+    return f"{shown}: {problem}{where}"
+
+
+def _choose_workload(requested: str | None, fs: set[str], path: str) -> str:
+    if requested:
+        known = {"log": parse.LOG_FS, "register": parse.REGISTER_FS, "kv": parse.KV_FS}[requested]
+        stray = sorted(fs - known)
+        if stray:
+            raise parse.HistoryError(path, None, f"operation(s) {', '.join(stray)} are not part of the "
+                                     f"{requested} workload ({', '.join(sorted(known))})")
+        return requested
+    found = parse.infer_workload(fs)
+    if found is None:
+        raise parse.HistoryError(path, None, f"cannot tell the workload from operations "
+                                 f"{', '.join(sorted(fs)) or '(none)'}; pass --workload")
+    return found
+
+
+def analyze_files(paths: list[str | Path], workload: str | None = None,
+                  out_dir: str | Path = "store/analysis", master: str | None = None,
+                  budget: float = DEFAULT_BUDGET, report: bool = True) -> dict[str, Any]:
+    """Check every history; write results.json/report.html per file and summary.json.
+
+    Returns ``{"files": [FileOutcome...], "summary": {path: valid}, "exit": code,
+    "seconds": s}`` where ``valid`` is null for an unreadable history.
+    """
+    started = time.monotonic()
+    out_root = Path(out_dir)
+    str_paths = [str(p) for p in paths]
+    outcomes = [FileOutcome(p, d) for p, d in zip(str_paths, _out_dirs(str_paths, out_root), strict=True)]
+    sources: list[Source] = []
+    for i, o in enumerate(outcomes):
+        try:
+            fmt = parse.detect_format(o.path)
+            events = None if fmt == "jsonl" else parse.read_events(o.path, fmt)
+            sources.append(Source(i, str(Path(o.path).resolve()), fmt, events))
+        except parse.HistoryError as exc:
+            o.error = str(exc)
+    plots: dict[int, dict[str, Any]] = {}
+    if sources:
+        _check_sources(sources, outcomes, workload, master, budget, plots, report)
+    for i, o in enumerate(outcomes):
+        if o.error is not None:
+            o.result = error_result(o.error, o.workload or workload)
+        write_json(o.out_dir / "results.json", o.result)
+        if report:
+            from jepsen import report as rep
+
+            rep.write_report(o.out_dir / "report.html", o.path, o.result, plots.get(i))
+    summary = {o.path: o.valid if o.error is None else None for o in outcomes}
+    write_json(out_root / "summary.json", summary)
+    return {"files": outcomes, "summary": summary, "exit": exit_code(outcomes),
+            "seconds": time.monotonic() - started}
+
+
+def _check_sources(sources: list[Source], outcomes: list[FileOutcome], workload: str | None,
+                   master: str | None, budget: float, plots: dict[int, dict[str, Any]],
+                   report: bool) -> None:
+    from jepsen.checker import frames
+    from jepsen.checker.spark import get_spark
+
+    spark = get_spark(master)
+    parts = partitions_for(sources)
+    with session_conf(spark, analysis_conf(parts)):
+        ops = frames.pair_ops(frames.load_events(spark, sources), parts).cache()
+        try:
+            _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report)
+        finally:
+            ops.unpersist()
+
+
+def analysis_conf(parts: int) -> dict[str, str]:
+    """Session settings for one analysis (restored afterwards: the session is shared).
+
+    Every check is keyed by (src, key, ...), so the operations are partitioned that
+    way once and later joins, windows and aggregates reuse it instead of shuffling
+    again (Spark would otherwise want all join keys for co-partitioning, and would
+    forget the partitioning of cached plans). Adaptive execution is off: the plans
+    are wide (a dozen checks in one job) and re-planning after each of their many
+    small stages cost more than it saved; partition counts are chosen from the input
+    size instead.
+    """
+    return {"spark.sql.shuffle.partitions": str(parts),
+            # several splits per core when reading big JSON files, not one per 128 MB
+            "spark.sql.files.maxPartitionBytes": str(32 << 20),
+            "spark.sql.requireAllClusterKeysForCoPartition": "false",
+            "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "false",
+            "spark.sql.adaptive.enabled": "false"}
+
+
+@contextmanager
+def session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
+    """Set runtime SQL settings for the duration of a block, then put back the old ones."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _check_ops(spark: Any, ops: DataFrame, sources: list[Source], outcomes: list[FileOutcome],
+               workload: str | None, budget: float, plots: dict[int, dict[str, Any]], report: bool) -> None:
+    from pyspark.sql import functions as F
+
+    from jepsen.checker import linear_spark, log_checker
+
+    overview = _collect_overview(ops)
+    by_src = {s.src: s for s in sources}
+    chosen: dict[int, str] = {}
+    for src, s in by_src.items():
+        o = outcomes[src]
+        ov = overview.get(src)
+        if ov is None or ov["n"] == 0 and ov["bad"] is None:
+            o.error = f"{o.path}: no operations found"
+            continue
+        if ov["bad"] is not None:
+            o.error = _locate_problem(s, ov["bad"], o.path)
+            continue
+        try:
+            chosen[src] = _choose_workload(workload, ov["fs"], o.path)
+        except parse.HistoryError as exc:
+            o.error = str(exc)
+        o.workload = chosen.get(src)
+        o.ops = ov["n"]
+    good = ops.filter(F.col("src").isin(list(chosen))) if chosen else None
+    log_srcs = [s for s, w in chosen.items() if w == "log"]
+    lin_srcs = {s: w for s, w in chosen.items() if w != "log"}
+    found_log = log_checker.check(good.filter(F.col("src").isin(log_srcs))) if log_srcs else {}
+    found_lin = linear_spark.check(spark, good, lin_srcs, budget) if lin_srcs and good is not None else {}
+    for src, w in chosen.items():
+        o, ov = outcomes[src], overview[src]
+        base = {"ops": ov["n"], "by-f": ov["ops"], "nemesis-events": ov["nemesis"],
+                "format": by_src[src].fmt, "timed": ov["timed"]}
+        if ov["timed"] and ov["t0"] is not None and ov["t1"] is not None:
+            base["duration-s"] = round((ov["t1"] - ov["t0"]) / 1e9, 3)
+        if w == "log":
+            o.result = log_result(found_log.get(src, {}), base)
+        else:
+            o.result = linear_result(w, found_lin.get(src, {}), base)
+        o.valid = o.result["valid"]
+    if report and chosen:
+        from jepsen.checker.plotdata import collect_plot_data
+
+        plots.update(collect_plot_data(ops, {s: overview[s] for s in chosen}, chosen, PLOT_POINTS))

@@ -1,0 +1,135 @@
+"""Histories into Spark: one events DataFrame for all input files, then paired operations.
+
+Every input file gets an integer ``src`` and everything downstream is keyed by it, so
+a hundred histories cost one set of Spark jobs rather than a hundred (job overhead,
+not data, dominates small histories). JSON Lines is read by Spark's JSON reader with
+an explicit schema: ``value`` is a string column, which makes the reader keep the raw
+JSON text of lists and objects, so one schema fits every operation's value. The small
+Jepsen formats are parsed in Python and handed over as rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jepsen.checker.parse import NEMESIS, TYPES, Event
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+CORRUPT = "_corrupt"
+
+FIELDS: list[tuple[str, str]] = [
+    ("index", "long"), ("time", "long"), ("process", "string"), ("type", "string"),
+    ("f", "string"), ("key", "string"), ("value", "string"), ("error", "string"),
+    ("node", "string"), ("offset", "long"),
+]
+
+
+def _schema(with_src: bool, with_corrupt: bool):  # -> StructType
+    from pyspark.sql import types as T
+
+    kinds = {"long": T.LongType(), "string": T.StringType(), "int": T.IntegerType()}
+    fields = [T.StructField("src", T.IntegerType(), False)] if with_src else []
+    fields += [T.StructField(name, kinds[kind], True) for name, kind in FIELDS]
+    if with_corrupt:
+        fields.append(T.StructField(CORRUPT, T.StringType(), True))
+    return T.StructType(fields)
+
+
+@dataclass(slots=True)
+class Source:
+    """One input file: its id in the frames, path and format."""
+
+    src: int
+    path: str
+    fmt: str
+    events: list[Event] | None = None  # already parsed (the Python-read formats)
+
+
+def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
+    """All sources as one events DataFrame with a ``problem`` column for bad rows."""
+    from pyspark.sql import functions as F
+
+    frames: list[DataFrame] = []
+    json_schema = _schema(with_src=False, with_corrupt=True)
+    for s in sources:
+        if s.events is not None:
+            continue
+        df = (spark.read.schema(json_schema)
+              .option("mode", "PERMISSIVE")
+              .option("columnNameOfCorruptRecord", CORRUPT)
+              .json(s.path))
+        frames.append(df.withColumn("src", F.lit(s.src)))
+    rows = [ev.as_row(s.src) for s in sources if s.events is not None for ev in s.events]
+    if rows:
+        py = spark.createDataFrame(rows, _schema(with_src=True, with_corrupt=False))
+        frames.append(py.withColumn(CORRUPT, F.lit(None).cast("string")))
+    if not frames:
+        raise ValueError("no sources")
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    types = F.array(*[F.lit(t) for t in TYPES])
+    problem = (F.when(F.col(CORRUPT).isNotNull(), F.lit("not a JSON object with the contract's field types"))
+               .when(F.col("index").isNull(), F.lit("missing 'index'"))
+               .when(~F.array_contains(types, F.col("type")) | F.col("type").isNull(),
+                     F.lit("'type' must be invoke, ok, fail or info"))
+               .when(F.col("f").isNull(), F.lit("missing 'f'"))
+               .when(F.col("process").isNull(), F.lit("missing 'process'")))
+    return df.withColumn("problem", problem).drop(CORRUPT)
+
+
+def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
+    """Pair each invoke with its process's next event, the completion (a window, no join).
+
+    One row per operation (``kind`` = ``op``), per nemesis event (``nemesis``) and per
+    malformed event (``bad``, with ``problem`` saying why). An invoke with no completion
+    is ``info``, as the contract says. An invoke and its completion share the key, so
+    the events are shuffled once, by (src, key), and paired within that partitioning;
+    the result stays partitioned by (src, key), which every check downstream reuses.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    df = events.withColumn("key", F.coalesce(F.col("key"), F.lit(""))).repartition(partitions, "src", "key")
+    w = Window.partitionBy("src", "key", "process").orderBy("index")
+    nxt = {c: F.lead(c).over(w) for c in ("type", "f", "index", "time", "value", "error", "node", "offset")}
+    t = F.coalesce(F.col("time"), F.col("index"))
+    paired = df.select(
+        "src", "process", "f", "key", "index", "type", "value", "error", "node", "problem",
+        t.alias("t"), F.col("time").isNotNull().alias("timed"),
+        nxt["type"].alias("n_type"), nxt["f"].alias("n_f"), nxt["index"].alias("n_index"),
+        F.coalesce(nxt["time"], nxt["index"]).alias("n_t"), nxt["value"].alias("n_value"),
+        nxt["error"].alias("n_error"), nxt["node"].alias("n_node"), nxt["offset"].alias("n_offset"),
+        F.lag("type").over(w).alias("p_type"))
+    # Rows the reader already rejected sit in their own window partitions (their
+    # process is usually null), so they never pair with good rows of a process.
+    is_nem = F.col("process") == NEMESIS
+    is_inv = (F.col("type") == "invoke") & ~is_nem
+    completed = is_inv & F.col("n_type").isNotNull() & (F.col("n_type") != "invoke")
+    problem = (F.when(F.col("problem").isNotNull(), F.col("problem"))
+               .when(is_nem, F.lit(None))
+               .when(is_inv & (F.col("n_type") == "invoke"),
+                     F.concat(F.lit("process "), F.col("process"), F.lit(" invokes again (index "),
+                              F.col("n_index").cast("string"), F.lit(") while this operation is outstanding")))
+               .when(completed & (F.col("n_f") != F.col("f")),
+                     F.concat(F.lit("completion f '"), F.col("n_f"), F.lit("' does not match the invoke '"),
+                              F.col("f"), F.lit("'")))
+               .when(~is_inv & (F.col("p_type").isNull() | (F.col("p_type") != "invoke")),
+                     F.concat(F.col("type"), F.lit(" completion without an invoke by process "),
+                              F.col("process"))))
+    kind = F.when(problem.isNotNull(), F.lit("bad")).when(is_nem, F.lit("nemesis")).otherwise(F.lit("op"))
+    return paired.filter(is_inv | is_nem | problem.isNotNull()).select(
+        "src", kind.alias("kind"), "process", "f", "key",
+        F.when(completed, F.col("n_type")).when(~is_inv, F.col("type")).otherwise(F.lit("info")).alias("type"),
+        F.col("index").alias("inv_index"), F.col("t").alias("inv_time"),
+        F.when(completed, F.col("n_index")).alias("cmp_index"),
+        F.when(completed, F.col("n_t")).alias("cmp_time"),
+        F.col("value").alias("inv_value"),
+        F.when(completed, F.col("n_value")).alias("cmp_value"),
+        F.when(completed, F.col("n_offset")).alias("offset"),
+        F.when(completed, F.col("n_error")).otherwise(F.col("error")).alias("error"),
+        F.coalesce(F.when(completed, F.col("n_node")), F.col("node")).alias("node"),
+        problem.alias("problem"), "timed")

@@ -1,0 +1,585 @@
+"""The ``log`` workload checker: every anomaly of HISTORY.md as Spark joins, aggregates, windows.
+
+Values are unique and offsets are positions, so the log's order is visible in the
+history itself and no search is needed: each anomaly is a relational query.
+
+- One aggregate per value (acknowledgement + every read of it) answers duplicate,
+  unexpected, G1a, lost-write against the drain, recovered and unseen-info.
+- One aggregate per (key, offset) answers inconsistent-offsets.
+- The "happened before" questions (realtime-order, stale-read, a read that reached
+  past a write) are as-of queries: one running maximum over a time-ordered window
+  per key instead of a quadratic join.
+- Per-process windows give nonmonotonic-send, nonmonotonic-poll and poll-skip.
+
+Two phases keep a correct history cheap. First every check emits *candidates*:
+narrow rows of plain numbers (which op, which offset), all of them in one cached
+frame computed by one job, and counted. Only the anomalies that have candidates
+then get a second, small job that joins their first examples back to the full
+operations. Everything is keyed by ``src`` (the input file) and ``key``, the
+partitioning of the cached operations, so most steps need no shuffle and many
+histories share one set of jobs. No Python UDFs: the hot path stays in the JVM.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+# Errors (any makes the history invalid) and informational findings, in report order.
+ERRORS = ("lost-write", "duplicate", "inconsistent-offsets", "G1a", "unexpected",
+          "nonmonotonic-send", "realtime-order", "stale-read", "poll-skip", "nonmonotonic-poll")
+INFORMATIONAL = ("recovered", "unseen-info")
+EXAMPLES = 8
+
+K = ["src", "key"]
+PAIRS_TYPE = "array<array<bigint>>"
+
+
+def _F():  # noqa: N802 - keep pyspark imports lazy so the CLI starts fast
+    from pyspark.sql import functions as F
+
+    return F
+
+
+def _W():  # noqa: N802
+    from pyspark.sql import Window
+
+    return Window
+
+
+def send_desc(prefix: str = "") -> Column:
+    """A send as it appears in examples, from columns named ``{prefix}x``."""
+    F = _F()
+
+    def c(name: str) -> Column:
+        return F.col(prefix + name)
+
+    return F.struct(c("process").alias("process"), c("f").alias("f"), c("type").alias("type"),
+                    c("v").alias("value"), c("off").alias("offset"),
+                    c("inv_index").alias("invoke-index"), c("inv_time").alias("invoke-time"),
+                    c("cmp_index").alias("complete-index"), c("cmp_time").alias("complete-time"))
+
+
+def read_desc(prefix: str = "") -> Column:
+    """A poll or drain as it appears in examples: what it asked for and what it got."""
+    F = _F()
+
+    def c(name: str) -> Column:
+        return F.col(prefix + name)
+
+    return F.struct(c("process").alias("process"), c("f").alias("f"), F.lit("ok").alias("type"),
+                    c("from_").alias("from"), c("max_").alias("max"), c("n").alias("returned"),
+                    c("first").alias("first-offset"), c("last").alias("last-offset"),
+                    c("inv_index").alias("invoke-index"), c("inv_time").alias("invoke-time"),
+                    c("cmp_index").alias("complete-index"), c("cmp_time").alias("complete-time"))
+
+
+def _prefixed(df: DataFrame, prefix: str, keep: tuple[str, ...] = ("src", "key")) -> DataFrame:
+    return df.select(*[df[c].alias(c if c in keep else prefix + c) for c in df.columns])
+
+
+def _row(df: DataFrame, name: str, t: Column, example: Column) -> DataFrame:
+    F = _F()
+    return df.select("src", F.lit(name).alias("anomaly"), t.alias("t"), F.to_json(example).alias("example"))
+
+
+class LogFrames:
+    """The frames every check reads: sends, read operations, and the pairs they returned."""
+
+    def __init__(self, ops: DataFrame) -> None:
+        F = _F()
+        ops = ops.filter(F.col("kind") == "op")
+        # Simple projections of the cached operations; not cached again (a scan of the
+        # cache reads only the columns it needs).
+        self.sends = ops.filter(F.col("f") == "send").select(
+            *K, "process", "f", "type", F.col("inv_value").cast("long").alias("v"),
+            F.coalesce(F.col("offset"), F.get_json_object("cmp_value", "$.offset").cast("long")).alias("off"),
+            "inv_index", "inv_time", "cmp_index", "cmp_time")
+        self.ok_sends = self.sends.filter((F.col("type") == "ok") & F.col("off").isNotNull())
+        parsed = ops.filter(F.col("f").isin("poll", "drain") & (F.col("type") == "ok")).select(
+            *K, "process", "f", "inv_index", "inv_time", "cmp_index", "cmp_time",
+            F.coalesce(F.get_json_object("inv_value", "$.from").cast("long"), F.lit(0)).alias("from_"),
+            F.get_json_object("inv_value", "$.max").cast("long").alias("max_"),
+            F.coalesce(F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE)).alias("pairs"))
+        # Parsing the returned pairs is the expensive part: done once (this cache), and
+        # both shapes derived from it are cached in turn.
+        parsed = parsed.cache()
+        parsed.count()
+        self._parsed = parsed
+        n = F.size("pairs")
+        last = F.element_at("pairs", -1)[0]
+        self.reads = parsed.select(
+            *K, "process", "f", "inv_index", "inv_time", "cmp_index", "cmp_time", "from_", "max_",
+            n.alias("n"), F.when(n > 0, F.col("pairs")[0][0]).alias("first"),
+            F.when(n > 0, last).alias("last"),
+            # the highest offset the read covered: its last pair, or just below `from`
+            F.when(n > 0, last).otherwise(F.col("from_") - 1).alias("reach"),
+            ((F.col("f") == "drain") | F.col("max_").isNull() | (n < F.col("max_"))).alias("claims_end"),
+        ).cache()
+        self.pairs = parsed.select(
+            *K, "process", "f", "inv_index", "inv_time", "from_",
+            F.posexplode("pairs").alias("pos", "pair")).select(
+            *K, "process", "f", "inv_index", "inv_time", "from_", "pos",
+            F.col("pair")[0].alias("off"), F.col("pair")[1].alias("v")).cache()
+        # Materialize now: an unmaterialized cached plan reports unknown partitioning,
+        # and every later plan would shuffle it again instead of reusing (src, key).
+        for df in (self.reads, self.pairs):
+            df.count()
+        parsed.unpersist()
+
+    def unpersist(self) -> None:
+        for df in (self.reads, self.pairs):
+            df.unpersist()
+
+
+# --- per value ----------------------------------------------------------------------------
+
+def value_facts(fr: LogFrames) -> DataFrame:
+    """One row per (src, key, value): how it was sent, where it was seen, the last drain.
+
+    Only fixed-width aggregates (the send's type as a number), so Spark can use its
+    hash aggregation instead of sorting every observation.
+    """
+    F = _F()
+    last_drain = (fr.reads.filter(F.col("f") == "drain").groupBy(*K)
+                  .agg(F.max(F.struct("inv_time", "inv_index")).alias("ld")))
+    null_long = F.lit(None).cast("long")
+    type_code = (F.when(F.col("type") == "ok", 3).when(F.col("type") == "info", 2)
+                 .when(F.col("type") == "fail", 1).otherwise(0))
+    sends = fr.sends.select(
+        *K, "v", F.lit(1).alias("is_send"), type_code.alias("tc"),
+        F.when(F.col("type") == "ok", F.col("off")).alias("off"),
+        F.when(F.col("type") == "ok", F.col("cmp_time")).alias("ack_t"),
+        F.col("inv_time").alias("t"), F.lit(0).alias("is_read"), F.lit(0).alias("in_last"))
+    ld = F.broadcast(last_drain.select(*K, F.col("ld.inv_index").alias("ld_index")))
+    reads = fr.pairs.join(ld, K, "left").select(
+        *K, "v", F.lit(0).alias("is_send"), F.lit(0).alias("tc"), "off",
+        null_long.alias("ack_t"), F.col("inv_time").alias("t"), F.lit(1).alias("is_read"),
+        ((F.col("f") == "drain") & (F.col("inv_index") == F.col("ld_index"))).cast("int").alias("in_last"))
+    facts = sends.unionByName(reads).groupBy(*K, "v").agg(
+        F.sum("is_send").alias("n_sends"), F.max("tc").alias("tc"),
+        F.max(F.when(F.col("is_send") == 1, F.col("off"))).alias("ack_off"),
+        F.max("ack_t").alias("ack_t"), F.min("t").alias("t"),
+        F.sum("is_read").alias("n_reads"),
+        F.min("off").alias("lo"), F.max("off").alias("hi"),
+        F.max("in_last").alias("in_last"))
+    s_type = (F.when(F.col("tc") == 3, "ok").when(F.col("tc") == 2, "info").when(F.col("tc") == 1, "fail"))
+    return facts.withColumn("s_type", s_type).drop("tc").join(F.broadcast(last_drain), K, "left")
+
+
+def _sightings(fr: LogFrames, wanted: DataFrame, on: str) -> DataFrame:
+    """The acknowledgements and reads of the wanted (key, value|offset): the ops behind an example.
+
+    ``wanted`` holds a few rows (examples only), so it is broadcast and the big frames
+    are merely probed.
+    """
+    F = _F()
+    w = F.broadcast(wanted.select(*K, on).distinct())
+    sends = fr.sends if on == "v" else fr.ok_sends
+    a = sends.join(w, [*K, on]).select(*K, "v", "off", F.col("inv_time").alias("t"),
+                                        F.to_json(send_desc()).alias("op"))
+    b = fr.pairs.join(w, [*K, on]).select(*K, "v", "off", F.col("inv_time").alias("t"), F.to_json(F.struct(
+        "process", "f", F.lit("ok").alias("type"), F.col("v").alias("value"), F.col("off").alias("offset"),
+        F.col("inv_index").alias("invoke-index"), F.col("inv_time").alias("invoke-time"))).alias("op"))
+    return (a.unionByName(b).groupBy(*K, on).agg(
+        F.sort_array(F.collect_set("off" if on == "v" else "v")).alias("seen_at"),
+        F.slice(F.sort_array(F.collect_list(F.struct("t", "op"))), 1, EXAMPLES).alias("seen")))
+
+
+# --- phase 1: candidates ---------------------------------------------------------------------
+
+def _cand(df: DataFrame, anomaly: Column | str, t: Column, i1: Column | None = None, i2: Column | None = None,
+          i3: Column | None = None, i4: Column | None = None, s1: Column | None = None) -> DataFrame:
+    """Candidates share one narrow shape; i1..i4 and s1 mean what each check says."""
+    F = _F()
+    none = F.lit(None).cast("long")
+    name = F.lit(anomaly) if isinstance(anomaly, str) else anomaly
+    return df.select(*K, name.alias("anomaly"), t.cast("long").alias("t"),
+                     *[(c if c is not None else none).cast("long").alias(f"i{n}")
+                       for n, c in enumerate((i1, i2, i3, i4), 1)],
+                     (s1 if s1 is not None else F.lit(None)).cast("string").alias("s1"))
+
+
+def value_candidates(facts: DataFrame) -> DataFrame:
+    """duplicate, unexpected, G1a, lost-write (drain), recovered, unseen-info: i1 = value.
+
+    For lost-write, i2/i3 = the last drain's invoke index/time and s1 = "drain".
+    """
+    F = _F()
+    read = F.col("n_reads") > 0
+    s_type = F.col("s_type")
+    flags = F.array(
+        F.when(F.col("lo") != F.col("hi"), F.lit("duplicate")),
+        F.when(read & (F.col("n_sends") == 0), F.lit("unexpected")),
+        F.when(read & (s_type == "fail"), F.lit("G1a")),
+        F.when((s_type == "ok") & (F.col("ld.inv_time") > F.col("ack_t")) & (F.col("in_last") == 0),
+               F.lit("lost-write")),
+        F.when(read & (s_type == "info"), F.lit("recovered")),
+        F.when(~read & (s_type == "info"), F.lit("unseen-info")))
+    flagged = facts.select("*", F.explode(F.filter(flags, lambda x: x.isNotNull())).alias("a"))
+    lost = F.col("a") == "lost-write"
+    return _cand(flagged, F.col("a"), F.col("t"), i1=F.col("v"), i2=F.when(lost, F.col("ld.inv_index")),
+                 i3=F.when(lost, F.col("ld.inv_time")), s1=F.when(lost, F.lit("drain")))
+
+
+def lost_by_reach(fr: LogFrames, facts: DataFrame) -> DataFrame:
+    """An ok send no drain judged, never read, though a read invoked after its ack went past it.
+
+    Candidates: i1 = value, i2 = that read's invoke index, i3 = the offset it reached, s1 = "reach".
+    """
+    F = _F()
+    Window = _W()
+    unread = facts.filter((F.col("s_type") == "ok") & (F.col("n_reads") == 0) & F.col("ack_off").isNotNull()
+                          & (F.col("ld").isNull() | (F.col("ld.inv_time") <= F.col("ack_t"))))
+    ev = unread.select(*K, F.col("ack_t").alias("t"), F.lit(0).alias("ord"), "v",
+                       F.col("ack_off").alias("off"), F.lit(None).cast("long").alias("reach"),
+                       F.lit(None).cast("long").alias("r_index"))
+    # Only the reads of keys with such sends enter the window (usually none at all).
+    rd = fr.reads.join(unread.select(*K).distinct(), K, "left_semi").select(
+        *K, F.col("inv_time").alias("t"), F.lit(1).alias("ord"), F.lit(None).cast("long").alias("v"),
+        F.lit(None).cast("long").alias("off"), "reach", F.col("inv_index").alias("r_index"))
+    # Descending time: the running max covers exactly the reads invoked after the ack.
+    w = (Window.partitionBy(*K).orderBy(F.col("t").desc(), F.col("ord").asc())
+         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    past = (ev.unionByName(rd).select("*", F.max(F.struct("reach", "r_index")).over(w).alias("best"))
+            .filter((F.col("ord") == 0) & (F.col("best.reach") >= F.col("off"))))
+    return _cand(past, "lost-write", F.col("t"), i1=F.col("v"), i2=F.col("best.r_index"),
+                 i3=F.col("best.reach"), s1=F.lit("reach"))
+
+
+def inconsistent_offsets(fr: LogFrames, facts: DataFrame) -> DataFrame:
+    """One (key, offset) seen holding different values (acks, polls, drains): i1 = offset.
+
+    Counted from the per-value facts rather than every observation: a value seen at
+    one offset only contributes that offset once; the few values seen at several
+    offsets (duplicates) contribute each of their offsets.
+    """
+    F = _F()
+    single = facts.filter(F.col("lo") == F.col("hi")).select(*K, F.col("lo").alias("off"), "v", "t")
+    multi = facts.filter(F.col("lo") != F.col("hi")).select(*K, "v")
+    spread = (fr.ok_sends.select(*K, "off", "v", F.col("inv_time").alias("t"))
+              .unionByName(fr.pairs.select(*K, "off", "v", F.col("inv_time").alias("t")))
+              .join(F.broadcast(multi), [*K, "v"], "left_semi"))
+    bad = (single.unionByName(spread).groupBy(*K, "off")
+           .agg(F.min("v").alias("lo"), F.max("v").alias("hi"), F.min("t").alias("t"))
+           .filter(F.col("lo") != F.col("hi")))
+    return _cand(bad, "inconsistent-offsets", F.col("t"), i1=F.col("off"))
+
+
+def realtime_and_stale(fr: LogFrames) -> DataFrame:
+    """realtime-order (a later send got a lower offset) and stale-read (end claim below an ack).
+
+    Both ask, for a point (a send's offset, or the offset a poll reached), when the
+    earliest acknowledgement of any higher offset completed. Walking each key's offsets
+    from the top down with a running minimum of completion times answers that for all
+    points in one sort; a violation is a point invoked after that minimum.
+    Candidates: i1 = the send's or poll's invoke index, i2 = that earliest ack's
+    completion time, i3 = the send's offset or the poll's reach, s1 = the process.
+    """
+    F = _F()
+    Window = _W()
+    null_long = F.lit(None).cast("long")
+    acks = fr.ok_sends.select(*K, "off", F.lit(1).alias("ord"), F.col("cmp_time").alias("ack_t"), "inv_time",
+                              F.col("inv_index").alias("idx"), "process")
+    polls = fr.reads.filter(F.col("claims_end")).select(
+        *K, F.col("reach").alias("off"), F.lit(0).alias("ord"), null_long.alias("ack_t"), "inv_time",
+        F.col("inv_index").alias("idx"), "process")
+    # descending offsets; at equal offsets polls first, so a poll sees strictly higher acks
+    w = (Window.partitionBy(*K).orderBy(F.col("off").desc(), F.col("ord").asc())
+         .rowsBetween(Window.unboundedPreceding, -1))
+    viol = (acks.unionByName(polls).select("*", F.min("ack_t").over(w).alias("first_ack"))
+            .filter(F.col("first_ack") < F.col("inv_time")))
+    name = F.when(F.col("ord") == 1, F.lit("realtime-order")).otherwise(F.lit("stale-read"))
+    return _cand(viol, name, F.col("inv_time"), i1=F.col("idx"), i2=F.col("first_ack"), i3=F.col("off"),
+                 s1=F.col("process"))
+
+
+def nonmonotonic_sends(fr: LogFrames) -> DataFrame:
+    """A process's later ok send got a lower offset: i1 = later, i2 = earlier invoke index."""
+    F = _F()
+    Window = _W()
+    w = Window.partitionBy(*K, "process").orderBy("inv_index")
+    viol = (fr.ok_sends.select(*K, "inv_index", "inv_time", "off", F.lag("off").over(w).alias("prev_off"),
+                               F.lag("inv_index").over(w).alias("prev_index"))
+            .filter(F.col("off") < F.col("prev_off")))
+    return _cand(viol, "nonmonotonic-send", F.col("inv_time"), i1=F.col("inv_index"), i2=F.col("prev_index"))
+
+
+def poll_order(fr: LogFrames) -> DataFrame:
+    """nonmonotonic-poll, and poll-skip candidates still to confirm ("poll-skip?").
+
+    Each process's polled offsets form one stream per key (polls in invoke order,
+    pairs in order): going backwards is nonmonotonic; jumping ahead past ``lb`` (the
+    previous offset + 1, or the poll's ``from`` for a process's first pair) may skip.
+    Candidates: i1 = poll, i2 = previous poll (invoke indexes), i3 = offset, i4 = the
+    previous offset (nonmonotonic) or ``lb`` (skip).
+    """
+    F = _F()
+    Window = _W()
+    w = Window.partitionBy(*K, "process").orderBy("inv_index", "pos")
+    s = fr.pairs.filter(F.col("f") == "poll").select(
+        *K, "inv_index", "inv_time", "off", "from_",
+        F.lag("off").over(w).alias("prev_off"), F.lag("inv_index").over(w).alias("prev_index"))
+    lb = F.when(F.col("prev_off").isNotNull(), F.col("prev_off") + 1).otherwise(F.col("from_"))
+    name = F.when(F.col("off") <= F.col("prev_off"), F.lit("nonmonotonic-poll")).otherwise(F.lit("poll-skip?"))
+    viol = s.filter((F.col("off") <= F.col("prev_off")) | (F.col("off") > lb))
+    return _cand(viol, name, F.col("inv_time"), i1=F.col("inv_index"), i2=F.col("prev_index"),
+                 i3=F.col("off"), i4=F.when(F.col("off") <= F.col("prev_off"), F.col("prev_off")).otherwise(lb))
+
+
+def candidates(fr: LogFrames, facts: DataFrame) -> DataFrame:
+    """Every check's candidates in one frame (computed by one job once cached)."""
+    parts = [value_candidates(facts), lost_by_reach(fr, facts), inconsistent_offsets(fr, facts),
+             realtime_and_stale(fr), nonmonotonic_sends(fr), poll_order(fr)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+# --- phase 2: examples ------------------------------------------------------------------------
+
+def _first(c: DataFrame, anomaly: str) -> DataFrame:
+    """The first EXAMPLES candidates by time of each source for one anomaly."""
+    F = _F()
+    Window = _W()
+    w = Window.partitionBy("src").orderBy("t", "key", "i1")
+    return (c.filter(F.col("anomaly") == anomaly).withColumn("rn", F.row_number().over(w))
+            .filter(F.col("rn") <= EXAMPLES).drop("rn"))
+
+
+def describe_values(fr: LogFrames, c: DataFrame, anomaly: str) -> DataFrame:
+    """Examples for the per-value anomalies: the value and every operation that touched it."""
+    F = _F()
+    top = _first(c.filter(F.col("s1").isNull() | (F.col("s1") == "drain")), anomaly).withColumnRenamed("i1", "v")
+    ex = top.join(_sightings(fr, top, "v"), [*K, "v"])
+    example = F.struct(
+        "key", F.col("v").alias("value"),
+        F.when(F.col("anomaly") == "duplicate", F.col("seen_at")).alias("offsets"),
+        F.when(F.col("anomaly") == "lost-write",
+               F.struct(F.col("i2").alias("invoke-index"), F.col("i3").alias("invoke-time")))
+        .alias("missing-from-drain"),
+        F.transform("seen", lambda s: s["op"]).alias("ops_json"))
+    return ex.select("src", "anomaly", "t", F.to_json(example).alias("example"))
+
+
+def describe_lost_by_reach(fr: LogFrames, c: DataFrame) -> DataFrame:
+    F = _F()
+    top = _first(c.filter(F.col("s1") == "reach"), "lost-write")
+    s, r = _prefixed(fr.sends, "s_"), _prefixed(fr.reads, "r_")
+    j = (top.withColumnRenamed("i1", "s_v").join(s, [*K, "s_v"])
+         .withColumnRenamed("i2", "r_inv_index").join(r, [*K, "r_inv_index"]))
+    return _row(j, "lost-write", F.col("t"), F.struct(
+        "key", F.col("s_v").alias("value"),
+        F.lit("never read, though a read invoked after the ack reached past its offset").alias("why"),
+        send_desc("s_").alias("send"), read_desc("r_").alias("read")))
+
+
+def describe_inconsistent(fr: LogFrames, c: DataFrame) -> DataFrame:
+    F = _F()
+    top = _first(c, "inconsistent-offsets").withColumnRenamed("i1", "off")
+    ex = top.join(_sightings(fr, top, "off"), [*K, "off"])
+    example = F.struct("key", F.col("off").alias("offset"), F.col("seen_at").alias("values"),
+                       F.transform("seen", lambda s: s["op"]).alias("ops_json"))
+    return ex.select("src", "anomaly", "t", F.to_json(example).alias("example"))
+
+
+def _earliest_higher_ack(fr: LogFrames, rows: DataFrame) -> DataFrame:
+    """Join each candidate to the acknowledgement behind i2/i3 (completed at i2, offset > i3)."""
+    F = _F()
+    Window = _W()
+    acked = _prefixed(fr.ok_sends, "a_")
+    j = (rows.withColumnRenamed("i2", "a_cmp_time").join(acked, [*K, "a_cmp_time"])
+         .filter(F.col("a_off") > F.col("i3")))
+    one = Window.partitionBy(*K, "anomaly", "i1").orderBy(F.col("a_off").desc(), "a_inv_index")
+    return j.withColumn("rn", F.row_number().over(one)).filter(F.col("rn") == 1).drop("rn")
+
+
+def describe_stale(fr: LogFrames, c: DataFrame) -> DataFrame:
+    F = _F()
+    j = (_earliest_higher_ack(fr, _first(c, "stale-read")).withColumnRenamed("i1", "r_inv_index")
+         .join(_prefixed(fr.reads, "r_"), [*K, "r_inv_index"]))
+    return _row(j, "stale-read", F.col("t"), F.struct(
+        "key", F.col("i3").alias("reached"), read_desc("r_").alias("read"),
+        send_desc("a_").alias("acknowledged-before")))
+
+
+def confirm_realtime(fr: LogFrames, c: DataFrame) -> DataFrame:
+    """All realtime-order violations with their examples' operations.
+
+    A candidate whose earliest higher acknowledgement is its own process's is a
+    nonmonotonic send (reported as such); it is a realtime-order violation only if
+    another process also acknowledged a higher offset before it was invoked.
+    """
+    F = _F()
+    Window = _W()
+    cand = c.filter(F.col("anomaly") == "realtime-order")
+    b = _prefixed(fr.ok_sends, "b_")
+    j = _earliest_higher_ack(fr, cand).withColumnRenamed("i1", "b_inv_index").join(b, [*K, "b_inv_index"])
+    other = j.filter(F.col("a_process") != F.col("b_process"))
+    acked = _prefixed(fr.ok_sends, "a_")
+    own = j.filter(F.col("a_process") == F.col("b_process")).select(*K, "anomaly", *[x for x in b.columns if x not in K])
+    fallback = (own.join(acked, [*K])
+                .filter((F.col("a_process") != F.col("b_process")) & (F.col("a_cmp_time") < F.col("b_inv_time"))
+                        & (F.col("a_off") > F.col("b_off"))))
+    fw = Window.partitionBy(*K, "b_inv_index").orderBy(F.col("a_off").desc())
+    fallback = fallback.withColumn("rn", F.row_number().over(fw)).filter(F.col("rn") == 1).drop("rn")
+    cols = [*K, *[x for x in b.columns if x not in K], *[x for x in acked.columns if x not in K]]
+    both = other.select(*cols).unionByName(fallback.select(*cols))
+    return _row(both, "realtime-order", F.col("b_inv_time"), F.struct(
+        "key", send_desc("a_").alias("completed-before"), send_desc("b_").alias("later-lower")))
+
+
+def describe_nonmonotonic_sends(fr: LogFrames, c: DataFrame) -> DataFrame:
+    F = _F()
+    e, later = _prefixed(fr.ok_sends, "e_"), _prefixed(fr.ok_sends, "l_")
+    j = (_first(c, "nonmonotonic-send").withColumnRenamed("i1", "l_inv_index").join(later, [*K, "l_inv_index"])
+         .withColumnRenamed("i2", "e_inv_index").join(e, [*K, "e_inv_index"]))
+    return _row(j, "nonmonotonic-send", F.col("t"), F.struct(
+        "key", send_desc("e_").alias("earlier"), send_desc("l_").alias("later")))
+
+
+def _polls(fr: LogFrames, rows: DataFrame) -> DataFrame:
+    """Attach the poll (i1) and the same process's previous poll (i2) to each row."""
+    reads, prev = _prefixed(fr.reads, "r_"), _prefixed(fr.reads, "p_")
+    return (rows.withColumnRenamed("i1", "r_inv_index").join(reads, [*K, "r_inv_index"])
+            .withColumnRenamed("i2", "p_inv_index").join(prev, [*K, "p_inv_index"], "left"))
+
+
+def describe_nonmonotonic_polls(fr: LogFrames, c: DataFrame) -> DataFrame:
+    F = _F()
+    j = _polls(fr, _first(c, "nonmonotonic-poll"))
+    return _row(j, "nonmonotonic-poll", F.col("t"), F.struct(
+        "key", F.col("i4").alias("previous-offset"), F.col("i3").alias("offset"),
+        read_desc("p_").alias("earlier-poll"), read_desc("r_").alias("poll")))
+
+
+def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
+    """Keep the skip candidates with an offset known to exist (acked or read) in [lb, off).
+
+    A log whose offsets are not dense is thus never accused. The count of known
+    offsets below a point is one running count over the key's offsets.
+    """
+    F = _F()
+    Window = _W()
+    cand = (c.filter(F.col("anomaly") == "poll-skip?")
+            .withColumn("cid", F.monotonically_increasing_id()).cache())
+    known = (fr.ok_sends.select(*K, "off").unionByName(fr.pairs.select(*K, "off")).distinct()
+             .select(*K, "off", F.lit(1).alias("known"), F.lit(None).cast("long").alias("cid"),
+                     F.lit(None).cast("string").alias("q")))
+    q_lb = cand.select(*K, F.col("i4").alias("off"), F.lit(0).alias("known"), "cid", F.lit("lb").alias("q"))
+    q_hi = cand.select(*K, F.col("i3").alias("off"), F.lit(0).alias("known"), "cid", F.lit("hi").alias("q"))
+    # queries sort before known offsets at the same offset: the count is of offsets < q
+    w = (Window.partitionBy(*K).orderBy("off", "known")
+         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    counted = (known.unionByName(q_lb).unionByName(q_hi)
+               .withColumn("below", F.sum("known").over(w)).filter(F.col("q").isNotNull()))
+    per = counted.groupBy(*K, "cid").agg(
+        F.max(F.when(F.col("q") == "lb", F.col("below"))).alias("below_lb"),
+        F.max(F.when(F.col("q") == "hi", F.col("below"))).alias("below_hi"))
+    skipped = cand.join(per, [*K, "cid"]).filter(F.col("below_hi") > F.col("below_lb"))
+    j = _polls(fr, skipped)
+    return _row(j, "poll-skip", F.col("t"), F.struct(
+        "key", F.col("i4").alias("expected-from"), F.col("i3").alias("got"),
+        (F.col("below_hi") - F.col("below_lb")).alias("skipped-known-offsets"),
+        read_desc("p_").alias("earlier-poll"), read_desc("r_").alias("poll")))
+
+
+# --- assembly -------------------------------------------------------------------------------
+
+COUNTED_LATER = ("realtime-order", "poll-skip?")
+
+
+def check(ops: DataFrame) -> dict[int, dict[str, Any]]:
+    """Run every check on the paired operations; returns per-src counts, examples, stats."""
+    F = _F()
+    Window = _W()
+    fr = LogFrames(ops)
+    cached: list[DataFrame] = []
+    try:
+        facts = value_facts(fr).cache()
+        cached.append(facts)
+        facts.count()
+        cand = candidates(fr, facts).cache()
+        cached.append(cand)
+        counts = cand.groupBy("src", "anomaly").count().collect()
+        present = {r["anomaly"] for r in counts}
+        stats = _stats(fr)
+        known_n = (cand.filter(~F.col("anomaly").isin(*COUNTED_LATER))
+                   .groupBy("src", "anomaly").agg(F.count("*").alias("n")))
+        direct: list[DataFrame] = []   # first examples only; n from the candidate counts
+        full: list[DataFrame] = []     # every confirmed instance; counted here
+        for name in ("duplicate", "unexpected", "G1a", "recovered", "unseen-info", "lost-write"):
+            if name in present:
+                direct.append(describe_values(fr, cand, name))
+        if "lost-write" in present:
+            direct.append(describe_lost_by_reach(fr, cand))
+        for name, fn in (("inconsistent-offsets", describe_inconsistent), ("stale-read", describe_stale),
+                         ("nonmonotonic-send", describe_nonmonotonic_sends),
+                         ("nonmonotonic-poll", describe_nonmonotonic_polls)):
+            if name in present:
+                direct.append(fn(fr, cand))
+        if "realtime-order" in present:
+            full.append(confirm_realtime(fr, cand))
+        if "poll-skip?" in present:
+            full.append(confirm_poll_skips(fr, cand))
+        rows: DataFrame | None = None
+        if direct:
+            rows = _union(direct).join(F.broadcast(known_n), ["src", "anomaly"])
+        if full:
+            counted = _union(full).withColumn("n", F.count("*").over(Window.partitionBy("src", "anomaly")))
+            rows = counted if rows is None else rows.unionByName(counted)
+        picked = []
+        if rows is not None:
+            w = Window.partitionBy("src", "anomaly").orderBy("t", "example")
+            picked = rows.withColumn("rn", F.row_number().over(w)).filter(F.col("rn") <= EXAMPLES).collect()
+    finally:
+        for df in cached:
+            df.unpersist()
+        fr.unpersist()
+    out: dict[int, dict[str, Any]] = {src: {"anomalies": {}, "counts": {}, "stats": st}
+                                      for src, st in stats.items()}
+    for r in sorted(picked, key=lambda r: (r["src"], r["anomaly"], r["rn"])):
+        res = out.setdefault(r["src"], {"anomalies": {}, "counts": {}, "stats": {}})
+        res["counts"][r["anomaly"]] = r["n"]
+        res["anomalies"].setdefault(r["anomaly"], []).append(_example(r["example"]))
+    return out
+
+
+def _union(dfs: list[DataFrame]) -> DataFrame:
+    out = dfs[0]
+    for d in dfs[1:]:
+        out = out.unionByName(d)
+    return out
+
+
+def _example(text: str) -> dict[str, Any]:
+    """Decode an example; operations gathered as JSON text become objects again."""
+    ex = json.loads(text)
+    if "ops_json" in ex:
+        ex["ops"] = [json.loads(o) for o in ex.pop("ops_json") or []]
+    return ex
+
+
+def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
+    """Per-history figures shown in the report (keys, drains, offsets, values read)."""
+    F = _F()
+    s = fr.sends.groupBy("src").agg(
+        F.countDistinct("key").alias("keys"),
+        F.sum(F.when(F.col("type") == "ok", 1).otherwise(0)).alias("sends-ok"),
+        F.sum(F.when((F.col("type") == "ok") & F.col("off").isNull(), 1).otherwise(0)).alias("sends-ok-without-offset"),
+        F.sum(F.when(F.col("type") == "info", 1).otherwise(0)).alias("sends-info"),
+        F.sum(F.when(F.col("type") == "fail", 1).otherwise(0)).alias("sends-fail"),
+        F.max("off").alias("max-offset")).collect()
+    r = fr.reads.groupBy("src").agg(
+        F.sum(F.when(F.col("f") == "poll", 1).otherwise(0)).alias("polls-ok"),
+        F.sum(F.when(F.col("f") == "drain", 1).otherwise(0)).alias("drains-ok"),
+        F.countDistinct(F.when(F.col("f") == "drain", F.col("key"))).alias("keys-drained"),
+        F.sum("n").alias("pairs-read")).collect()
+    out: dict[int, dict[str, Any]] = {}
+    for row in [*s, *r]:
+        out.setdefault(row["src"], {}).update({k: v for k, v in row.asDict().items() if k != "src"})
+    return out
