@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from ledger.localcluster import free_port
+from ledger.localcluster import ProcessSet, free_port
 
 from .backends import Backend
 from .clients import Definite, Indefinite, LogClient, Pair
@@ -36,7 +33,7 @@ class LocalSyncObjBackend(Backend):
         self.raft = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
         self.client_addr = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
         self.python = python
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ps = ProcessSet(self.base_dir)  # started, signalled and reaped by PID
         self.proxy: LinkProxy | None = None
 
     # ------------------------------------------------------------------ processes
@@ -49,13 +46,7 @@ class LocalSyncObjBackend(Backend):
                 "--client", self.client_addr[nid], "--data", str(self.base_dir / nid / "data")]
 
     def _spawn(self, nid: str) -> None:
-        proc = self.procs.get(nid)
-        if proc is not None and proc.poll() is None:
-            return
-        (self.base_dir / nid).mkdir(parents=True, exist_ok=True)
-        with open(self.base_dir / nid / "node.log", "ab") as logf:
-            self.procs[nid] = subprocess.Popen(self._argv(nid), stdout=logf, stderr=subprocess.STDOUT,
-                                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.ps.spawn(nid, self._argv(nid), self.base_dir / nid / "node.log")
 
     def start(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -65,30 +56,14 @@ class LocalSyncObjBackend(Backend):
 
     def stop(self) -> None:
         try:
-            for nid, proc in self.procs.items():
-                if proc.poll() is None:
-                    if nid in self.paused:
-                        proc.send_signal(signal.SIGCONT)
-                    proc.terminate()
-            deadline = time.monotonic() + 5
-            for proc in self.procs.values():
-                try:
-                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            self.ps.stop()
             self.paused.clear()
         finally:
             if self.proxy is not None:
                 self.proxy.close()
 
     def kill(self, nid: str) -> None:
-        proc = self.procs.get(nid)
-        if proc is not None and proc.poll() is None:
-            if nid in self.paused:
-                proc.send_signal(signal.SIGCONT)
-            proc.kill()
-            proc.wait(timeout=10)
+        self.ps.kill(nid, signal.SIGKILL)
         self.killed.add(nid)
         self.paused.discard(nid)
 
@@ -97,15 +72,12 @@ class LocalSyncObjBackend(Backend):
         self.killed.discard(nid)
 
     def pause(self, nid: str) -> None:
-        proc = self.procs.get(nid)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGSTOP)
+        if self.ps.is_running(nid):
+            self.ps.pause(nid)
             self.paused.add(nid)
 
     def resume(self, nid: str) -> None:
-        proc = self.procs.get(nid)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
+        self.ps.resume(nid)
         self.paused.discard(nid)
 
     def set_cut(self, links: set[Link]) -> dict[str, Any]:
