@@ -69,10 +69,15 @@ def analyze(workload: str | None, out_dir: str, master: str | None, budget: floa
       2  some history is unknown (a linearizability search ran out of its budget)
       3  some history is unreadable or malformed (the message names file and line;
          the other histories are still checked)
+      4  the checker itself could not run (e.g. no Java, Spark master unreachable)
     When several apply, 1 wins over 3, and 3 over 2.
     """
-    res = analyze_files(list(histories), workload=workload, out_dir=out_dir, master=master,
-                        budget=budget, report=not no_report)
+    try:
+        res = analyze_files(list(histories), workload=workload, out_dir=out_dir, master=master,
+                            budget=budget, report=not no_report)
+    except Exception as exc:  # noqa: BLE001 - Spark/Java failures: a message, not a traceback
+        click.echo(f"error: the checker could not run: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(4)
     print_table(res["files"], res["seconds"])
     for o in res["files"]:
         if o.error is not None:

@@ -57,13 +57,17 @@ def _esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def _fmt_time(ns: Any) -> str:
-    return "?" if ns is None else f"{ns / 1e9:.3f}s" if isinstance(ns, int | float) and ns > 1e6 else str(ns)
+def _fmt_time(ns: Any, timed: bool) -> str:
+    """Seconds for histories with a clock; histories without one only have event order."""
+    if ns is None:
+        return "?"
+    return f"{ns / 1e9:.6f}s" if timed else f"#{ns}"
 
 
-def _fmt_op(op: dict[str, Any]) -> str:
+def _fmt_op(op: dict[str, Any], timed: bool = True) -> str:
     """One operation as a line: process, f, value, offset, type and its times."""
-    parts = [f"p{op.get('process', '?')}", str(op.get("f", ""))]
+    parts = [f"p{op['process']}"] if op.get("process") is not None else []
+    parts.append(str(op.get("f") or "drain"))
     if "value" in op and op["value"] is not None:
         parts.append(json.dumps(op["value"]))
     if op.get("result") is not None:
@@ -80,8 +84,8 @@ def _fmt_op(op: dict[str, Any]) -> str:
     t0 = op.get("invoke-time", op.get("inv_time"))
     t1 = op.get("complete-time", op.get("cmp_time"))
     when = f"#{inv}" + (f"..#{cmp}" if cmp is not None else "")
-    if t0 is not None and t0 != inv:
-        when += f" t={_fmt_time(t0)}" + (f"..{_fmt_time(t1)}" if t1 is not None else "")
+    if timed and t0 is not None:
+        when += f" t={_fmt_time(t0, timed)}" + (f"..{_fmt_time(t1, timed)}" if t1 is not None else "")
     return _esc(" ".join(parts)) + f' <span class="muted">{_esc(when)}</span>'
 
 
@@ -89,17 +93,17 @@ def _is_op(v: Any) -> bool:
     return isinstance(v, dict) and ("invoke-index" in v or "inv_index" in v)
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, timed: bool = True) -> str:
     if _is_op(v):
-        return _fmt_op(v)
+        return _fmt_op(v, timed)
     if isinstance(v, list) and v and all(_is_op(x) for x in v):
-        return "<br>".join(_fmt_op(x) for x in v)
+        return "<br>".join(_fmt_op(x, timed) for x in v)
     if isinstance(v, dict | list):
         return f"<code>{_esc(json.dumps(v))}</code>"
     return _esc(v)
 
 
-def _examples_table(examples: list[dict[str, Any]]) -> str:
+def _examples_table(examples: list[dict[str, Any]], timed: bool) -> str:
     cols: list[str] = []
     for ex in examples:
         for k in ex:
@@ -108,7 +112,7 @@ def _examples_table(examples: list[dict[str, Any]]) -> str:
     if any("ops" in ex for ex in examples):
         cols.append("ops")
     head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(ex.get(c, ''))}</td>" for c in cols) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(ex.get(c, ''), timed)}</td>" for c in cols) + "</tr>"
                    for ex in examples)
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -182,7 +186,9 @@ def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     t0 = data["t0"]
     ops = data["ops"]
@@ -211,10 +217,13 @@ def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
                 ys = [p[1] if p[1] is not None else top for p in pts]
                 ax.scatter(xs, ys, s=4, c=colour, label=typ, alpha=0.7, lw=0, rasterized=True)
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel(f"{f}\nlatency (ms)", fontsize=8)
             ax.tick_params(labelsize=7)
-        axes[0, 0].legend(handles=[*axes[0, 0].get_legend_handles_labels()[0], *legend_faults],
-                          fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=3)
+        kinds = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=t) for t, c in TYPE_COLOURS.items()]
+        axes[0, 0].legend(handles=[*kinds, *legend_faults], fontsize=7, loc="upper left",
+                          bbox_to_anchor=(1.01, 1.0))
         axes[-1, 0].set_xlabel("time (s)", fontsize=8)
         sampled = " (sampled)" if data.get("sampled") else ""
         out.append((f"Latency by operation{sampled}", _png(fig)))
@@ -320,6 +329,7 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
         h.append(f"<p class='err'>{_esc(result['error'])}</p></body></html>")
         return "".join(h)
     counts = result.get("counts", {})
+    timed = bool(result.get("stats", {}).get("timed", True))
     if counts:
         h.append("<h2>Anomalies</h2><table><tr><th>anomaly</th><th>count</th><th>meaning</th></tr>")
         for name, n in counts.items():
@@ -355,12 +365,12 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
                 minimal = "" if ex.get("minimal", True) else " (not proven minimal: narrowing ran out of time)"
                 h.append(f"<h3>key {_esc(ex.get('key') or '(none)')}</h3><p>Shortest prefix that cannot be linearized: "
                          f"{ex.get('prefix-events')} events, ending with the completion of "
-                         f"{_fmt_op(ex['op'])}{_esc(minimal)}</p>" if "op" in ex else "")
+                         f"{_fmt_op(ex['op'], timed)}{_esc(minimal)}</p>" if "op" in ex else "")
                 if "op" in ex:
                     h.append(_timeline_svg(ex))
-                    h.append(_examples_table([{"ops": ex.get("ops", [])}]))
+                    h.append(_examples_table([{"ops": ex.get("ops", [])}], timed))
         else:
-            h.append(_examples_table(examples))
+            h.append(_examples_table(examples, timed))
     h.append("</body></html>")
     return "".join(h)
 

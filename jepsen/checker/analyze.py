@@ -193,12 +193,19 @@ def _check_sources(sources: list[Source], outcomes: list[FileOutcome], workload:
 
     spark = get_spark(master)
     parts = partitions_for(sources)
-    with session_conf(spark, analysis_conf(parts)):
+    conf = analysis_conf(parts)
+    excluded = spark.conf.get("spark.sql.optimizer.excludedRules", None)
+    if excluded and EXCLUDED_RULE not in excluded:
+        conf["spark.sql.optimizer.excludedRules"] = f"{excluded},{EXCLUDED_RULE}"
+    with session_conf(spark, conf):
         ops = frames.pair_ops(frames.load_events(spark, sources), parts).cache()
         try:
             _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report)
         finally:
             ops.unpersist()
+
+
+EXCLUDED_RULE = "org.apache.spark.sql.catalyst.optimizer.FoldablePropagation"
 
 
 def analysis_conf(parts: int) -> dict[str, str]:
@@ -213,6 +220,9 @@ def analysis_conf(parts: int) -> dict[str, str]:
     size instead.
     """
     return {"spark.sql.shuffle.partitions": str(parts),
+            # With one input file `src` is a literal, and propagating it into the plans
+            # drops it from their partitioning: every (src, key) step would shuffle again.
+            "spark.sql.optimizer.excludedRules": EXCLUDED_RULE,
             # several splits per core when reading big JSON files, not one per 128 MB
             "spark.sql.files.maxPartitionBytes": str(32 << 20),
             "spark.sql.requireAllClusterKeysForCoPartition": "false",

@@ -129,7 +129,10 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
         F.when(completed, F.col("n_t")).alias("cmp_time"),
         F.col("value").alias("inv_value"),
         F.when(completed, F.col("n_value")).alias("cmp_value"),
-        F.when(completed, F.col("n_offset")).alias("offset"),
+        # a send's offset: the contract's top-level field, or inside an object value
+        F.when(completed, F.coalesce(F.col("n_offset"), F.when(
+            F.col("n_value").startswith("{"), F.get_json_object("n_value", "$.offset").cast("long"))))
+        .alias("offset"),
         F.when(completed, F.col("n_error")).otherwise(F.col("error")).alias("error"),
         F.coalesce(F.when(completed, F.col("n_node")), F.col("node")).alias("node"),
         problem.alias("problem"), "timed")

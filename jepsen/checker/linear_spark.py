@@ -50,6 +50,15 @@ def _group_checker(budget: float):
     return check_group
 
 
+def _pandas_adapter(fn: Any) -> Any:
+    def run(pdf: Any) -> Any:
+        import pyarrow as pa
+
+        return fn(pa.Table.from_pandas(pdf, preserve_index=False)).to_pandas()
+
+    return run
+
+
 def _ship_by_value() -> None:
     try:
         from pyspark import cloudpickle
@@ -75,8 +84,12 @@ def check(spark: SparkSession, ops: DataFrame, models: dict[int, str],
     conf_key = "spark.sql.adaptive.coalescePartitions.enabled"
     before = spark.conf.get(conf_key, "true")
     spark.conf.set(conf_key, "false")
+    grouped = df.groupBy("src", "key")
     try:
-        rows = df.groupBy("src", "key").applyInArrow(_group_checker(budget), RESULT_SCHEMA).collect()
+        if hasattr(grouped, "applyInArrow"):  # Spark >= 4.0
+            rows = grouped.applyInArrow(_group_checker(budget), RESULT_SCHEMA).collect()
+        else:  # Spark 3.5: the same function behind a pandas adapter
+            rows = grouped.applyInPandas(_pandas_adapter(_group_checker(budget)), RESULT_SCHEMA).collect()
     finally:
         spark.conf.set(conf_key, before)
     out: dict[int, dict[str, dict[str, Any]]] = {src: {} for src in models}

@@ -95,8 +95,7 @@ class LogFrames:
         # Simple projections of the cached operations; not cached again (a scan of the
         # cache reads only the columns it needs).
         self.sends = ops.filter(F.col("f") == "send").select(
-            *K, "process", "f", "type", F.col("inv_value").cast("long").alias("v"),
-            F.coalesce(F.col("offset"), F.get_json_object("cmp_value", "$.offset").cast("long")).alias("off"),
+            *K, "process", "f", "type", F.col("inv_value").cast("long").alias("v"), F.col("offset").alias("off"),
             "inv_index", "inv_time", "cmp_index", "cmp_time")
         self.ok_sends = self.sends.filter((F.col("type") == "ok") & F.col("off").isNotNull())
         parsed = ops.filter(F.col("f").isin("poll", "drain") & (F.col("type") == "ok")).select(
@@ -342,19 +341,25 @@ def candidates(fr: LogFrames, facts: DataFrame) -> DataFrame:
 
 # --- phase 2: examples ------------------------------------------------------------------------
 
-def _first(c: DataFrame, anomaly: str) -> DataFrame:
-    """The first EXAMPLES candidates by time of each source for one anomaly."""
+VALUE_ANOMALIES = ("duplicate", "unexpected", "G1a", "recovered", "unseen-info", "lost-write")
+
+
+def _first(c: DataFrame, *anomalies: str) -> DataFrame:
+    """The first EXAMPLES candidates by time of each (source, anomaly) for the given anomalies."""
     F = _F()
     Window = _W()
-    w = Window.partitionBy("src").orderBy("t", "key", "i1")
-    return (c.filter(F.col("anomaly") == anomaly).withColumn("rn", F.row_number().over(w))
+    w = Window.partitionBy("src", "anomaly").orderBy("t", "key", "i1")
+    return (c.filter(F.col("anomaly").isin(*anomalies)).withColumn("rn", F.row_number().over(w))
             .filter(F.col("rn") <= EXAMPLES).drop("rn"))
 
 
-def describe_values(fr: LogFrames, c: DataFrame, anomaly: str) -> DataFrame:
-    """Examples for the per-value anomalies: the value and every operation that touched it."""
+def describe_values(fr: LogFrames, c: DataFrame, anomalies: list[str]) -> DataFrame:
+    """Examples for the per-value anomalies: the value and every operation that touched it.
+
+    One probe of the sends and reads serves all of them at once.
+    """
     F = _F()
-    top = _first(c.filter(F.col("s1").isNull() | (F.col("s1") == "drain")), anomaly).withColumnRenamed("i1", "v")
+    top = _first(c.filter(F.col("s1").isNull() | (F.col("s1") == "drain")), *anomalies).withColumnRenamed("i1", "v")
     ex = top.join(_sightings(fr, top, "v"), [*K, "v"])
     example = F.struct(
         "key", F.col("v").alias("value"),
@@ -465,10 +470,11 @@ def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
     """
     F = _F()
     Window = _W()
-    cand = (c.filter(F.col("anomaly") == "poll-skip?")
-            .withColumn("cid", F.monotonically_increasing_id()).cache())
+    # a candidate is one (poll, offset): (i1, i3) identifies it
+    cand = c.filter(F.col("anomaly") == "poll-skip?").withColumn("cid", F.struct("i1", "i3"))
     known = (fr.ok_sends.select(*K, "off").unionByName(fr.pairs.select(*K, "off")).distinct()
-             .select(*K, "off", F.lit(1).alias("known"), F.lit(None).cast("long").alias("cid"),
+             .select(*K, "off", F.lit(1).alias("known"),
+                     F.lit(None).cast("struct<i1:bigint,i3:bigint>").alias("cid"),
                      F.lit(None).cast("string").alias("q")))
     q_lb = cand.select(*K, F.col("i4").alias("off"), F.lit(0).alias("known"), "cid", F.lit("lb").alias("q"))
     q_hi = cand.select(*K, F.col("i3").alias("off"), F.lit(0).alias("known"), "cid", F.lit("hi").alias("q"))
@@ -494,58 +500,65 @@ COUNTED_LATER = ("realtime-order", "poll-skip?")
 
 
 def check(ops: DataFrame) -> dict[int, dict[str, Any]]:
-    """Run every check on the paired operations; returns per-src counts, examples, stats."""
+    """Run every check on the paired operations; returns per-src counts, examples, stats.
+
+    Phase 2 collects each anomaly's examples with its own small job: one wide union
+    of them all planned and ran slower than the separate jobs.
+    """
     F = _F()
     Window = _W()
     fr = LogFrames(ops)
     cached: list[DataFrame] = []
+    counts: dict[tuple[int, str], int] = {}
+    examples: dict[tuple[int, str], list[tuple[Any, str]]] = {}
     try:
         facts = value_facts(fr).cache()
         cached.append(facts)
         facts.count()
         cand = candidates(fr, facts).cache()
         cached.append(cand)
-        counts = cand.groupBy("src", "anomaly").count().collect()
-        present = {r["anomaly"] for r in counts}
+        for r in cand.groupBy("src", "anomaly").count().collect():
+            counts[(r["src"], r["anomaly"])] = r["count"]
+        present = {a for _, a in counts}
         stats = _stats(fr)
-        known_n = (cand.filter(~F.col("anomaly").isin(*COUNTED_LATER))
-                   .groupBy("src", "anomaly").agg(F.count("*").alias("n")))
-        direct: list[DataFrame] = []   # first examples only; n from the candidate counts
-        full: list[DataFrame] = []     # every confirmed instance; counted here
-        for name in ("duplicate", "unexpected", "G1a", "recovered", "unseen-info", "lost-write"):
-            if name in present:
-                direct.append(describe_values(fr, cand, name))
+        jobs: list[DataFrame] = []
+        values = [name for name in VALUE_ANOMALIES if name in present]
+        if values:
+            jobs.append(describe_values(fr, cand, values))
         if "lost-write" in present:
-            direct.append(describe_lost_by_reach(fr, cand))
+            jobs.append(describe_lost_by_reach(fr, cand))
         for name, fn in (("inconsistent-offsets", describe_inconsistent), ("stale-read", describe_stale),
                          ("nonmonotonic-send", describe_nonmonotonic_sends),
                          ("nonmonotonic-poll", describe_nonmonotonic_polls)):
             if name in present:
-                direct.append(fn(fr, cand))
-        if "realtime-order" in present:
-            full.append(confirm_realtime(fr, cand))
-        if "poll-skip?" in present:
-            full.append(confirm_poll_skips(fr, cand))
-        rows: DataFrame | None = None
-        if direct:
-            rows = _union(direct).join(F.broadcast(known_n), ["src", "anomaly"])
-        if full:
-            counted = _union(full).withColumn("n", F.count("*").over(Window.partitionBy("src", "anomaly")))
-            rows = counted if rows is None else rows.unionByName(counted)
-        picked = []
-        if rows is not None:
-            w = Window.partitionBy("src", "anomaly").orderBy("t", "example")
-            picked = rows.withColumn("rn", F.row_number().over(w)).filter(F.col("rn") <= EXAMPLES).collect()
+                jobs.append(fn(fr, cand))
+        # these are confirmed here, so they are counted here
+        for name, fn in (("realtime-order", confirm_realtime), ("poll-skip?", confirm_poll_skips)):
+            if name in present:
+                confirmed = fn(fr, cand)
+                w = Window.partitionBy("src", "anomaly")
+                jobs.append(confirmed.select("*", F.count("*").over(w).alias("n"),
+                                             F.row_number().over(w.orderBy("t", "example")).alias("rn"))
+                            .filter(F.col("rn") <= EXAMPLES).drop("rn"))
+                for k in [k for k in counts if k[1] == name]:
+                    del counts[k]
+        for job in jobs:
+            for r in job.collect():
+                key = (r["src"], r["anomaly"])
+                if "n" in r.asDict():
+                    counts[key] = r["n"]
+                examples.setdefault(key, []).append((r["t"], r["example"]))
     finally:
         for df in cached:
             df.unpersist()
         fr.unpersist()
     out: dict[int, dict[str, Any]] = {src: {"anomalies": {}, "counts": {}, "stats": st}
                                       for src, st in stats.items()}
-    for r in sorted(picked, key=lambda r: (r["src"], r["anomaly"], r["rn"])):
-        res = out.setdefault(r["src"], {"anomalies": {}, "counts": {}, "stats": {}})
-        res["counts"][r["anomaly"]] = r["n"]
-        res["anomalies"].setdefault(r["anomaly"], []).append(_example(r["example"]))
+    for (src, anomaly), found in sorted(examples.items()):
+        res = out.setdefault(src, {"anomalies": {}, "counts": {}, "stats": {}})
+        res["counts"][anomaly] = counts.get((src, anomaly), len(found))
+        first = sorted(found, key=lambda e: (e[0] if e[0] is not None else -1, e[1]))[:EXAMPLES]
+        res["anomalies"][anomaly] = [_example(text) for _, text in first]
     return out
 
 

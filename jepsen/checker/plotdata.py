@@ -32,8 +32,7 @@ def collect_plot_data(ops: DataFrame, overview: dict[int, dict[str, Any]], workl
 
     src = F.col("src")
     clients = ops.filter((F.col("kind") == "op") & src.isin(timed))
-    offset = F.when(F.col("f") == "send", F.coalesce(
-        F.col("offset"), F.get_json_object("cmp_value", "$.offset").cast("long")))
+    offset = F.when(F.col("f") == "send", F.col("offset"))
     sample = (clients.filter(F.rand(7) < lit_map(frac)[src])
               .select("src", "f", "type", "key", "process", "inv_time", "cmp_time", offset.alias("offset"))
               .collect())

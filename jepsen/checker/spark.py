@@ -52,6 +52,16 @@ def _quiet_python_warnings() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning, module="pyspark")
 
 
+def _require_connect(master: str) -> None:
+    """Fail clearly: without its extras pyspark's Connect client exits the process."""
+    import importlib.util
+
+    missing = [m for m in ("grpc", "grpc_status") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RuntimeError(f"cannot use Spark master {master!r}: Spark Connect needs "
+                           f"{', '.join(missing)} (pip install 'pyspark[connect]')")
+
+
 def get_spark(master: str | None = None) -> SparkSession:
     """Return the process's Spark session, creating it on first use.
 
@@ -68,6 +78,7 @@ def get_spark(master: str | None = None) -> SparkSession:
     partitions = os.environ.get("LEDGERMQ_SPARK_PARTITIONS", "8")
     builder = SparkSession.builder.appName("ledgermq-checker")
     if master.startswith("sc://"):
+        _require_connect(master)
         builder = builder.remote(master)
     else:
         # Workers must import the jepsen package; in local mode they inherit this env.

@@ -1,0 +1,9 @@
+"""The consistency checker: histories in (shared/HISTORY.md), verdicts and reports out.
+
+``analyze.analyze_files`` is the entry point (the ``jepsen analyze`` command wraps it).
+Modules: ``parse`` and ``edn`` read the formats, ``frames`` loads them into Spark and
+pairs operations, ``log_checker`` judges the log workload, ``linear`` (with
+``linear_spark``) the register and kv workloads, ``results`` writes results.json,
+``plotdata`` gathers what the report draws, ``synth`` makes large test histories,
+``spark`` holds the one Spark session. Importing this package does not start Spark.
+"""
