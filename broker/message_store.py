@@ -1,6 +1,7 @@
 """The broker's message store: the ledger IS the commit log (RocketMQ's DLedgerCommitLog).
 
-A message is encoded once and appended as one ledger entry. Everything else is derived
+A message is encoded once and appended as one ledger entry, or, sent in a producer's
+batch, as one slot of the batch's single ledger entry. Everything else is derived
 by the dispatcher from committed entries in log order, identically on every broker of the
 group: consume queues, queue offsets, consumer offsets, topic configs, the idempotent
 producers' de-duplication table and the key index. After a restart the dispatcher replays
@@ -24,7 +25,20 @@ from typing import Any
 from ledger.codec import KIND_NOOP
 from ledger.node import LedgerNode
 from ledger.wire import LedgerError
-from remoting.message import REC_HEADER_SIZE, RECORD_MESSAGE, read_record_header, unpack_record_header
+from remoting.message import (
+    BATCH_ENTRY_HEADER_SIZE,
+    BATCH_SLOT_OVERHEAD,
+    MAX_BATCH_SLOTS,
+    REC_HEADER_SIZE,
+    RECORD_BATCH,
+    RECORD_MESSAGE,
+    SLOT_BITS,
+    MessageFormatError,
+    encode_batch_entry,
+    read_record_header,
+    split_batch_entry,
+    unpack_record_header,
+)
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
 
 from .consume_queue import ConsumeQueue
@@ -40,8 +54,12 @@ class Stored:
     """Where a message ended up; ``duplicate`` means an earlier copy with the same (producer, seq) stands."""
 
     queue_offset: int
-    ledger_index: int
+    position: int  # ledger index << 16 | slot (remoting.message.make_position)
     duplicate: bool = False
+
+    @property
+    def ledger_index(self) -> int:
+        return self.position >> SLOT_BITS
 
 
 class MessageStore:
@@ -58,31 +76,63 @@ class MessageStore:
         self.producers: dict[str, OrderedDict[int, Stored]] = {}
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
-        self._watch: dict[int, Stored | None] = {}
+        # ledger index -> what dispatch found in that entry, for appends waiting on it
+        self._watch: dict[int, list[Stored]] = {}
+        self._split_cache: OrderedDict[int, list[memoryview]] = OrderedDict()
         self.topic_listeners: list[Callable[[], None]] = []
         self.dispatched_messages = 0
-        node.commit_listeners.append(self.dispatch)
+        self._catch_up_scheduled = False
+        node.commit_listeners.append(self._on_commit)
 
     # ------------------------------------------------------------------ dispatch
 
-    def dispatch(self, commit: int | None = None) -> None:
-        """Apply committed entries up to ``commit`` (default: the node's commit index)."""
+    def _on_commit(self, commit: int) -> None:
+        """Commit listener: dispatch a bounded slice now and the rest on later loop turns.
+
+        A restarted broker learns a commit index far ahead of what it has dispatched and
+        replays its whole retained log; done in one go, that would hold the event loop for
+        seconds, during which the node neither votes nor answers its leader. Callers that
+        need everything dispatched (a commit being answered, a master's pull) call
+        ``dispatch()`` themselves.
+        """
+        if self._catch_up_scheduled:
+            return
+        self.dispatch(commit, max_chunks=1, chunk_bytes=1 << 20)
+        if self.applied < self.node.commit_index:
+            self._catch_up_scheduled = True
+            asyncio.get_running_loop().call_soon(self._catch_up)
+
+    def _catch_up(self) -> None:
+        self._catch_up_scheduled = False
+        self._on_commit(self.node.commit_index)
+
+    def dispatch(self, commit: int | None = None, max_chunks: int | None = None, chunk_bytes: int = 4 << 20) -> None:
+        """Apply committed entries up to ``commit`` (default: the node's commit index).
+
+        ``max_chunks`` bounds the work to that many reads of up to ``chunk_bytes`` of entries.
+        """
         target = self.node.commit_index if commit is None else min(commit, self.node.commit_index)
         store = self.node.store
         topics_changed = False
         touched: set[tuple[str, int]] = set()
-        while self.applied < target:
+        chunks = 0
+        while self.applied < target and (max_chunks is None or chunks < max_chunks):
+            chunks += 1
             lo = self.applied + 1
             if lo < store.first_index:  # retention ran ahead (or InstallBase reset the log)
                 self.applied = store.first_index - 1
                 continue
-            for e in store.entries(lo, target, 4 << 20):
+            watch = self._watch
+            for e in store.entries(lo, target, chunk_bytes):
                 if e.kind != KIND_NOOP and e.data:
                     kind = e.data[0]
+                    found = watch.get(e.index)
                     if kind == RECORD_MESSAGE:
-                        self._apply_message(e.index, e.data, touched)
+                        self._apply_message(e.index << SLOT_BITS, e.data, touched, found)
+                    elif kind == RECORD_BATCH:
+                        self._apply_batch(e.index, e.data, touched, found)
                     elif kind == RECORD_META:
-                        topics_changed |= self._apply_meta(e.index, e.data)
+                        topics_changed |= self._apply_meta(e.index, e.data, found)
                     else:
                         log.error("skipping ledger entry of unknown record type", extra={"index": e.index, "type": kind})
                 self.applied = e.index
@@ -94,7 +144,22 @@ class MessageStore:
             for fn in self.topic_listeners:
                 fn()
 
-    def _apply_message(self, index: int, data: bytes | memoryview, touched: set[tuple[str, int]]) -> None:
+    def _apply_batch(
+        self, index: int, data: bytes | memoryview, touched: set[tuple[str, int]], found: list[Stored] | None
+    ) -> None:
+        try:
+            records = split_batch_entry(data)
+        except MessageFormatError as exc:
+            log.error("undecodable batch entry", extra={"index": index, "error": str(exc)})
+            return
+        base = index << SLOT_BITS
+        for slot, rec in enumerate(records):
+            self._apply_message(base | slot, rec, touched, found)
+
+    def _apply_message(
+        self, position: int, data: bytes | memoryview, touched: set[tuple[str, int]], found: list[Stored] | None
+    ) -> None:
+        """Dispatch one record; appends where it went to ``found`` when an append waits on it."""
         try:
             _, flags, qid, th, _, _, seq, tl, pl, prl, bl = unpack_record_header(data)
             if REC_HEADER_SIZE + tl + pl + prl + bl != len(data):
@@ -103,7 +168,9 @@ class MessageStore:
             cq = self._queue_cache.get((tb, qid))
             pid = bytes(data[REC_HEADER_SIZE + tl : REC_HEADER_SIZE + tl + pl]).decode() if pl else ""
         except (ValueError, struct.error, UnicodeDecodeError) as exc:
-            log.error("undecodable message record", extra={"index": index, "error": str(exc)})
+            log.error("undecodable message record", extra={"position": position, "error": str(exc)})
+            if found is not None:
+                found.append(Stored(-1, position))
             return
         if pid and seq:
             seen = self.producers.get(pid)
@@ -111,8 +178,8 @@ class MessageStore:
                 seen = self.producers[pid] = OrderedDict()
             prior = seen.get(seq)
             if prior is not None:
-                if index in self._watch:
-                    self._watch[index] = Stored(prior.queue_offset, prior.ledger_index, True)
+                if found is not None:
+                    found.append(Stored(prior.queue_offset, prior.position, True))
                 return
         if cq is None:
             key = (tb.decode(), qid)
@@ -120,7 +187,7 @@ class MessageStore:
             if cq is None:
                 cq = self.queues[key] = ConsumeQueue(key[0], qid)
             self._queue_cache[(tb, qid)] = cq
-        result = Stored(cq.append(index, th), index)
+        result = Stored(cq.append(position, th), position)
         self.dispatched_messages += 1
         touched.add((cq.topic, qid))
         if pid and seq:
@@ -129,11 +196,11 @@ class MessageStore:
                 seen.popitem(last=False)
         if flags & FLAG_HAS_KEYS:
             off = REC_HEADER_SIZE + tl + pl
-            self._index_keys(cq.topic, index, data[off : off + prl])
-        if index in self._watch:
-            self._watch[index] = result
+            self._index_keys(cq.topic, position, data[off : off + prl])
+        if found is not None:
+            found.append(result)
 
-    def _index_keys(self, topic: str, index: int, props: bytes | memoryview) -> None:
+    def _index_keys(self, topic: str, position: int, props: bytes | memoryview) -> None:
         from remoting.message import PROPERTY_KEYS, decode_properties
 
         try:
@@ -142,11 +209,11 @@ class MessageStore:
             return
         for k in keys.split():
             lst = self.keys.setdefault((topic, k), [])
-            lst.append(index)
+            lst.append(position)
             if len(lst) > 64:
                 del lst[0]
 
-    def _apply_meta(self, index: int, data: bytes | memoryview) -> bool:
+    def _apply_meta(self, index: int, data: bytes | memoryview, found: list[Stored] | None) -> bool:
         try:
             doc = decode_meta(data)
             op = doc["op"]
@@ -173,16 +240,43 @@ class MessageStore:
                 log.error("unknown metadata op", extra={"index": index, "op": op})
         except (ValueError, KeyError, TypeError) as exc:
             log.error("bad metadata record", extra={"index": index, "error": str(exc)})
-        if index in self._watch:
-            self._watch[index] = Stored(-1, index)
+        if found is not None:
+            found.append(Stored(-1, index << SLOT_BITS))
         return False
 
     # ------------------------------------------------------------------ writes (master only)
 
-    def append(self, payloads: Sequence[bytes], done: Callable[[list[Stored] | None, Exception | None], None]) -> None:
-        """Append records; ``done(results, None)`` once committed and dispatched, else ``done(None, error)``.
+    def batch_entries(self, records: Sequence[bytes]) -> list[bytes]:
+        """Pack a producer batch's records into as few ledger entries as the entry size allows.
 
-        Raises ``NotLeader`` at once if this broker's node does not lead.
+        A record that fits no batch entry goes alone, as a plain record entry.
+        """
+        limit = self.node.config.max_entry_bytes - BATCH_ENTRY_HEADER_SIZE
+        out: list[bytes] = []
+        chunk: list[bytes] = []
+        size = 0
+
+        def flush() -> None:
+            if chunk:
+                out.append(chunk[0] if len(chunk) == 1 else encode_batch_entry(chunk))
+                chunk.clear()
+
+        for rec in records:
+            need = len(rec) + BATCH_SLOT_OVERHEAD
+            if chunk and (size + need > limit or len(chunk) == MAX_BATCH_SLOTS - 1):
+                flush()
+                size = 0
+            chunk.append(rec)
+            size += need
+        flush()
+        return out
+
+    def append(self, payloads: Sequence[bytes], done: Callable[[list[Stored] | None, Exception | None], None]) -> None:
+        """Append entries; ``done(results, None)`` once committed and dispatched, else ``done(None, error)``.
+
+        ``results`` has one item per message record (a batch entry gives one per slot) and
+        one per metadata record, in log order. Raises ``NotLeader`` at once if this
+        broker's node does not lead.
         """
         watch = self._watch
         first = self.node.store.last_index + 1  # where the proposal below will land
@@ -195,10 +289,13 @@ class MessageStore:
                 done(None, LedgerError(code, message))
                 return
             self.dispatch()
-            done([watch.pop(i, None) or Stored(-1, i) for i in indexes], None)
+            results: list[Stored] = []
+            for i in indexes:
+                results.extend(watch.pop(i, None) or (Stored(-1, i << SLOT_BITS),))
+            done(results, None)
 
         for i in indexes:
-            watch[i] = None
+            watch[i] = []
         try:
             self.node.propose(payloads, committed)
         except Exception:
@@ -237,24 +334,51 @@ class MessageStore:
 
     def _trim(self, topic: str, queue_id: int) -> None:
         cq = self.queues.get((topic, queue_id))
-        first = self.node.store.first_index
-        if cq is not None and cq.indexes and cq.indexes[0] < first:
-            cq.trim_before_index(first)
+        first = self.node.store.first_index << SLOT_BITS
+        if cq is not None and cq.positions and cq.positions[0] < first:
+            cq.trim_before(first)
 
-    def read_records(self, hits: Sequence[tuple[int, int, int]], max_bytes: int) -> list[tuple[int, int, bytes]]:
-        """(queue offset, ledger index, record) for the given consume-queue hits, up to ``max_bytes``."""
-        store = self.node.store
-        out: list[tuple[int, int, bytes]] = []
-        size = 0
-        for qoff, index, _ in hits:
-            entries = store.entries(index, index)
+    def _record(self, position: int) -> bytes | memoryview | None:
+        """The record at a position, or None if that entry is gone or holds no message there."""
+        index, slot = position >> SLOT_BITS, position & (MAX_BATCH_SLOTS - 1)
+        records = self._split_cache.get(index)
+        if records is None:
+            if index < self.node.store.first_index:
+                return None
+            entries = self.node.store.entries(index, index)
             if not entries:
-                break
+                return None
             data = entries[0].data
-            size += len(data)
+            if not data:
+                return None
+            if data[0] == RECORD_MESSAGE:
+                return data if slot == 0 else None
+            if data[0] != RECORD_BATCH:
+                return None
+            try:
+                records = split_batch_entry(data)
+            except MessageFormatError:
+                return None
+            # pulls walk a batch entry a slice at a time: keep the last few split
+            self._split_cache[index] = records
+            if len(self._split_cache) > 16:
+                self._split_cache.popitem(last=False)
+        return records[slot] if slot < len(records) else None
+
+    def read_records(
+        self, hits: Sequence[tuple[int, int, int]], max_bytes: int
+    ) -> list[tuple[int, int, bytes | memoryview]]:
+        """(queue offset, position, record) for the given consume-queue hits, up to ``max_bytes``."""
+        out: list[tuple[int, int, bytes | memoryview]] = []
+        size = 0
+        for qoff, position, _ in hits:
+            rec = self._record(position)
+            if rec is None:
+                break
+            size += len(rec)
             if out and size > max_bytes:
                 break
-            out.append((qoff, index, data))
+            out.append((qoff, position, rec))
         return out
 
     async def wait_for_message(self, topic: str, queue_id: int, timeout: float) -> None:
@@ -270,19 +394,22 @@ class MessageStore:
             if lst and fut in lst:
                 lst.remove(fut)
 
-    def record_at(self, index: int) -> tuple[int, bytes] | None:
-        """(queue offset, record) of the message stored at ledger ``index``, if it is one."""
-        if index > self.applied or index < self.node.store.first_index:
+    def record_at(self, position: int) -> tuple[int, bytes | memoryview] | None:
+        """(queue offset, record) of the message stored at ``position``, if there is one."""
+        if position >> SLOT_BITS > self.applied:
             return None
-        data = self.node.store.entries(index, index)[0].data
-        if not data or data[0] != RECORD_MESSAGE:
+        data = self._record(position)
+        if data is None:
             return None
-        h = read_record_header(data)
+        try:
+            h = read_record_header(data)
+        except MessageFormatError:
+            return None
         cq = self.queues.get((h.topic, h.queue_id))
-        qoff = cq.offset_of_index(index) if cq else None
+        qoff = cq.offset_of_position(position) if cq else None
         return (qoff if qoff is not None else -1, data)
 
-    def indexes_by_key(self, topic: str, key: str) -> list[int]:
+    def positions_by_key(self, topic: str, key: str) -> list[int]:
         return list(self.keys.get((topic, key), ()))
 
     def topic_config_wrapper(self) -> TopicConfigWrapper:

@@ -27,6 +27,7 @@ from remoting.message import (
     encode_record,
     make_msg_id,
     parse_msg_id,
+    split_position,
     tag_hash,
 )
 from remoting.protocol import RemotingCommand
@@ -164,7 +165,7 @@ class Processors:
             r = results[0]
             return req.make_response(
                 headers={
-                    "msgId": make_msg_id(name, r.ledger_index),
+                    "msgId": make_msg_id(name, r.position),
                     "queueId": queue_id,
                     "queueOffset": r.queue_offset,
                     "ledgerIndex": r.ledger_index,
@@ -209,12 +210,13 @@ class Processors:
             doc = {
                 "queueId": queue_id,
                 "offsets": [r.queue_offset for r in results],
-                "msgIds": [make_msg_id(name, r.ledger_index) for r in results],
+                "msgIds": [make_msg_id(name, r.position) for r in results],
                 "duplicates": sum(1 for r in results if r.duplicate),
             }
             return req.make_response(body=json.dumps(doc, separators=(",", ":")).encode())
 
-        return self._append(req, records, reply)
+        # the whole batch is one ledger entry (or a few, if it is larger than an entry may be)
+        return self._append(req, self.store.batch_entries(records), reply)
 
     # ------------------------------------------------------------------ pulls
 
@@ -320,24 +322,25 @@ class Processors:
 
     def view_by_id(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         try:
-            name, index = parse_msg_id(req.header_str("msgId"))
+            name, position = parse_msg_id(req.header_str("msgId"))
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
         if name != self.config.broker_name:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"message id names broker {name!r}, not this one")
-        found = self.store.record_at(index)
+        found = self.store.record_at(position)
         if found is None:
-            return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no message at ledger index {index}")
-        return req.make_response(body=encode_pull_body([(found[0], index, found[1])]))
+            index, slot = split_position(position)
+            return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no message at ledger index {index} slot {slot}")
+        return req.make_response(body=encode_pull_body([(found[0], position, found[1])]))
 
     def query_by_key(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         topic, key = req.header_str("topic"), req.header_str("key")
         max_num = max(1, min(req.header_int("maxNum", 32), 64))
         out = []
-        for index in self.store.indexes_by_key(topic, key)[-max_num:]:
-            found = self.store.record_at(index)
+        for position in self.store.positions_by_key(topic, key)[-max_num:]:
+            found = self.store.record_at(position)
             if found is not None:
-                out.append((found[0], index, found[1]))
+                out.append((found[0], position, found[1]))
         if not out:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key!r} in topic {topic!r}")
         return req.make_response(body=encode_pull_body(out))

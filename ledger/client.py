@@ -152,7 +152,16 @@ class LedgerClient:
         self._rr = (self._rr + 1) % len(self.addresses)
         return self.addresses[self._rr]
 
+    def dial_address(self, address: str) -> str:
+        """Where to connect to reach the node known as ``address``.
+
+        The node's own name by default; a subclass can map it (the Jepsen harness reaches
+        nodes directly although they name each other by proxied addresses).
+        """
+        return address
+
     async def _conn(self, address: str) -> _Conn:
+        address = self.dial_address(address)
         conn = self._conns.get(address)
         if conn is not None and conn.transport is not None and not conn.transport.is_closing():
             return conn

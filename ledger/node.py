@@ -191,12 +191,25 @@ class LedgerNode:
     # ------------------------------------------------------------------ driving the core
 
     async def _ticker(self) -> None:
+        """Tick on a fixed cadence, so a busy loop does not stretch every tick by its own delay.
+
+        A follower that counts slow ticks thinks it heard from its (dead) leader more recently
+        than it did, and refuses the pre-votes that would replace it. Ticks missed in a long
+        stall are dropped, not fired in a burst: the messages queued meanwhile (heartbeats
+        among them) must be read before the clock may call an election.
+        """
         interval = self.config.tick_ms / 1000
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
             self.core.tick()
             self._expire_pending()
             self._schedule()
+            next_at += interval
+            now = loop.time()
+            if now > next_at + interval:  # more than a tick behind: drop the missed ones
+                next_at = now + interval
 
     def _on_message(self, m: Message) -> None:
         self.core.step(m)

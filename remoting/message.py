@@ -1,10 +1,16 @@
 """Messages as producers send them, as the commit log stores them and as consumers pull them.
 
-A message is stored as one ledger entry holding a *record*: a fixed header (the fields the
-dispatcher needs to build consume queues without parsing anything else), then topic,
-producer id, properties (a small JSON map: tags, keys, user properties) and body. Pull
-responses carry the stored records unchanged, each prefixed with where it was found,
-so no message is re-encoded between the commit log and the consumer.
+A message is stored as a *record*: a fixed header (the fields the dispatcher needs to
+build consume queues without parsing anything else), then topic, producer id, properties
+(a small JSON map: tags, keys, user properties) and body. A message sent alone is one
+ledger entry holding its record; a producer's batch is one ledger entry holding all its
+records (a *batch entry*), so the Raft log pays its per-entry costs (header, checksum,
+index, fsync bookkeeping, replication framing) once per batch rather than per message.
+A message's *position* is its ledger index and its slot in the entry
+(``index << 16 | slot``; slot 0 for a message stored alone); consume queues, message ids
+and the key index all use positions. Pull responses carry the stored records unchanged,
+each prefixed with where it was found, so no message is re-encoded between the commit
+log and the consumer.
 
 Record layout (little endian)::
 
@@ -12,9 +18,11 @@ Record layout (little endian)::
     u64 producer seq | u16 topic len | u16 producer id len | u32 properties len | u32 body len |
     topic | producer id | properties (JSON) | body
 
+Batch entries are ``u8 type=3 | u8 0 | u16 count`` then ``count`` times ``u32 record len | record``.
+
 Batch bodies (SEND_BATCH_MESSAGE) repeat ``u32 flag | u64 born ms | u64 seq | u32 props len |
 u32 body len | props | body``. Pull bodies repeat ``u32 record len | u64 queue offset |
-u64 ledger index | record``.
+u64 position | record``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 RECORD_MESSAGE = 1
+RECORD_BATCH = 3
+SLOT_BITS = 16
+MAX_BATCH_SLOTS = 1 << SLOT_BITS
+_SLOT_MASK = MAX_BATCH_SLOTS - 1
+_BATCH_ENTRY = struct.Struct("<BxH")
+_U32 = struct.Struct("<I")
+BATCH_ENTRY_HEADER_SIZE = _BATCH_ENTRY.size
+BATCH_SLOT_OVERHEAD = _U32.size
 _REC = struct.Struct("<BBHIQQQHHII")
 REC_HEADER_SIZE = _REC.size
 _BATCH_ITEM = struct.Struct("<IQQII")
@@ -260,11 +276,59 @@ def batch_to_records(
     return out
 
 
+def make_position(ledger_index: int, slot: int = 0) -> int:
+    """Where a message is: its ledger entry and its slot in that entry."""
+    return ledger_index << SLOT_BITS | slot
+
+
+def split_position(position: int) -> tuple[int, int]:
+    """(ledger index, slot) of a position."""
+    return position >> SLOT_BITS, position & _SLOT_MASK
+
+
+def encode_batch_entry(records: Sequence[bytes | memoryview]) -> bytes:
+    """Several records as one ledger entry; at most MAX_BATCH_SLOTS - 1 of them."""
+    if not 0 < len(records) < MAX_BATCH_SLOTS:
+        raise ValueError(f"a batch entry holds 1..{MAX_BATCH_SLOTS - 1} records, not {len(records)}")
+    parts: list[bytes | memoryview] = [_BATCH_ENTRY.pack(RECORD_BATCH, len(records))]
+    pack = _U32.pack
+    for rec in records:
+        parts.append(pack(len(rec)))
+        parts.append(rec)
+    return b"".join(parts)
+
+
+def split_batch_entry(data: bytes | memoryview) -> list[memoryview]:
+    """The records of a batch entry, as views into it; raises MessageFormatError if it is malformed."""
+    mv = memoryview(data)
+    n = len(mv)
+    if n < _BATCH_ENTRY.size:
+        raise MessageFormatError(f"batch entry of {n} bytes is shorter than its header")
+    typ, count = _BATCH_ENTRY.unpack_from(mv, 0)
+    if typ != RECORD_BATCH:
+        raise MessageFormatError(f"not a batch entry (type {typ})")
+    off = _BATCH_ENTRY.size
+    out: list[memoryview] = []
+    unpack = _U32.unpack_from
+    for slot in range(count):
+        if off + 4 > n:
+            raise MessageFormatError(f"batch entry: slot {slot} of {count} truncated at offset {off}")
+        (rl,) = unpack(mv, off)
+        off += 4
+        if off + rl > n:
+            raise MessageFormatError(f"batch entry: record in slot {slot} runs past the end at offset {off}")
+        out.append(mv[off : off + rl])
+        off += rl
+    if off != n:
+        raise MessageFormatError(f"batch entry: {n - off} stray bytes after its {count} records")
+    return out
+
+
 def encode_pull_body(found: Sequence[tuple[int, int, bytes | memoryview]]) -> bytes:
-    """(queue offset, ledger index, record) triples -> pull response body."""
+    """(queue offset, position, record) triples -> pull response body."""
     parts: list[bytes | memoryview] = []
-    for qoff, index, rec in found:
-        parts.append(_PULL_ITEM.pack(len(rec), qoff, index))
+    for qoff, position, rec in found:
+        parts.append(_PULL_ITEM.pack(len(rec), qoff, position))
         parts.append(rec)
     return b"".join(parts)
 
@@ -277,31 +341,32 @@ def decode_pull_body(body: bytes | memoryview, broker_name: str = "") -> list[Me
     while off < n:
         if n - off < _PULL_ITEM.size:
             raise MessageFormatError(f"pull body: truncated item header at offset {off}")
-        rl, qoff, index = _PULL_ITEM.unpack_from(mv, off)
+        rl, qoff, position = _PULL_ITEM.unpack_from(mv, off)
         off += _PULL_ITEM.size
         if off + rl > n:
             raise MessageFormatError(f"pull body: truncated record at offset {off}")
         m = decode_record(mv[off : off + rl])
         m.queue_offset = qoff
-        m.ledger_index = index
-        m.msg_id = make_msg_id(broker_name, index) if broker_name else ""
+        m.ledger_index = position >> SLOT_BITS
+        m.msg_id = make_msg_id(broker_name, position) if broker_name else ""
         out.append(m)
         off += rl
     return out
 
 
-def make_msg_id(broker_name: str, ledger_index: int) -> str:
-    """Message ids name the broker group and the ledger index: stable across failovers."""
-    return f"{broker_name}:{ledger_index:016X}"
+def make_msg_id(broker_name: str, position: int) -> str:
+    """Message ids name the broker group and the position: stable across failovers."""
+    return f"{broker_name}:{position:020X}"
 
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:
-    name, sep, idx = msg_id.rpartition(":")
+    """(broker name, position) of a message id."""
+    name, sep, pos = msg_id.rpartition(":")
     try:
-        if not sep or not name:
+        if not sep or not name or not pos:
             raise ValueError
-        return name, int(idx, 16)
+        return name, int(pos, 16)
     except ValueError:
         raise MessageFormatError(
-            f"bad message id {msg_id!r}: expected <broker name>:<hex ledger index>"
+            f"bad message id {msg_id!r}: expected <broker name>:<hex position>"
         ) from None

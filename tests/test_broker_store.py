@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from broker.message_store import MessageStore
 from broker.meta import offset_op, topic_op
 from ledger.config import NodeConfig
 from ledger.localcluster import free_port
 from ledger.node import LedgerNode
-from remoting.message import encode_record
+from remoting.message import (
+    RECORD_BATCH,
+    MessageFormatError,
+    encode_batch_entry,
+    encode_record,
+    make_msg_id,
+    make_position,
+    parse_msg_id,
+    split_batch_entry,
+    split_position,
+)
 
 
 def node_config(tmp_path, **extra) -> NodeConfig:
@@ -85,3 +97,95 @@ def test_metadata_checkpoint_survives_retention(tmp_path):
 
     asyncio.run(first_life())
     asyncio.run(second_life())
+
+
+def test_batch_is_one_entry_and_each_message_has_its_own_position(tmp_path):
+    cfg = node_config(tmp_path)
+
+    async def first_life() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        recs = [record(f"m{i}".encode(), 0, "pid", i + 1) for i in range(5)]
+        entries = store.batch_entries(recs)
+        assert len(entries) == 1 and entries[0][0] == RECORD_BATCH
+        before = node.store.last_index
+        r = await store.append_async(entries)
+        assert node.store.last_index == before + 1, "a producer batch must be one ledger entry"
+        assert [x.queue_offset for x in r] == [0, 1, 2, 3, 4]
+        assert [split_position(x.position) for x in r] == [(before + 1, s) for s in range(5)]
+        # a resent batch (the producer's retry after an unknown outcome) is de-duplicated item by item
+        again = await store.append_async(store.batch_entries([*recs[3:], record(b"m5", 0, "pid", 6)]))
+        assert [(x.queue_offset, x.duplicate) for x in again] == [(3, True), (4, True), (5, False)]
+        assert again[0].position == r[3].position
+        cq = store.queue("T", 0)
+        assert cq is not None
+        # a pull that starts mid-batch and crosses into the next entry
+        got = store.read_records(cq.slice(2, 3), 1 << 20)
+        assert [(q, bytes(rec[-2:])) for q, _, rec in got] == [(2, b"m2"), (3, b"m3"), (4, b"m4")]
+        qoff, rec = store.record_at(r[4].position) or (None, b"")
+        assert qoff == 4 and bytes(rec).endswith(b"m4")
+        assert store.record_at(make_position(before + 1, 99)) is None, "a slot past the batch holds nothing"
+        await node.stop()
+
+    async def second_life() -> None:
+        node, store = await started(cfg)
+        store.dispatch()
+        cq = store.queue("T", 0)
+        assert cq is not None and cq.max_offset == 6
+        bodies = [bytes(rec[-2:]) for _, _, rec in store.read_records(cq.slice(0, 10), 1 << 20)]
+        assert bodies == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+        await node.stop()
+
+    asyncio.run(first_life())
+    asyncio.run(second_life())
+
+
+def test_batch_larger_than_an_entry_is_split(tmp_path):
+    cfg = node_config(tmp_path, max_entry_bytes=64 << 10)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        recs = [record(bytes([65 + i % 26]) * 10_000) for i in range(20)]
+        entries = store.batch_entries(recs)
+        assert len(entries) == 4 and all(len(e) <= cfg.max_entry_bytes for e in entries)
+        r = await store.append_async(entries)
+        assert [x.queue_offset for x in r] == list(range(20))
+        cq = store.queue("T", 0)
+        assert cq is not None
+        assert [bytes(rec[-1:]) for _, _, rec in store.read_records(cq.slice(0, 20), 1 << 20)] == [
+            bytes([65 + i % 26]) for i in range(20)
+        ]
+        await node.stop()
+
+    asyncio.run(run())
+
+
+def test_corrupt_batch_entry_is_skipped_and_the_rest_dispatched(tmp_path):
+    cfg = node_config(tmp_path)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        good = encode_batch_entry([record(b"a"), record(b"b")])
+        bad = good[:-3]  # the last record runs past the end of the entry
+        r = await store.append_async([bad, good])
+        assert [x.queue_offset for x in r] == [-1, 0, 1], "the corrupt entry stores nothing"
+        cq = store.queue("T", 0)
+        assert cq is not None and cq.max_offset == 2
+        await node.stop()
+
+    asyncio.run(run())
+
+
+def test_batch_entry_codec_rejects_malformed_input():
+    recs = [record(b"x"), record(b"yy")]
+    entry = encode_batch_entry(recs)
+    assert [bytes(v) for v in split_batch_entry(entry)] == recs
+    for broken, what in ((entry[:3], "shorter than its header"), (entry + b"z", "stray bytes"),
+                         (entry[:-1], "runs past the end"), (b"\x01" + entry[1:], "not a batch entry")):
+        with pytest.raises(MessageFormatError, match=what):
+            split_batch_entry(broken)
+    with pytest.raises(ValueError):
+        encode_batch_entry([])
+    assert parse_msg_id(make_msg_id("broker-a", make_position(7, 3))) == ("broker-a", make_position(7, 3))
