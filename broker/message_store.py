@@ -187,7 +187,7 @@ class MessageStore:
             if cq is None:
                 cq = self.queues[key] = ConsumeQueue(key[0], qid)
             self._queue_cache[(tb, qid)] = cq
-        result = Stored(cq.append(position, th), position)
+        result = Stored(cq.append(position, len(data), th), position)
         self.dispatched_messages += 1
         touched.add((cq.topic, qid))
         if pid and seq:
@@ -368,15 +368,16 @@ class MessageStore:
     def read_records(
         self, hits: Sequence[tuple[int, int, int]], max_bytes: int
     ) -> list[tuple[int, int, bytes | memoryview]]:
-        """(queue offset, position, record) for the given consume-queue hits, up to ``max_bytes``."""
+        """(queue offset, position, record) for the given consume-queue hits, up to ``max_bytes``
+        (but at least one)."""
         out: list[tuple[int, int, bytes | memoryview]] = []
-        size = 0
-        for qoff, position, _ in hits:
+        total = 0
+        for qoff, position, size in hits:
+            total += size
+            if out and total > max_bytes:
+                break
             rec = self._record(position)
             if rec is None:
-                break
-            size += len(rec)
-            if out and size > max_bytes:
                 break
             out.append((qoff, position, rec))
         return out

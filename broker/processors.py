@@ -43,6 +43,21 @@ if TYPE_CHECKING:
 
 Response = RemotingCommand | asyncio.Future[RemotingCommand] | None
 
+FILTER_SCAN_LIMIT = 16_000  # consume-queue entries one filtered pull looks at (RocketMQ's default)
+
+
+def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
+    """Tag hashes a subscription expression ("TagA || TagB") selects; None for all ("*" or empty).
+
+    The broker filters on hashes only; a client that cares about hash collisions matches the
+    tags themselves as well (the push consumer does).
+    """
+    tags = {t.strip() for t in expr.split("||")}
+    tags.discard("")
+    if not tags or "*" in tags:
+        return None
+    return frozenset(tag_hash(t) for t in tags)
+
 
 class Processors:
     def __init__(self, broker: BrokerController) -> None:
@@ -229,6 +244,7 @@ class Processors:
         bad = self._check_topic(req, topic, queue_id, PERM_READ)
         if bad is not None:
             return bad
+        wanted = subscription_tag_hashes(req.header_str("subscription", ""))
         if not self.broker.is_master and (
             not self.config.slave_read_enable or req.header_bool("requireMaster", False)
         ):
@@ -260,9 +276,26 @@ class Processors:
             if offset < hi:
                 cq = self.store.queue(topic, queue_id)
                 assert cq is not None
-                found = self.store.read_records(cq.slice(offset, max_nums), 4 << 20)
-                headers["nextBeginOffset"] = offset + len(found)
-                return req.make_response(headers=headers, body=encode_pull_body(found))
+                if wanted is None:
+                    hits, scanned_to = cq.slice(offset, max_nums), hi
+                else:
+                    hits, scanned_to = cq.scan(offset, max_nums, wanted, FILTER_SCAN_LIMIT)
+                if hits:
+                    found = self.store.read_records(hits, 4 << 20)
+                    if not found:
+                        headers["nextBeginOffset"] = offset
+                    elif wanted is not None and len(found) == len(hits):
+                        headers["nextBeginOffset"] = scanned_to  # past the filtered-out tail too
+                    else:
+                        headers["nextBeginOffset"] = found[-1][0] + 1
+                    return req.make_response(headers=headers, body=encode_pull_body(found))
+                offset = scanned_to  # nothing here matches the subscription
+                if offset < hi:
+                    headers["nextBeginOffset"] = offset
+                    return req.make_response(
+                        ResponseCode.PULL_RETRY_IMMEDIATELY, "no message matches the subscription yet", headers
+                    )
+                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 headers["nextBeginOffset"] = offset

@@ -41,6 +41,7 @@ MASTER_ADDR = "masterAddr"
 MAX_MSG_NUMS = "maxMsgNums"
 SUSPEND_TIMEOUT_MILLIS = "suspendTimeoutMillis"
 COMMIT_OFFSET = "commitOffset"
+SUBSCRIPTION = "subscription"
 NEXT_BEGIN_OFFSET = "nextBeginOffset"
 MIN_OFFSET = "minOffset"
 MAX_OFFSET = "maxOffset"
@@ -147,6 +148,7 @@ def pull_request(
     max_nums: int,
     suspend_ms: int,
     commit_offset: int | None = None,
+    subscription: str | None = None,
 ) -> RemotingCommand:
     headers: dict[str, HeaderValue] = {
         CONSUMER_GROUP: group,
@@ -158,6 +160,8 @@ def pull_request(
     }
     if commit_offset is not None:
         headers[COMMIT_OFFSET] = commit_offset
+    if subscription and subscription.strip() != "*":
+        headers[SUBSCRIPTION] = subscription  # the broker skips other tags (by tag hash)
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
 
 

@@ -107,9 +107,12 @@ class ConsumerBase:
         suspend_ms: int = 0,
         *,
         commit_offset: int | None = None,
+        subscription: str | None = None,
     ) -> PullResult:
         """Messages of ``queue`` from ``offset`` on. With ``suspend_ms`` the broker holds the pull
-        until a message arrives or that time passes (long polling)."""
+        until a message arrives or that time passes (long polling). ``subscription``
+        ("TagA || TagB") makes the broker skip messages with other tags; it filters by tag
+        hash, so a collision can let an unwanted tag through."""
         if offset < 0 or max_nums < 1 or suspend_ms < 0:
             raise ValueError("offset and suspend_ms must be >= 0, max_nums >= 1")
         timeout_s = self.call_timeout_s + (suspend_ms / 1000.0 + LONG_POLL_MARGIN_S if suspend_ms else 0.0)
@@ -124,6 +127,7 @@ class ConsumerBase:
                 max_nums,
                 suspend_ms,
                 commit_offset if is_master else None,
+                subscription,
             )
 
         addr, response = await self._read(queue, make, timeout_s, "pull")
@@ -271,9 +275,12 @@ class PullConsumer(ConsumerBase):
         suspend_ms: int = 0,
         *,
         commit_offset: int | None = None,
+        subscription: str | None = None,
     ) -> PullResult:
         self._check_running()
-        return await super().pull(queue, offset, max_nums, suspend_ms, commit_offset=commit_offset)
+        return await super().pull(
+            queue, offset, max_nums, suspend_ms, commit_offset=commit_offset, subscription=subscription
+        )
 
 
 __all__ = ["ConsumerBase", "PullConsumer", "PullResult", "PullStatus"]

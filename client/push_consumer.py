@@ -406,7 +406,12 @@ class PushConsumer(ConsumerBase):
             started = time.monotonic()
             try:
                 result = await self.pull(
-                    queue, pq.offset, self.batch_size, self.suspend_ms, commit_offset=commit
+                    queue,
+                    pq.offset,
+                    self.batch_size,
+                    self.suspend_ms,
+                    commit_offset=commit,
+                    subscription=self.subscription,
                 )
             except (ClientError, RemotingError, ValueError) as exc:
                 log.warning(
@@ -425,8 +430,8 @@ class PushConsumer(ConsumerBase):
                     await self._commit(pq)
             elif result.status is PullStatus.NO_NEW_MSG:
                 if result.next_begin_offset > pq.offset:
-                    pq.offset = result.next_begin_offset
-                if time.monotonic() - started < 0.05:
+                    pq.offset = result.next_begin_offset  # past messages the subscription skips
+                elif time.monotonic() - started < 0.05:
                     await asyncio.sleep(0.1)  # the broker did not hold the pull: do not spin
             else:
                 log.warning(

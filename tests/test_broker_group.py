@@ -30,18 +30,20 @@ def send_req(body: bytes, queue_id: int = 0, pid: str = "", seq: int = 0, topic:
     return RemotingCommand.request(RequestCode.SEND_MESSAGE, headers, body)
 
 
-def pull_req(queue_id: int, offset: int, max_nums: int = 32, suspend_ms: int = 0, topic: str = TOPIC):
-    return RemotingCommand.request(
-        RequestCode.PULL_MESSAGE,
-        {
-            "consumerGroup": "cg",
-            "topic": topic,
-            "queueId": queue_id,
-            "queueOffset": offset,
-            "maxMsgNums": max_nums,
-            "suspendTimeoutMillis": suspend_ms,
-        },
-    )
+def pull_req(
+    queue_id: int, offset: int, max_nums: int = 32, suspend_ms: int = 0, topic: str = TOPIC, subscription: str = ""
+):
+    headers = {
+        "consumerGroup": "cg",
+        "topic": topic,
+        "queueId": queue_id,
+        "queueOffset": offset,
+        "maxMsgNums": max_nums,
+        "suspendTimeoutMillis": suspend_ms,
+    }
+    if subscription:
+        headers["subscription"] = subscription
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
 
 
 async def pull_all(client: RemotingClient, addr: str, queue_id: int) -> list:
@@ -201,6 +203,23 @@ def test_long_polling_batch_and_queries(group):
             assert [m.body for m in decode_pull_body(by_key.body)] == [b"m4"]
             moved = await client.invoke_sync(addr, pull_req(3, 99), 5)
             assert moved.code == ResponseCode.PULL_OFFSET_MOVED and moved.header_int("nextBeginOffset") == 5
+
+            # Tag filtering on the broker: skipped messages are never read, and the next offset
+            # moves past them so the consumer does not ask again.
+            for i, tag in enumerate("ABABCA"):
+                resp = await client.invoke_sync(addr, send_req(f"t{i}".encode(), 2, TAGS=tag), 5)
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+
+            async def filtered(offset: int, sub: str, max_nums: int = 32) -> tuple[int, list[int], int]:
+                r = await client.invoke_sync(addr, pull_req(2, offset, max_nums, subscription=sub), 5)
+                msgs = decode_pull_body(r.body) if r.code == ResponseCode.SUCCESS else []
+                return r.code, [m.queue_offset for m in msgs], r.header_int("nextBeginOffset")
+
+            assert await filtered(0, "A", 2) == (ResponseCode.SUCCESS, [0, 2], 3)
+            assert await filtered(3, "A") == (ResponseCode.SUCCESS, [5], 6)
+            assert await filtered(0, "A || C") == (ResponseCode.SUCCESS, [0, 2, 4, 5], 6)
+            assert await filtered(0, "*") == (ResponseCode.SUCCESS, [0, 1, 2, 3, 4, 5], 6)
+            assert await filtered(0, "D") == (ResponseCode.PULL_NOT_FOUND, [], 6)
 
     asyncio.run(scenario())
 

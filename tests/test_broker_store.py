@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from broker.consume_queue import ConsumeQueue
 from broker.message_store import MessageStore
 from broker.meta import offset_op, topic_op
 from ledger.config import NodeConfig
@@ -21,6 +22,7 @@ from remoting.message import (
     parse_msg_id,
     split_batch_entry,
     split_position,
+    tag_hash,
 )
 
 
@@ -189,3 +191,42 @@ def test_batch_entry_codec_rejects_malformed_input():
     with pytest.raises(ValueError):
         encode_batch_entry([])
     assert parse_msg_id(make_msg_id("broker-a", make_position(7, 3))) == ("broker-a", make_position(7, 3))
+
+
+def test_a_long_dispatch_backlog_is_worked_off_in_slices(tmp_path):
+    """A restarted broker replays its log without holding the event loop (votes, heartbeats)."""
+    cfg = node_config(tmp_path)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        for i in range(8):  # 8 entries of ~512 KiB: several dispatch slices' worth
+            await store.append_async(store.batch_entries([record(bytes([65 + i]) * 4096) for _ in range(128)]))
+        replay = MessageStore(node, "broker-a")  # derived state from scratch, as after a restart
+        replay._on_commit(node.commit_index)
+        assert replay.applied < node.commit_index, "one commit notification must not replay everything at once"
+        for _ in range(100):
+            if replay.applied >= node.commit_index:
+                break
+            await asyncio.sleep(0)
+        assert replay.applied == node.commit_index
+        cq, fresh = store.queue("T", 0), replay.queue("T", 0)
+        assert cq is not None and fresh is not None
+        assert list(fresh.positions) == list(cq.positions) and fresh.max_offset == 8 * 128
+        await node.stop()
+
+    asyncio.run(run())
+
+
+def test_consume_queue_scan_filters_by_tag_hash_and_bounds_its_work():
+    cq = ConsumeQueue("T", 0)
+    for i, tag in enumerate("ABABCAAB"):
+        cq.append(make_position(10 + i), 100 + i, tag_hash(tag))
+    a, c = tag_hash("A"), tag_hash("C")
+    assert cq.scan(0, 32, {a}, 100) == ([(0, make_position(10), 100), (2, make_position(12), 102),
+                                         (5, make_position(15), 105), (6, make_position(16), 106)], 8)
+    assert cq.scan(0, 2, {a, c}, 100)[1] == 3, "stops right after the last hit it returns"
+    assert cq.scan(1, 32, {c}, 2) == ([], 3), "looks at no more than the scan limit"
+    cq.trim_before(make_position(13))
+    assert cq.min_offset == 3 and cq.slice(0, 2) == [(3, make_position(13), 103), (4, make_position(14), 104)]
+    assert cq.offset_of_position(make_position(17)) == 7 and cq.offset_of_position(make_position(12)) is None
