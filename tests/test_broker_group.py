@@ -30,6 +30,13 @@ def send_req(body: bytes, queue_id: int = 0, pid: str = "", seq: int = 0, topic:
     return RemotingCommand.request(RequestCode.SEND_MESSAGE, headers, body)
 
 
+def batch_req(bodies: list[bytes], queue_id: int, topic: str = TOPIC) -> RemotingCommand:
+    items = [(0, int(time.time() * 1000), 0, b"", body) for body in bodies]
+    return RemotingCommand.request(
+        RequestCode.SEND_BATCH_MESSAGE, {"producerGroup": "pg", "topic": topic, "queueId": queue_id}, encode_batch(items)
+    )
+
+
 def pull_req(
     queue_id: int, offset: int, max_nums: int = 32, suspend_ms: int = 0, topic: str = TOPIC, subscription: str = ""
 ):
@@ -95,17 +102,23 @@ def test_failover_keeps_every_acknowledged_message_offsets_and_dedup(group):
                 n = 0
                 target = addr
                 brokers = list(group.broker_addr.values())
+                batched = q >= 2  # queues 2 and 3 get batches of 8: one ledger entry each
                 while not stop:
                     body = f"q{q}-{n}".encode()
+                    bodies = [body + f".{i}".encode() for i in range(8)] if batched else [body]
+                    req = batch_req(bodies, q) if batched else send_req(body, q)
                     try:
-                        resp = await client.invoke_sync(target, send_req(body, q), 3)
+                        resp = await client.invoke_sync(target, req, 3)
                     except Exception:  # noqa: BLE001 - connection reset by the kill: outcome unknown
                         target = brokers[(brokers.index(target) + 1) % len(brokers)]
                         await asyncio.sleep(0.05)
                         n += 1
                         continue
                     if resp.code == ResponseCode.SUCCESS:
-                        acked[body] = (q, resp.header_int("queueOffset"))
+                        offsets = json.loads(bytes(resp.body))["offsets"] if batched else [resp.header_int("queueOffset")]
+                        assert len(offsets) == len(bodies)
+                        for b, off in zip(bodies, offsets, strict=True):
+                            acked[b] = (q, off)
                     elif resp.code == ResponseCode.NOT_MASTER and resp.headers.get("masterAddr"):
                         target = str(resp.headers["masterAddr"])
                     else:
@@ -125,6 +138,7 @@ def test_failover_keeps_every_acknowledged_message_offsets_and_dedup(group):
             stop = True
             await asyncio.gather(*tasks)
             assert before > 0 and len(acked) >= before + 20, (before, len(acked))
+            assert {q for q, _ in acked.values()} == {0, 1, 2, 3}, "single and batched sends were both acknowledged"
 
             # The nameservers route the topic to the new master (broker id 0).
             for ns in group.namesrv_addrs:

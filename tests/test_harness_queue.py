@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from jepsen.harness.backends import Unsupported
 from jepsen.harness.history import read_history, validate_history
 from jepsen.harness.runner import RunConfig, RunResult, run
 
@@ -49,3 +50,21 @@ def test_queue_broken_adapter_is_caught(tmp_path):
     assert result.valid is False
     counts = result.summary["check"]["results"]["counts"]
     assert counts.get("lost-write", 0) > 0, counts
+
+
+def test_queue_batched_sends_through_a_leader_kill_are_valid(tmp_path):
+    """Concurrent sends coalesced into batches (one ledger entry each) keep every guarantee."""
+    result = _run(tmp_path, nemesis=("kill-leader",), time=10, rate=300, clients=12, send_batch=8)
+    events = read_history(result.history)
+    assert validate_history(events) == []
+    work = result.summary["workload"]
+    ok_sends = [e for e in events if e["f"] == "send" and e["type"] == "ok"]
+    assert len(ok_sends) > 200
+    assert work["largest_send_batch"] > 1 and work["send_batches"] < len(ok_sends), work
+    assert sum(1 for e in events if e["process"] == "nemesis" and e["f"] == "kill") >= 1
+    assert result.valid is True, f"anomalies: {result.summary.get('check', {}).get('results', {}).get('anomalies')}"
+
+
+def test_send_batch_is_refused_outside_the_queue_workload(tmp_path):
+    with pytest.raises(Unsupported, match="send-batch"):
+        run(RunConfig(out=tmp_path, progress=False, workload="log", send_batch=4))

@@ -7,7 +7,10 @@ still reach every broker. Each queue of the test topic is one history ``key``
 ``log`` checker judges it.
 
 Sends use the project's Producer (not idempotent, so a duplicate can only come from the
-system, never from a retry of ours); an unknown outcome is recorded as ``info``. Polls
+system, never from a retry of ours); an unknown outcome is recorded as ``info``. With
+``--send-batch N`` the sends that processes make to one queue at about the same time go
+out together as one batch request, which the broker stores as one ledger entry: each is
+still its own operation in the history, and they share one outcome. Polls
 ask the master only, with ``requireMaster``: a master confirms its leadership (ReadIndex)
 before answering, so a poll that comes back short really reached the committed end.
 """
@@ -222,19 +225,95 @@ class QueueClient:
             self._started = False
 
 
+class SendCoalescer:
+    """Sends to one queue that arrive within ``linger_s`` of each other go as one batch.
+
+    Like a producer shared by many threads that batches their messages: each caller gets
+    its own offset, or the batch's error (a definite failure or an unknown outcome).
+    """
+
+    def __init__(self, client: QueueClient, queue_id: int, max_batch: int, linger_s: float = 0.01) -> None:
+        self.client = client
+        self.queue_id = queue_id
+        self.max_batch = max_batch
+        self.linger_s = linger_s
+        self._pending: list[tuple[int, asyncio.Future[tuple[int, str | None]]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.largest = 0
+
+    async def send(self, value: int) -> tuple[int, str | None]:
+        """(offset, node that stored it) once the batch holding ``value`` is acknowledged."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, str | None]] = loop.create_future()
+        self._pending.append((value, fut))
+        if len(self._pending) >= self.max_batch:
+            self._flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.linger_s, self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._send(batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(self, batch: list[tuple[int, asyncio.Future[tuple[int, str | None]]]]) -> None:
+        self.batches += 1
+        self.largest = max(self.largest, len(batch))
+        c = self.client
+        try:
+            await c._ensure()
+            msgs = [Message(c.topic, str(v).encode()) for v, _ in batch]
+            r = await c.producer.send_batch(msgs, queue_id=self.queue_id)
+            if len(r.offsets) != len(batch):
+                raise Indefinite(f"batch of {len(batch)} answered with {len(r.offsets)} offsets")
+            node = c.names.get(r.broker_addr, r.broker_addr)
+            outcome: list[tuple[int, str | None]] | BaseException = [(off, node) for off in r.offsets]
+        except SendOutcomeUnknownError as exc:
+            outcome = Indefinite(str(exc))
+        except ClientError as exc:
+            outcome = Definite(str(exc))
+        except Exception as exc:  # noqa: BLE001 - anything else: we cannot know whether it was stored
+            outcome = Indefinite(f"{type(exc).__name__}: {exc}")
+        for i, (_, fut) in enumerate(batch):
+            if fut.done():
+                continue
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome[i])
+
+    async def close(self) -> None:
+        self._flush()
+        if self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self.client.close()
+
+
 class _QueueLog:
     """One queue of a QueueClient, seen as the LogClient the log workload drives."""
 
-    def __init__(self, client: QueueClient, queue_id: int) -> None:
+    def __init__(self, client: QueueClient, queue_id: int, coalescer: SendCoalescer | None = None) -> None:
         self.client = client
         self.queue_id = queue_id
+        self.coalescer = coalescer
 
     @property
     def node(self) -> str | None:
         return self.client.node
 
     async def send(self, value: int) -> int:
-        return await self.client.send(self.queue_id, value)
+        if self.coalescer is None:
+            return await self.client.send(self.queue_id, value)
+        offset, self.client.node = await self.coalescer.send(value)
+        return offset
 
     async def poll(self, start: int, limit: int) -> list[Pair]:
         return await self.client.poll(self.queue_id, start, limit)
@@ -249,14 +328,22 @@ class _QueueLog:
 class _QueuePart(LogWorkload):
     """The log workload on one queue; values are drawn from a counter shared by all queues."""
 
-    def __init__(self, backend: Backend, ctx: RunContext, queue_id: int, values: itertools.count[int]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        ctx: RunContext,
+        queue_id: int,
+        values: itertools.count[int],
+        coalescer: SendCoalescer | None = None,
+    ) -> None:
         super().__init__(backend, ctx)
         self.queue_id = queue_id
         self.key = f"{getattr(backend, 'topic', TOPIC)}/{queue_id}"
         self._values = values
+        self.coalescer = coalescer
 
     def client(self) -> LogClient:
-        c: LogClient = _QueueLog(self.backend.queue_client(), self.queue_id)
+        c: LogClient = _QueueLog(self.backend.queue_client(), self.queue_id, self.coalescer)
         return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
 
 
@@ -272,17 +359,33 @@ class QueueWorkload(Workload):
         if not queues:
             raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
         values = itertools.count(1)  # unique across the whole history, as HISTORY.md requires
-        self.parts = [_QueuePart(backend, ctx, q, values) for q in range(queues)]
+        self.coalescers = (
+            [SendCoalescer(backend.queue_client(), q, ctx.send_batch) for q in range(queues)]
+            if ctx.send_batch > 1
+            else []
+        )
+        self.parts = [
+            _QueuePart(backend, ctx, q, values, self.coalescers[q] if self.coalescers else None)
+            for q in range(queues)
+        ]
 
     async def worker(self, w: int) -> None:
         await self.parts[w % len(self.parts)].worker(w)
 
     async def final(self) -> None:
-        await asyncio.gather(*(p.final() for p in self.parts))
+        try:
+            await asyncio.gather(*(p.final() for p in self.parts))
+        finally:
+            for c in self.coalescers:
+                await c.close()
 
     def summary(self) -> dict[str, Any]:
         drained = {p.key: p.summary().get("drained") for p in self.parts}
-        return {"drained": drained, "drained_total": sum(v or 0 for v in drained.values())}
+        out: dict[str, Any] = {"drained": drained, "drained_total": sum(v or 0 for v in drained.values())}
+        if self.coalescers:
+            out["send_batches"] = sum(c.batches for c in self.coalescers)
+            out["largest_send_batch"] = max(c.largest for c in self.coalescers)
+        return out
 
 
 WORKLOADS["queue"] = QueueWorkload

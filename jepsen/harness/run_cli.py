@@ -51,6 +51,9 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 @click.option("--seed", type=int, default=None, help="seed for choices of operations and fault targets")
 @click.option("--op-timeout", type=click.FloatRange(min=0.5), default=5, show_default=True,
               help="seconds before an operation is recorded as info")
+@click.option("--send-batch", type=click.IntRange(min=1, max=1024), default=1, show_default=True,
+              help="queue workload: sends to one queue within 10 ms of each other go as one batch of up to N "
+                   "(one ledger entry); each stays its own operation in the history")
 @click.option("--no-check", is_flag=True, help="record only; skip the checker")
 @click.option("--keep-data", is_flag=True, help="keep node data directories even when the run is valid")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
@@ -58,11 +61,13 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
               help="harness self-test: a log client that acknowledges sends it never made (ack-unsent), "
                    "a register client that reads its own replica (local-reads)")
 def run(backend: str, system: str, workload: str, nemesis: tuple[str, ...], time_: float, interval: float,
-        rate: float, clients: int, out: Path, name: str | None, seed: int | None, op_timeout: float, no_check: bool,
+        rate: float, clients: int, out: Path, name: str | None, seed: int | None, op_timeout: float, send_batch: int,
+        no_check: bool,
         keep_data: bool, no_progress: bool, broken_adapter: str | None) -> None:
     """Load a 3-node group, inject faults, record the history and check it."""
     cfg = RunConfig(workload=workload, system=system, backend=backend, nemesis=nemesis, time=time_,
                     interval=interval, rate=rate, clients=clients, out=out, seed=seed, op_timeout=op_timeout,
+                    send_batch=send_batch,
                     progress=not no_progress and sys.stderr.isatty(), check=not no_check,
                     keep_data=keep_data, broken_adapter=broken_adapter, name=name)
     try:

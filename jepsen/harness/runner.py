@@ -44,6 +44,7 @@ class RunConfig:
     out: Path = Path("jepsen-runs")
     seed: int | None = None
     op_timeout: float = 5.0
+    send_batch: int = 1  # queue workload: coalesce up to this many concurrent sends to a queue
     progress: bool = True
     check: bool = True
     keep_data: bool = False
@@ -140,7 +141,7 @@ async def _drive(cfg: RunConfig, backend: Backend, history: History, run_dir: Pa
     await backend.wait_for_leader(60)
     start = loop.time()
     ctx = RunContext(history=history, rng=rng, deadline=start + cfg.time, rate=cfg.rate, clients=cfg.clients,
-                     op_timeout=cfg.op_timeout, **wraps)
+                     op_timeout=cfg.op_timeout, send_batch=cfg.send_batch, **wraps)
     workload: Workload = WORKLOADS[cfg.workload](backend, ctx)
     nemesis = Nemesis(backend, history, list(cfg.nemesis), cfg.interval, random.Random(rng.random()),
                       run_dir / "nemesis.log")
@@ -201,6 +202,8 @@ def run(cfg: RunConfig) -> RunResult:
         raise Unsupported("the pysyncobj system runs the log workload only")
     if (cfg.system == "broker") != (cfg.workload == "queue"):
         raise Unsupported("the queue workload runs on the broker system, and the broker system runs only it")
+    if cfg.send_batch > 1 and cfg.workload != "queue":
+        raise Unsupported("--send-batch applies to the queue workload only")
     wraps: dict[str, Any] = {}
     if cfg.broken_adapter:
         table = BROKEN_REGISTER_ADAPTERS if cfg.workload == "register" else BROKEN_ADAPTERS

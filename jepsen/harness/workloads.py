@@ -44,6 +44,7 @@ class RunContext:
     rate: float  # operations per second over all workers
     clients: int
     op_timeout: float = 10.0
+    send_batch: int = 1  # queue workload: up to this many concurrent sends go as one batch
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     wrap_log_client: Callable[[LogClient], LogClient] | None = None
     wrap_register_client: Callable[[RegisterClient], RegisterClient] | None = None
