@@ -128,7 +128,7 @@ class MessageStore:
                     kind = e.data[0]
                     found = watch.get(e.index)
                     if kind == RECORD_MESSAGE:
-                        self._apply_message(e.index << SLOT_BITS, e.data, touched, found)
+                        self._apply_records(e.index << SLOT_BITS, (e.data,), touched, found)
                     elif kind == RECORD_BATCH:
                         self._apply_batch(e.index, e.data, touched, found)
                     elif kind == RECORD_META:
@@ -152,53 +152,92 @@ class MessageStore:
         except MessageFormatError as exc:
             log.error("undecodable batch entry", extra={"index": index, "error": str(exc)})
             return
-        base = index << SLOT_BITS
-        for slot, rec in enumerate(records):
-            self._apply_message(base | slot, rec, touched, found)
+        self._apply_records(index << SLOT_BITS, records, touched, found)
 
-    def _apply_message(
-        self, position: int, data: bytes | memoryview, touched: set[tuple[str, int]], found: list[Stored] | None
+    def _apply_records(
+        self,
+        base: int,
+        records: Sequence[bytes | memoryview],
+        touched: set[tuple[str, int]],
+        found: list[Stored] | None,
     ) -> None:
-        """Dispatch one record; appends where it went to ``found`` when an append waits on it."""
-        try:
-            _, flags, qid, th, _, _, seq, tl, pl, prl, bl = unpack_record_header(data)
-            if REC_HEADER_SIZE + tl + pl + prl + bl != len(data):
-                raise ValueError("record lengths do not add up to its size")
-            tb = bytes(data[REC_HEADER_SIZE : REC_HEADER_SIZE + tl])
-            cq = self._queue_cache.get((tb, qid))
-            pid = bytes(data[REC_HEADER_SIZE + tl : REC_HEADER_SIZE + tl + pl]).decode() if pl else ""
-        except (ValueError, struct.error, UnicodeDecodeError) as exc:
-            log.error("undecodable message record", extra={"position": position, "error": str(exc)})
-            if found is not None:
-                found.append(Stored(-1, position))
-            return
-        if pid and seq:
-            seen = self.producers.get(pid)
-            if seen is None:
-                seen = self.producers[pid] = OrderedDict()
-            prior = seen.get(seq)
-            if prior is not None:
+        """Dispatch the records of one entry (slot i at position ``base | i``).
+
+        Every broker runs this for every message, so it is written for speed: the records
+        of a batch share topic, queue and producer, which are looked up once per change
+        rather than once per record; a ``Stored`` is made only when someone needs it.
+        """
+        unpack = unpack_record_header
+        last_key: tuple[bytes, int] | None = None
+        last_pid_raw: bytes | None = None
+        pid = ""
+        cq: ConsumeQueue | None = None
+        seen: OrderedDict[int, Stored] | None = None
+        dispatched = 0
+        for slot, data in enumerate(records):
+            position = base | slot
+            try:
+                _, flags, qid, th, _, _, seq, tl, pl, prl, bl = unpack(data)
+                size = len(data)
+                if REC_HEADER_SIZE + tl + pl + prl + bl != size:
+                    raise ValueError("record lengths do not add up to its size")
+                key = (bytes(data[REC_HEADER_SIZE : REC_HEADER_SIZE + tl]), qid)
+                if key != last_key:
+                    cq = self._queue_cache.get(key) or self._new_queue(key)
+                    last_key = key
+                    touched.add((cq.topic, qid))
+                if pl:
+                    pid_raw = bytes(data[REC_HEADER_SIZE + tl : REC_HEADER_SIZE + tl + pl])
+                    if pid_raw != last_pid_raw:
+                        pid, last_pid_raw, seen = pid_raw.decode(), pid_raw, None
+                else:
+                    pid, last_pid_raw = "", None
+            except (ValueError, struct.error, UnicodeDecodeError) as exc:
+                log.error("undecodable message record", extra={"position": position, "error": str(exc)})
                 if found is not None:
-                    found.append(Stored(prior.queue_offset, prior.position, True))
-                return
+                    found.append(Stored(-1, position))
+                last_key = last_pid_raw = None
+                continue
+            assert cq is not None
+            dedup = bool(pid and seq)
+            if dedup:
+                if seen is None:
+                    seen = self.producers.get(pid)
+                    if seen is None:
+                        seen = self.producers[pid] = OrderedDict()
+                prior = seen.get(seq)
+                if prior is not None:
+                    if found is not None:
+                        found.append(Stored(prior.queue_offset, prior.position, True))
+                    continue
+            positions = cq.positions
+            positions.append(position)
+            cq.sizes.append(size)
+            cq.tags.append(th)
+            dispatched += 1
+            if found is not None or dedup:
+                result = Stored(cq.base + len(positions) - 1, position)
+                if found is not None:
+                    found.append(result)
+                if dedup:
+                    assert seen is not None
+                    seen[seq] = result
+                    if len(seen) > self.dedup_window:
+                        seen.popitem(last=False)
+            if flags & FLAG_HAS_KEYS:
+                off = REC_HEADER_SIZE + tl + pl
+                self._index_keys(cq.topic, position, data[off : off + prl])
+        self.dispatched_messages += dispatched
+
+    def _new_queue(self, key: tuple[bytes, int]) -> ConsumeQueue:
+        """The consume queue for (raw topic, queue id), created on its first message."""
+        tb, qid = key
+        name = (tb.decode(), qid)
+        cq = self.queues.get(name)
         if cq is None:
-            key = (tb.decode(), qid)
-            cq = self.queues.get(key)
-            if cq is None:
-                cq = self.queues[key] = ConsumeQueue(key[0], qid)
-            self._queue_cache[(tb, qid)] = cq
-        result = Stored(cq.append(position, len(data), th), position)
-        self.dispatched_messages += 1
-        touched.add((cq.topic, qid))
-        if pid and seq:
-            seen[seq] = result
-            if len(seen) > self.dedup_window:
-                seen.popitem(last=False)
-        if flags & FLAG_HAS_KEYS:
-            off = REC_HEADER_SIZE + tl + pl
-            self._index_keys(cq.topic, position, data[off : off + prl])
-        if found is not None:
-            found.append(result)
+            cq = self.queues[name] = ConsumeQueue(name[0], qid)
+        self._queue_cache[key] = cq
+        return cq
 
     def _index_keys(self, topic: str, position: int, props: bytes | memoryview) -> None:
         from remoting.message import PROPERTY_KEYS, decode_properties

@@ -15,6 +15,7 @@ from ledger.node import LedgerNode
 from remoting.message import (
     RECORD_BATCH,
     MessageFormatError,
+    decode_record,
     encode_batch_entry,
     encode_record,
     make_msg_id,
@@ -230,3 +231,28 @@ def test_consume_queue_scan_filters_by_tag_hash_and_bounds_its_work():
     cq.trim_before(make_position(13))
     assert cq.min_offset == 3 and cq.slice(0, 2) == [(3, make_position(13), 103), (4, make_position(14), 104)]
     assert cq.offset_of_position(make_position(17)) == 7 and cq.offset_of_position(make_position(12)) is None
+
+
+def test_batch_entry_with_mixed_records_is_dispatched_record_by_record(tmp_path):
+    """Dispatch looks topic, queue and producer up once per change: a change mid-batch, a
+    record without a producer between two with one, and a broken record must all be right."""
+    cfg = node_config(tmp_path)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 2, 2, 6)])
+        await store.append_async([record(b"p1", 0, "pid", 1)])
+        broken = record(b"zz")[:-1]  # lengths no longer add up
+        mixed = [record(b"a", 0, "pid", 2), record(b"b", 1), record(b"p1-again", 0, "pid", 1),
+                 broken, record(b"c", 1, "other", 1), record(b"p2-again", 0, "pid", 2)]
+        r = await store.append_async([encode_batch_entry(mixed)])
+        assert [(x.queue_offset, x.duplicate) for x in r] == [
+            (1, False), (0, False), (0, True), (-1, False), (1, False), (1, True)]
+        q0, q1 = store.queue("T", 0), store.queue("T", 1)
+        assert q0 is not None and q1 is not None
+        assert [decode_record(rec).body for _, _, rec in store.read_records(q0.slice(0, 9), 1 << 20)] == [b"p1", b"a"]
+        assert [decode_record(rec).body for _, _, rec in store.read_records(q1.slice(0, 9), 1 << 20)] == [b"b", b"c"]
+        assert store.dispatched_messages == 4
+        await node.stop()
+
+    asyncio.run(run())
