@@ -140,14 +140,19 @@ class Processors:
 
     # ------------------------------------------------------------------ sends
 
-    def send(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
+    def _send_target(self, req: RemotingCommand) -> tuple[str, int] | RemotingCommand:
+        """(topic, queue id) of a send this broker may take, or the refusal to answer with."""
         if not self.broker.is_master:
             return self._not_master(req)
         topic = req.header_str("topic")
         queue_id = req.header_int("queueId")
-        bad = self._check_topic(req, topic, queue_id, PERM_WRITE)
-        if bad is not None:
-            return bad
+        return self._check_topic(req, topic, queue_id, PERM_WRITE) or (topic, queue_id)
+
+    def send(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
+        target = self._send_target(req)
+        if isinstance(target, RemotingCommand):
+            return target
+        topic, queue_id = target
         body = req.body
         if len(body) > self.config.max_message_bytes:
             return req.make_response(
@@ -191,13 +196,10 @@ class Processors:
         return self._append(req, [record], reply)
 
     def send_batch(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
-        if not self.broker.is_master:
-            return self._not_master(req)
-        topic = req.header_str("topic")
-        queue_id = req.header_int("queueId")
-        bad = self._check_topic(req, topic, queue_id, PERM_WRITE)
-        if bad is not None:
-            return bad
+        target = self._send_target(req)
+        if isinstance(target, RemotingCommand):
+            return target
+        topic, queue_id = target
         if len(req.body) > self.config.max_batch_bytes:
             return req.make_response(
                 ResponseCode.MESSAGE_ILLEGAL,
