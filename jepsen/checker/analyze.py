@@ -68,6 +68,19 @@ def _out_dirs(paths: list[str], out_dir: Path) -> list[Path]:
     return dirs
 
 
+SMALL_INPUT_BYTES = 512 << 20  # below this (about 2M operations) the checks cut lineage (spark.materialize)
+
+
+def input_bytes(sources: list[Source]) -> int:
+    size = 0
+    for s in sources:
+        try:
+            size += Path(s.path).stat().st_size
+        except OSError:
+            pass
+    return size
+
+
 def partitions_for(sources: list[Source]) -> int:
     """Partitions for the cached operations and for shuffles, from the input size.
 
@@ -76,12 +89,7 @@ def partitions_for(sources: list[Source]) -> int:
     have only a handful of keys, so several partitions per core let the scheduler
     even out keys of unequal size; beyond that one per 32 MB.
     """
-    size = 0
-    for s in sources:
-        try:
-            size += Path(s.path).stat().st_size
-        except OSError:
-            pass
+    size = input_bytes(sources)
     if size < (16 << 20):
         return 2
     return max(16, min(128, size // (32 << 20) + 1))
@@ -189,7 +197,7 @@ def _check_sources(sources: list[Source], outcomes: list[FileOutcome], workload:
                    master: str | None, budget: float, plots: dict[int, dict[str, Any]],
                    report: bool) -> None:
     from jepsen.checker import frames
-    from jepsen.checker.spark import get_spark
+    from jepsen.checker.spark import get_spark, materialize
 
     spark = get_spark(master)
     parts = partitions_for(sources)
@@ -198,9 +206,10 @@ def _check_sources(sources: list[Source], outcomes: list[FileOutcome], workload:
     if excluded and EXCLUDED_RULE not in excluded:
         conf["spark.sql.optimizer.excludedRules"] = f"{excluded},{EXCLUDED_RULE}"
     with session_conf(spark, conf):
-        ops = frames.pair_ops(frames.load_events(spark, sources), parts).cache()
+        small = input_bytes(sources) < SMALL_INPUT_BYTES
+        ops = materialize(frames.pair_ops(frames.load_events(spark, sources), parts), small)
         try:
-            _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report)
+            _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small)
         finally:
             ops.unpersist()
 
@@ -247,7 +256,8 @@ def session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
 
 
 def _check_ops(spark: Any, ops: DataFrame, sources: list[Source], outcomes: list[FileOutcome],
-               workload: str | None, budget: float, plots: dict[int, dict[str, Any]], report: bool) -> None:
+               workload: str | None, budget: float, plots: dict[int, dict[str, Any]], report: bool,
+               small: bool) -> None:
     from pyspark.sql import functions as F
 
     from jepsen.checker import linear_spark, log_checker
@@ -273,7 +283,7 @@ def _check_ops(spark: Any, ops: DataFrame, sources: list[Source], outcomes: list
     good = ops.filter(F.col("src").isin(list(chosen))) if chosen else None
     log_srcs = [s for s, w in chosen.items() if w == "log"]
     lin_srcs = {s: w for s, w in chosen.items() if w != "log"}
-    found_log = log_checker.check(good.filter(F.col("src").isin(log_srcs))) if log_srcs else {}
+    found_log = log_checker.check(good.filter(F.col("src").isin(log_srcs)), small) if log_srcs else {}
     found_lin = linear_spark.check(spark, good, lin_srcs, budget) if lin_srcs and good is not None else {}
     for src, w in chosen.items():
         o, ov = outcomes[src], overview[src]

