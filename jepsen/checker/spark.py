@@ -124,9 +124,8 @@ def materialize(df: DataFrame, cut_lineage: bool) -> DataFrame:
     With ``cut_lineage`` it becomes a local checkpoint: the checks' plans then start from
     it instead of re-analysing everything that built it, which on small histories is
     about half the time (11k operations: 10 s -> 5 s warm; 1M: 38 s -> 29 s). Very large
-    inputs use the cache instead: its compressed columnar form holds several times more
-    in memory than checkpointed rows, which spill to disk (10M took 195 s checkpointed
-    against 158 s cached).
+    inputs use the cache instead: there the gain is gone (10M: 195 s either way), and its
+    compressed columnar form holds several times more in memory than checkpointed rows.
     """
     if cut_lineage:
         return df.localCheckpoint()
