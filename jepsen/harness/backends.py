@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.client import LedgerClient
-from ledger.localcluster import LocalCluster, write_toml
+from ledger.localcluster import LocalCluster, ProcessSet, write_toml
 
 from .clients import LedgerLogClient, LedgerRegisterClient, LogClient, RegisterClient, RegisterReplica
 from .proxy import Link, LinkProxy
@@ -146,33 +146,94 @@ class Backend(ABC):
         """Delete data directories (node logs stay); called after a valid run unless asked to keep."""
 
 
-class LocalLedgerBackend(Backend):
+class ProcessBackend(Backend):
+    """Nodes that are local processes of one ``ProcessSet`` and dial each other through one
+    ``LinkProxy``: whatever the processes run, kill, restart, pause and cut work the same."""
+
+    def __init__(self, base_dir: Path, procs: ProcessSet) -> None:
+        super().__init__(base_dir)
+        self.procs = procs
+        self.proxy: LinkProxy | None = None
+
+    @abstractmethod
+    def peer_addresses(self) -> dict[str, str]:
+        """Node id -> the address its peers dial, which the proxy fronts."""
+
+    @abstractmethod
+    def launch(self) -> None:
+        """Start every process, once the proxy is up (their configs name its addresses)."""
+
+    @abstractmethod
+    def spawn(self, nid: str) -> None:
+        """(Re)start one node's process."""
+
+    def process_name(self, nid: str) -> str:
+        """The node's name in the ProcessSet."""
+        return nid
+
+    def start(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self.proxy = LinkProxy(self.peer_addresses(), log_path=self.base_dir / "proxy.log")
+        self.launch()
+
+    def stop(self) -> None:
+        try:
+            self.procs.stop()
+            self.paused.clear()
+        finally:
+            if self.proxy is not None:
+                self.proxy.close()
+
+    def kill(self, nid: str) -> None:
+        self.procs.kill(self.process_name(nid), signal.SIGKILL)
+        self.killed.add(nid)
+        self.paused.discard(nid)
+
+    def restart(self, nid: str) -> None:
+        self.spawn(nid)
+        self.killed.discard(nid)
+
+    def pause(self, nid: str) -> None:
+        name = self.process_name(nid)
+        if self.procs.is_running(name):
+            self.procs.pause(name)
+            self.paused.add(nid)
+
+    def resume(self, nid: str) -> None:
+        self.procs.resume(self.process_name(nid))
+        self.paused.discard(nid)
+
+    def set_cut(self, links: set[Link]) -> dict[str, Any]:
+        assert self.proxy is not None
+        if not self.directed_links:
+            links = set(links) | {(b, a) for a, b in links}
+        reply = self.proxy.set_cut(links)
+        self.cut = set(links)
+        return reply
+
+
+class LocalLedgerBackend(ProcessBackend):
     """A 3-node ledger group of local processes (``ledger.localcluster``) behind link proxies."""
 
     system = "ledger"
     supports_corruption = True
 
     def __init__(self, base_dir: Path, n: int = 3, settings: dict[str, Any] | None = None) -> None:
-        super().__init__(base_dir)
-        self.cluster = _ProxiedCluster(self.base_dir, n, settings=settings)
+        self.cluster = _ProxiedCluster(Path(base_dir), n, settings=settings)
+        super().__init__(base_dir, self.cluster)
         self.nodes = list(self.cluster.ids)
-        self.proxy: LinkProxy | None = None
         self._status_client: LedgerClient | None = None
         self._status_loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self) -> None:
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.proxy = LinkProxy({n: self.cluster.address(n) for n in self.nodes},
-                               log_path=self.base_dir / "proxy.log")
+    def peer_addresses(self) -> dict[str, str]:
+        return {n: self.cluster.address(n) for n in self.nodes}
+
+    def launch(self) -> None:
         self.cluster.proxy = self.proxy
         self.cluster.start()
 
-    def stop(self) -> None:
-        try:
-            self.cluster.stop()
-        finally:
-            if self.proxy is not None:
-                self.proxy.close()
+    def spawn(self, nid: str) -> None:
+        self.cluster.start_node(nid)
 
     @property
     def direct(self) -> dict[str, str]:
@@ -201,29 +262,6 @@ class LocalLedgerBackend(Backend):
             "ready": bool(st.get("leader_ready")),
             "commit_index": st.get("commit_index"),
         }
-
-    def kill(self, nid: str) -> None:
-        self.cluster.kill(nid, signal.SIGKILL)
-        self.killed.add(nid)
-        self.paused.discard(nid)
-
-    def restart(self, nid: str) -> None:
-        self.cluster.start_node(nid)
-        self.killed.discard(nid)
-
-    def pause(self, nid: str) -> None:
-        self.cluster.pause(nid)
-        self.paused.add(nid)
-
-    def resume(self, nid: str) -> None:
-        self.cluster.resume(nid)
-        self.paused.discard(nid)
-
-    def set_cut(self, links: set[Link]) -> dict[str, Any]:
-        assert self.proxy is not None
-        reply = self.proxy.set_cut(links)
-        self.cut = set(links)
-        return reply
 
     def corrupt_tail(self, nid: str, rng: random.Random) -> dict[str, Any]:
         """Flip bytes at the end of the node's newest segment (the node must be stopped).

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +32,9 @@ from remoting import RemotingClient, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import Message
 
-from .backends import Backend, Unsupported
+from .backends import Backend, ProcessBackend, Unsupported
 from .clients import Definite, Indefinite, LogClient, Pair, decode_value
-from .proxy import Link, LinkProxy
+from .proxy import LinkProxy
 from .workloads import WORKLOADS, LogWorkload, RunContext, Workload
 
 TOPIC = "JepsenQueue"
@@ -65,7 +64,7 @@ def broker_status(info: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-class LocalBrokerBackend(Backend):
+class LocalBrokerBackend(ProcessBackend):
     """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
 
     system = "broker"
@@ -73,28 +72,27 @@ class LocalBrokerBackend(Backend):
     topic = TOPIC
 
     def __init__(self, base_dir: Path, queues: int = 2, settings: dict[str, Any] | None = None) -> None:
-        super().__init__(base_dir)
         self.queues = queues
         self.group = _ProxiedBrokerGroup(
-            self.base_dir, topics=(f"{TOPIC}:{queues}",), settings={"register_interval_s": 10, **(settings or {})}
+            Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings={"register_interval_s": 10, **(settings or {})}
         )
+        super().__init__(base_dir, self.group)
         self.nodes = list(self.group.node_ids)
-        self.proxy: LinkProxy | None = None
         self._rc: RemotingClient | None = None
         self._rc_loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self) -> None:
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.proxy = LinkProxy(dict(self.group.ledger_addr), log_path=self.base_dir / "proxy.log")
+    def peer_addresses(self) -> dict[str, str]:
+        return dict(self.group.ledger_addr)
+
+    def launch(self) -> None:
         self.group.proxy = self.proxy
         self.group.start()
 
-    def stop(self) -> None:
-        try:
-            self.group.stop()
-        finally:
-            if self.proxy is not None:
-                self.proxy.close()
+    def spawn(self, nid: str) -> None:
+        self.group.start_broker(nid)
+
+    def process_name(self, nid: str) -> str:
+        return self.group.name_of(nid)
 
     async def status(self, nid: str) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
@@ -102,29 +100,6 @@ class LocalBrokerBackend(Backend):
             self._rc = RemotingClient()
             self._rc_loop = loop
         return broker_status(await self.group.runtime_info(self._rc, nid))
-
-    def kill(self, nid: str) -> None:
-        self.group.kill(self.group.name_of(nid), signal.SIGKILL)
-        self.killed.add(nid)
-        self.paused.discard(nid)
-
-    def restart(self, nid: str) -> None:
-        self.group.start_broker(nid)
-        self.killed.discard(nid)
-
-    def pause(self, nid: str) -> None:
-        self.group.pause(self.group.name_of(nid))
-        self.paused.add(nid)
-
-    def resume(self, nid: str) -> None:
-        self.group.resume(self.group.name_of(nid))
-        self.paused.discard(nid)
-
-    def set_cut(self, links: set[Link]) -> dict[str, Any]:
-        assert self.proxy is not None
-        reply = self.proxy.set_cut(links)
-        self.cut = set(links)
-        return reply
 
     def log_client(self) -> LogClient:
         raise Unsupported("the broker backend runs the queue workload (the log workload talks to bare ledger nodes)")

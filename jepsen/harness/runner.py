@@ -15,6 +15,7 @@ import asyncio
 import json
 import random
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,8 @@ def make_run_dir(out: Path, test: str) -> Path:
         if latest.is_symlink() or latest.exists():
             latest.unlink()
         latest.symlink_to(run_dir.name)
-    except OSError:
-        pass  # a convenience only
+    except OSError as exc:  # a convenience only: the run goes on without it
+        warnings.warn(f"could not point {latest} at {run_dir.name}: {exc}", stacklevel=2)
     return run_dir
 
 

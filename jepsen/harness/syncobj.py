@@ -10,31 +10,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from ledger.localcluster import ProcessSet, free_port
 
-from .backends import Backend
+from .backends import ProcessBackend
 from .clients import Definite, Indefinite, LogClient, Pair
-from .proxy import Link, LinkProxy
 
 
-class LocalSyncObjBackend(Backend):
+class LocalSyncObjBackend(ProcessBackend):
     system = "pysyncobj"
     directed_links = False
 
     def __init__(self, base_dir: Path, n: int = 3, python: str = sys.executable) -> None:
-        super().__init__(base_dir)
+        super().__init__(base_dir, ProcessSet(base_dir))  # started, signalled and reaped by PID
         self.nodes = [f"n{i + 1}" for i in range(n)]
         self.hosts = {nid: f"127.0.0.{i + 1}" for i, nid in enumerate(self.nodes)}
         self.raft = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
         self.client_addr = {nid: f"{self.hosts[nid]}:{free_port(self.hosts[nid])}" for nid in self.nodes}
         self.python = python
-        self.ps = ProcessSet(self.base_dir)  # started, signalled and reaped by PID
-        self.proxy: LinkProxy | None = None
 
     # ------------------------------------------------------------------ processes
 
@@ -45,47 +41,15 @@ class LocalSyncObjBackend(Backend):
                 "--peers", ",".join(self.raft[p] for p in self.nodes), "--dial", dial,
                 "--client", self.client_addr[nid], "--data", str(self.base_dir / nid / "data")]
 
-    def _spawn(self, nid: str) -> None:
-        self.ps.spawn(nid, self._argv(nid), self.base_dir / nid / "node.log")
+    def spawn(self, nid: str) -> None:
+        self.procs.spawn(nid, self._argv(nid), self.base_dir / nid / "node.log")
 
-    def start(self) -> None:
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.proxy = LinkProxy(self.raft, log_path=self.base_dir / "proxy.log")
+    def peer_addresses(self) -> dict[str, str]:
+        return self.raft
+
+    def launch(self) -> None:
         for nid in self.nodes:
-            self._spawn(nid)
-
-    def stop(self) -> None:
-        try:
-            self.ps.stop()
-            self.paused.clear()
-        finally:
-            if self.proxy is not None:
-                self.proxy.close()
-
-    def kill(self, nid: str) -> None:
-        self.ps.kill(nid, signal.SIGKILL)
-        self.killed.add(nid)
-        self.paused.discard(nid)
-
-    def restart(self, nid: str) -> None:
-        self._spawn(nid)
-        self.killed.discard(nid)
-
-    def pause(self, nid: str) -> None:
-        if self.ps.is_running(nid):
-            self.ps.pause(nid)
-            self.paused.add(nid)
-
-    def resume(self, nid: str) -> None:
-        self.ps.resume(nid)
-        self.paused.discard(nid)
-
-    def set_cut(self, links: set[Link]) -> dict[str, Any]:
-        assert self.proxy is not None
-        sym = set(links) | {(b, a) for a, b in links}
-        reply = self.proxy.set_cut(sym)
-        self.cut = sym
-        return reply
+            self.spawn(nid)
 
     # ------------------------------------------------------------------ status and clients
 
