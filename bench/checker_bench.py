@@ -50,8 +50,11 @@ def bench_log(work: Path, n: int, master: str | None, report: bool) -> dict[str,
     o = res["files"][0]
     if o.valid is not True:
         raise SystemExit(f"correct {n}-op history judged {o.verdict}: {o.error or o.result.get('counts')}")
-    print(f"log {n:>10,} ops ({st.events:,} events, {size_mb:,.0f} MB; generated in {gen:.1f} s): "
-          f"analyze {secs:.1f} s = {n / secs:,.0f} ops/s", flush=True)
+    print(
+        f"log {n:>10,} ops ({st.events:,} events, {size_mb:,.0f} MB; generated in {gen:.1f} s): "
+        f"analyze {secs:.1f} s = {n / secs:,.0f} ops/s",
+        flush=True,
+    )
     path.unlink()
     return {f"seconds_{_label(n)}": round(secs, 2), f"ops_per_s_{_label(n)}": round(n / secs)}
 
@@ -65,31 +68,42 @@ def bench_anomalous(work: Path, n: int, master: str | None) -> dict[str, object]
     o = res["files"][0]
     found = o.result.get("anomaly-types", [])
     missed = sorted(set(st.planted) - set(found))
-    print(f"anomalous {n:,} ops: {o.verdict} in {secs:.1f} s, found {found}, planted {sorted(st.planted)}",
-          flush=True)
+    print(
+        f"anomalous {n:,} ops: {o.verdict} in {secs:.1f} s, found {found}, planted {sorted(st.planted)}",
+        flush=True,
+    )
     if o.valid is not False or missed:
         raise SystemExit(f"planted anomalies not all found: missed {missed}")
     return {f"anomalous_{_label(n)}_seconds": round(secs, 2), "anomalous_found": found}
 
 
 def bench_etcd(work: Path, master: str | None) -> dict[str, object]:
-    expected = dict(line.rstrip("\n").split("\t") for line in (VECTORS / "EXPECTED.tsv").open() if line.strip())
+    expected = dict(
+        line.rstrip("\n").split("\t") for line in (VECTORS / "EXPECTED.tsv").open() if line.strip()
+    )
     files = sorted(str(VECTORS / k) for k in expected if k.startswith("etcd/"))
     t0 = time.monotonic()
     res = analyze_files(files, out_dir=work / "etcd", master=master)
     secs = time.monotonic() - t0
-    wrong = [p for p, v in res["summary"].items()
-             if v is not (expected["etcd/" + Path(p).name] == "linearizable")]
-    print(f"etcd: {len(files)} histories in {secs:.1f} s, {len(wrong)} verdicts differ from EXPECTED.tsv",
-          flush=True)
+    wrong = [
+        p for p, v in res["summary"].items() if v is not (expected["etcd/" + Path(p).name] == "linearizable")
+    ]
+    print(
+        f"etcd: {len(files)} histories in {secs:.1f} s, {len(wrong)} verdicts differ from EXPECTED.tsv",
+        flush=True,
+    )
     return {"etcd_102_seconds": round(secs, 2), "etcd_mismatches": len(wrong)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="100k and 1M only")
-    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                    help="comma-separated operation counts (overrides --quick)")
+    ap.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="comma-separated operation counts (overrides --quick)",
+    )
     ap.add_argument("--master", default=None, help="Spark master (default local[2])")
     ap.add_argument("--no-report", action="store_true", help="time results.json only, no report.html")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed)")

@@ -45,7 +45,9 @@ async def measure(cluster: LocalCluster, kills: int, settle: float) -> dict[str,
                     raise RuntimeError(f"kill {k + 1}: no acknowledgement from a new leader within 30 s")
                 ms = 1000 * (ack.at - killed_at)
                 times.append(ms)
-                print(f"kill {k + 1}/{kills}: leader {leader} (term {term}) -> first new-term ack after {ms:.0f} ms")
+                print(
+                    f"kill {k + 1}/{kills}: leader {leader} (term {term}) -> first new-term ack after {ms:.0f} ms"
+                )
                 cluster.start_node(leader)
         load.stop()
         await task

@@ -3,7 +3,7 @@
 Our group acknowledges an append only when a quorum has fsynced it; pysyncobj keeps its
 log in memory and never fsyncs, so the comparison favours the baseline.
 
-    python bench/ledger_bench.py [--quick] [--runs N] [--seconds S]
+    python bench/ledger_bench.py [--quick] [--runs N] [--seconds S] [--peer-auth on|off|both]
 
 Prints figures per run and ends with one JSON line (medians over runs):
 entries_per_s, p50_ms, p99_ms (batched, per batch), unbatched_entries_per_s,
@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.process import free_port
 from ledger.client import LedgerClient
-from ledger.localcluster import LocalCluster, free_port
+from ledger.localcluster import LocalCluster
 
 ENTRY = b"x" * 1024
 
@@ -62,9 +63,11 @@ async def load(addresses: list[str], seconds: float, concurrency: int, batch: in
     }
 
 
-def run_ledger(seconds: float, batch: int, concurrency: int, unbatched_concurrency: int) -> dict[str, float]:
+def run_ledger(
+    seconds: float, batch: int, concurrency: int, unbatched_concurrency: int, peer_auth: bool = True
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ledger-bench-") as d:
-        cluster = LocalCluster(Path(d), 3)
+        cluster = LocalCluster(Path(d), 3, settings=None if peer_auth else {"cluster_secret": ""})
         cluster.start()
         try:
             asyncio.run(cluster.wait_for_leader(30))
@@ -83,15 +86,13 @@ def run_ledger(seconds: float, batch: int, concurrency: int, unbatched_concurren
 
 def run_pysyncobj(seconds: float) -> dict[str, float]:
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    script = str(Path(__file__).with_name("pysyncobj_node.py"))
+    node = [sys.executable, "-m", "jepsen.pysyncobj_node", "--bench", "--peers", ",".join(addrs)]
     procs = []
     try:
         for i in (1, 2):
-            others = ",".join(a for a in addrs if a != addrs[i])
-            procs.append(subprocess.Popen([sys.executable, script, addrs[i], others], stdout=subprocess.DEVNULL))
-        others = ",".join(addrs[1:])
+            procs.append(subprocess.Popen([*node, "--self", addrs[i]], stdout=subprocess.DEVNULL))
         out = subprocess.run(
-            [sys.executable, script, addrs[0], others, "--load", str(seconds)],
+            [*node, "--self", addrs[0], "--load", str(seconds)],
             capture_output=True,
             text=True,
             timeout=seconds + 90,
@@ -114,12 +115,34 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--unbatched-concurrency", type=int, default=256)
+    ap.add_argument(
+        "--peer-auth",
+        choices=("on", "off", "both"),
+        default="on",
+        help="peer authentication (cluster secret); both: also a group without it in each run, to state its cost",
+    )
     args = ap.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     seconds = args.seconds or (5.0 if args.quick else 10.0)
     results = []
     for r in range(runs):
-        ours = run_ledger(seconds, args.batch, args.concurrency, args.unbatched_concurrency)
+        off_first = args.peer_auth == "both" and r % 2 == 1  # alternate the order: drift hits both alike
+        if off_first:
+            off = run_ledger(seconds, args.batch, args.concurrency, args.unbatched_concurrency, False)
+        ours = run_ledger(
+            seconds, args.batch, args.concurrency, args.unbatched_concurrency, args.peer_auth != "off"
+        )
+        if args.peer_auth == "both":
+            if not off_first:
+                off = run_ledger(seconds, args.batch, args.concurrency, args.unbatched_concurrency, False)
+            for k in ("entries_per_s", "p50_ms", "unbatched_entries_per_s", "unbatched_p50_ms"):
+                ours[f"noauth_{k}"] = off[k]
+            print(
+                f"run {r + 1}/{runs} without peer auth: batched {off['entries_per_s']:,.0f} entries/s "
+                f"(p50 {off['p50_ms']:.1f} ms) | unbatched {off['unbatched_entries_per_s']:,.0f} entries/s "
+                f"(p50 {off['unbatched_p50_ms']:.1f} ms)",
+                flush=True,
+            )
         base = run_pysyncobj(seconds)
         ours["baseline_entries_per_s"] = base["entries_per_s"]
         ours["baseline_p50_ms"] = base["p50_ms"]
@@ -144,6 +167,11 @@ def main() -> None:
     ]
     summary = {k: round(statistics.median(r[k] for r in results), 2) for k in keys}
     summary["speedup"] = round(summary["entries_per_s"] / max(summary["baseline_entries_per_s"], 1e-9), 1)
+    if args.peer_auth == "both":
+        for k in ("entries_per_s", "p50_ms", "unbatched_entries_per_s", "unbatched_p50_ms"):
+            summary[f"noauth_{k}"] = round(statistics.median(r[f"noauth_{k}"] for r in results), 2)
+        for k in ("entries_per_s", "unbatched_entries_per_s"):  # throughput lost to authentication, in %
+            summary[f"auth_cost_{k}_pct"] = round(100 * (1 - summary[k] / summary[f"noauth_{k}"]), 1)
     summary["runs"] = runs
     summary["errors"] = sum(r["errors"] + r["unbatched_errors"] for r in results)
     print(json.dumps(summary))

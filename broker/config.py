@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.settings import ConfigError, parse_host_port
 from ledger.config import NodeConfig
-from ledger.settings import ConfigError, parse_host_port
+from remoting.config import RemotingConfig
 
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*?(\d+)$")
 
@@ -34,7 +35,7 @@ class BrokerConfig:
     namesrv_addr: list[str]
     data_dir: str
     cluster_name: str = "DefaultCluster"
-    listen_host: str = "127.0.0.1"
+    listen_host: str = ""  # empty: the host of this node's own broker address in 'group'
     fast_listen_port: int = 0  # 0: the main port minus 2, as RocketMQ's VIP channel
     max_message_bytes: int = 4 << 20
     max_batch_bytes: int = 8 << 20
@@ -45,8 +46,11 @@ class BrokerConfig:
     slave_read_enable: bool = True
     pull_read_index: bool = True  # masters confirm leadership before a pull (no stale reads)
     dedup_window: int = 100_000  # sequence numbers remembered per idempotent producer
+    apply_slice_bytes: int = 1 << 20  # committed entries applied per event-loop turn (replay, catch-up)
+    read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
     default_queue_nums: int = 4
+    auto_create_topic_enable: bool = True  # RocketMQ 4.x's default: a send to an unknown topic creates it
     send_timeout_s: float = 10.0
     tick_ms: int = 50
     election_ticks: int = 8
@@ -56,6 +60,20 @@ class BrokerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     log_level: str = "info"
+    max_connections: int = 4096  # per listener (main and fast port); more are closed on accept
+    handshake_timeout_s: float = 10.0  # a connection must deliver one complete frame within this long
+    idle_timeout_s: float = 120.0  # a connection without a complete frame this long is closed (0: off)
+    max_buffered_frame_bytes: int = 256 << 20  # unfinished frames held per listener, all connections
+    max_heartbeat_clients: int = 20_000  # (group, client) entries from heartbeats; over it SYSTEM_BUSY
+    max_suspended_pulls: int = 10_000  # long polls held at once; over it a pull is answered at once
+    acl_enable: bool = False  # every request must be signed by an account of acl_file (RocketMQ ACL)
+    acl_file: str = ""  # TOML accounts file (remoting/acl.py)
+    acl_admin_access_key: str = ""  # a superuser given in settings/env instead of (or besides) acl_file
+    acl_admin_secret_key: str = field(default="", repr=False)
+    access_key: str = ""  # the broker's own account, signing its registrations with the nameservers
+    secret_key: str = field(default="", repr=False)
+    cluster_secret: str = field(default="", repr=False)  # the group's ledger peers prove it (ledger.config)
+    cluster_secret_file: str = ""
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
 
     def validate(self) -> None:
@@ -83,12 +101,53 @@ class BrokerConfig:
         if self.node_id not in members:
             raise ConfigError(f"key 'group' must include this broker's node_id {self.node_id!r}")
         self.members = members
+        if not self.listen_host:  # listen where the group (and so every client) says this broker is
+            self.listen_host = parse_host_port("group", members[self.node_id].broker_addr)[0].strip("[]")
+        addrs = [m.broker_addr for m in members.values()] + [m.ledger_addr for m in members.values()]
+        dup = sorted({a for a in addrs if addrs.count(a) > 1})
+        if dup:
+            raise ConfigError(
+                f"key 'group': address(es) {', '.join(dup)} given to more than one member or port"
+            )
         for t in self.topics:
             name, _, q = t.partition(":")
             if not name or (q and not q.isdigit()):
                 raise ConfigError(f"key 'topics': expected name or name:queues, got {t!r}")
+        if self.apply_slice_bytes < 4096:
+            raise ConfigError(f"key 'apply_slice_bytes' must be at least 4096, got {self.apply_slice_bytes}")
+        if not 0 < self.read_barrier_timeout_s <= 60:
+            raise ConfigError(
+                f"key 'read_barrier_timeout_s' must be in (0, 60] seconds, got {self.read_barrier_timeout_s}"
+            )
+        if self.acl_enable and not (self.acl_file or self.acl_admin_access_key):
+            raise ConfigError(
+                "key 'acl_enable' is true but neither 'acl_file' nor 'acl_admin_access_key' is set"
+            )
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ConfigError("keys 'access_key' and 'secret_key' go together (or neither)")
+        if self.max_heartbeat_clients < 1 or self.max_suspended_pulls < 0:
+            raise ConfigError(
+                "keys 'max_heartbeat_clients' (>= 1) and 'max_suspended_pulls' (>= 0) out of range"
+            )
+        try:
+            self.remoting_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.dedup_window < 1:
+            raise ConfigError(f"key 'dedup_window' must be at least 1, got {self.dedup_window}")
         if self.max_message_bytes < 1 or self.max_message_bytes > 64 << 20:
             raise ConfigError("key 'max_message_bytes' must be between 1 and 64 MiB")
+
+    def remoting_config(self) -> RemotingConfig:
+        """Both listeners' limits. Frames may carry a whole batch; the broker's own checks then
+        say which limit a body broke."""
+        return RemotingConfig(
+            max_body_bytes=max(self.max_batch_bytes, self.max_message_bytes) + (64 << 10),
+            max_connections=self.max_connections,
+            handshake_timeout_s=self.handshake_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+        )
 
     @property
     def me(self) -> GroupMember:
@@ -125,6 +184,8 @@ class BrokerConfig:
             retention_hours=self.retention_hours,
             append_timeout_s=self.send_timeout_s,
             log_level=self.log_level,
+            cluster_secret=self.cluster_secret,
+            cluster_secret_file=self.cluster_secret_file,
         )
         cfg.validate()
         return cfg

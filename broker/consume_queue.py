@@ -22,15 +22,8 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.positions = array("q")  # position of each message, by queue offset - base
         self.sizes = array("I")  # record size in bytes
-        self.tags = array("I")  # tag hash (remoting.message.tag_hash)
+        self.tags = array("I")  # tags code: Java String.hashCode of TAGS, unsigned (broker.codec.tag_code)
         self.base = 0  # queue offset of positions[0] (grows when retention trims the head)
-
-    def append(self, position: int, size: int, tag_hash: int) -> int:
-        """Add a message; returns its queue offset."""
-        self.positions.append(position)
-        self.sizes.append(size)
-        self.tags.append(tag_hash)
-        return self.base + len(self.positions) - 1
 
     @property
     def min_offset(self) -> int:

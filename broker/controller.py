@@ -1,14 +1,16 @@
 """BrokerController: the broker's life cycle, following RocketMQ's start-up.
 
-create (config, validated) -> initialize (open the ledger and message store, replay the log
-into consume queues, offsets and topics; create both listeners and register processors)
--> start (ledger node, listeners, periodic registration with every nameserver) -> shutdown.
+create (config, validated) -> initialize (the embedded ledger member, the message store,
+both listeners and their processors) -> start (ledger, listeners, periodic registration
+with every nameserver; the store replays the retained log a slice per loop turn) ->
+shutdown.
 
-Roles follow the ledger (DLedger's role-change handler): when this node's no-op commits
-("leader ready") the broker becomes master (broker id 0); when it follows, it is a slave
-(broker id = node number + 1). Either way it re-registers with every nameserver at once.
-Unlike RocketMQ, the switch to master does not wait on a dispatch backlog: dispatch runs
-synchronously on every commit, so at "leader ready" there is at most one batch to apply.
+Roles follow the ledger (DLedger's role-change handler). A follower is a slave (broker id
+= node number + 1). A leader becomes master (broker id 0) once its no-op has committed
+("leader ready") AND its store has applied everything committed up to then, so a new
+master never serves sends or pulls from state that misses committed entries; while a
+backlog is being applied the event loop keeps running (votes, heartbeats, other
+requests). Every switch re-registers with every nameserver at once.
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ import logging
 import time
 from typing import Any
 
-from ledger.node import LedgerNode
-from ledger.raft import NotLeader, Role
-from remoting import RemotingConfig, RemotingServer
+from ledger.embed import EmbeddedLedger, EmbedError, Role, RoleChange
+from remoting import RemotingServer
+from remoting.acl import AccessValidator, RequestSigner, server_accounts
 from remoting.topic import PERM_READ, PERM_WRITE
 
 from .config import BrokerConfig
 from .message_store import MessageStore
 from .meta import topic_op
-from .processors import Processors
+from .processors import DEFAULT_TOPIC, PERM_INHERIT, Processors
 from .registration import BrokerIdentity, BrokerOuterAPI, PeriodicRegistration
 
 log = logging.getLogger("broker")
@@ -35,14 +37,17 @@ log = logging.getLogger("broker")
 class BrokerController:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.node: LedgerNode | None = None  # type: ignore[assignment]
-        self.store: MessageStore | None = None  # type: ignore[assignment]
+        self.ledger: EmbeddedLedger | None = None
+        self._store: MessageStore | None = None
         self.is_master = False
         self.broker_id = config.slave_id
         self.role_since = time.monotonic()
         self.switch_times_ms: list[float] = []
         self._leader_at: float | None = None
+        self._leader_term: int | None = None  # the term this broker's ledger member leads in
         self.outer_api = BrokerOuterAPI(config.namesrv_addr)
+        if config.access_key:  # set before the first connection: each connection takes the hook then
+            self.outer_api.client.rpc_hook = RequestSigner(config.access_key, config.secret_key)
         self.registration: PeriodicRegistration | None = None
         self.servers: list[RemotingServer] = []
         self._stopped = asyncio.Event()
@@ -54,23 +59,33 @@ class BrokerController:
     def initialize(self) -> None:
         """Open the ledger, replay it into the message store, and set up listeners and processors."""
         cfg = self.config
-        self.node = LedgerNode(cfg.ledger_config())
-        self.store = MessageStore(self.node, cfg.broker_name, cfg.dedup_window)
-        self.node.role_listeners.append(self._on_role)
-        self.node.leader_ready_listeners.append(self._on_leader_ready)
-        self.store.topic_listeners.append(lambda: self.trigger_register())
+        self.ledger = EmbeddedLedger(cfg.ledger_config())
+        self._store = MessageStore(self.ledger, cfg.broker_name, cfg.dedup_window, cfg.apply_slice_bytes)
+        self.ledger.on_role(self._on_role)
+        self.ledger.on_leader_ready(self._on_leader_ready)
+        self._store.topic_listeners.append(lambda: self.trigger_register())
         self.processors = Processors(self)
-        # Frames may carry a whole batch; the broker's own checks then say which limit a body broke.
-        rcfg = RemotingConfig(max_body_bytes=max(cfg.max_batch_bytes, cfg.max_message_bytes) + (64 << 10))
+        rcfg = cfg.remoting_config()
         main = RemotingServer(cfg.listen_host, cfg.listen_port, rcfg, name="broker")
         fast = RemotingServer(cfg.listen_host, cfg.fast_port, rcfg, name="broker-fast")
         self.processors.register(main, pulls=True)
         self.processors.register(fast, pulls=False)  # the VIP channel serves everything but pulls
         self.servers = [main, fast]
+        if cfg.acl_enable:
+            accounts = server_accounts(cfg.acl_file, cfg.acl_admin_access_key, cfg.acl_admin_secret_key)
+            validator = AccessValidator(accounts, require_signature=True)
+            for server in self.servers:
+                server.set_request_gate(validator)
+            log.info("ACL on", extra={"accounts": len(accounts), "acl_file": cfg.acl_file})
+
+    @property
+    def store(self) -> MessageStore:
+        assert self._store is not None, "initialize() first"
+        return self._store
 
     async def start(self) -> None:
-        assert self.node is not None
-        await self.node.start()
+        assert self.ledger is not None
+        await self.ledger.start()
         for s in self.servers:
             await s.start()
         self.registration = PeriodicRegistration(
@@ -90,7 +105,7 @@ class BrokerController:
                 "broker_name": self.config.broker_name,
                 "addr": self.config.broker_addr,
                 "fast_port": self.config.fast_port,
-                "replayed_index": self.store.applied if self.store else 0,
+                "applied_index": self.store.applied,
             },
         )
 
@@ -98,38 +113,38 @@ class BrokerController:
         """Broker gauges join the embedded ledger node's registry: one endpoint per broker process."""
         from prometheus_client import Gauge
 
-        assert self.node is not None and self.store is not None
-        reg = self.node.metrics.registry
+        assert self.ledger is not None
+        reg = self.ledger.metrics_registry
         store = self.store
         Gauge("broker_is_master", "1 while this broker is its group's master", registry=reg).set_function(
             lambda: 1.0 if self.is_master else 0.0
         )
-        Gauge("broker_dispatched_messages", "Messages dispatched into consume queues", registry=reg).set_function(
-            lambda: float(store.dispatched_messages)
-        )
+        Gauge(
+            "broker_dispatched_messages", "Messages dispatched into consume queues", registry=reg
+        ).set_function(lambda: float(store.dispatched_messages))
         Gauge("broker_applied_index", "Ledger index the dispatcher has applied", registry=reg).set_function(
             lambda: float(store.applied)
         )
         Gauge("broker_last_switch_ms", "Duration of the last switch to master", registry=reg).set_function(
             lambda: self.switch_times_ms[-1] if self.switch_times_ms else 0.0
         )
-        self.node.metrics.serve(self.config.metrics_host, self.config.metrics_port)
+        self.ledger.serve_metrics(self.config.metrics_host, self.config.metrics_port)
 
     async def shutdown(self) -> None:
         if self._stopped.is_set():
             return
         for t in self._tasks:
             t.cancel()
-        if self.registration is not None:
+        if self.registration is not None:  # None: start failed before the broker registered
             await self.registration.stop()
-        try:
-            await asyncio.wait_for(self.outer_api.unregister_broker_all(self.identity()), 3)
-        except Exception as exc:  # noqa: BLE001 - best effort: nameservers expire us anyway
-            log.warning("unregister failed", extra={"error": str(exc)})
+            try:
+                await asyncio.wait_for(self.outer_api.unregister_broker_all(self.identity()), 3)
+            except Exception as exc:  # noqa: BLE001 - best effort: nameservers expire us anyway
+                log.warning("unregister failed", extra={"error": str(exc)})
         for s in self.servers:
             await s.stop()
-        if self.node is not None:
-            await self.node.stop()
+        if self.ledger is not None:
+            await self.ledger.stop()
         await self.outer_api.close()
         self._stopped.set()
         log.info("broker stopped")
@@ -139,20 +154,27 @@ class BrokerController:
 
     # ------------------------------------------------------------------ roles
 
-    def _on_role(self, role: Role, term: int, leader: str | None) -> None:
-        if role is Role.LEADER:
+    def _on_role(self, change: RoleChange) -> None:
+        if change.role is Role.LEADER:
             self._leader_at = time.monotonic()
+            self._leader_term = change.term
             return
+        self._leader_term = None
         if self.is_master or self.broker_id != self.config.slave_id:
-            log.info("switching to slave", extra={"term": term, "leader": leader})
+            log.info("switching to slave", extra={"term": change.term, "leader": change.leader_id})
         self.is_master = False
         self.broker_id = self.config.slave_id
         self.role_since = time.monotonic()
         self.trigger_register()
 
     def _on_leader_ready(self, term: int) -> None:
-        assert self.store is not None
-        self.store.dispatch()  # at most one batch behind: dispatch runs on every commit
+        """Become master once the store has applied everything committed so far (a slice per loop turn)."""
+        assert self.ledger is not None
+        self.store.when_applied(self.ledger.commit_index, lambda: self._become_master(term))
+
+    def _become_master(self, term: int) -> None:
+        if self._leader_term != term or self.is_master:
+            return  # deposed while the backlog was being applied
         self.is_master = True
         self.broker_id = 0
         now = time.monotonic()
@@ -164,16 +186,22 @@ class BrokerController:
         self._bootstrap_task = asyncio.get_running_loop().create_task(self._create_configured_topics())
 
     async def _create_configured_topics(self) -> None:
-        """The first master creates the topics named in the config (through the ledger)."""
-        assert self.store is not None
-        for spec in self.config.topics:
-            name, _, q = spec.partition(":")
+        """The first master creates the topics named in the config (through the ledger), and
+        RocketMQ's template topic TBW102 when topics are auto-created: RocketMQ clients look up
+        its route to find brokers for a topic that does not exist yet."""
+        specs = [
+            (spec.partition(":")[0], spec.partition(":")[2], PERM_READ | PERM_WRITE)
+            for spec in self.config.topics
+        ]
+        if self.config.auto_create_topic_enable:
+            specs.append((DEFAULT_TOPIC, "", PERM_INHERIT | PERM_READ | PERM_WRITE))
+        for name, q, perm in specs:
             nums = int(q) if q else self.config.default_queue_nums
             if name in self.store.topics:
                 continue
             try:
-                await self.store.append_async([topic_op(name, nums, nums, PERM_READ | PERM_WRITE)])
-            except (NotLeader, Exception) as exc:  # noqa: BLE001 - the next master will try again
+                await self.store.append_async([topic_op(name, nums, nums, perm)])
+            except (EmbedError, Exception) as exc:  # noqa: BLE001 - the next master will try again
                 log.warning("could not create configured topic", extra={"topic": name, "error": str(exc)})
                 return
 
@@ -182,19 +210,29 @@ class BrokerController:
         interval = max(1.0, min(600.0, self.config.retention_hours * 3600 / 4))
         while True:
             await asyncio.sleep(interval)
-            if self.is_master and self.store is not None and (self.store.topics or self.store.offsets):
+            if self.is_master and (self.store.topics or self.store.offsets):
                 try:
                     await self.store.append_async([self.store.snapshot_record()])
                 except Exception as exc:  # noqa: BLE001 - the next round or the next master retries
                     log.warning("metadata checkpoint failed", extra={"error": str(exc)})
 
     def master_address(self) -> str | None:
-        assert self.node is not None
+        assert self.ledger is not None
         if self.is_master:
             return self.config.broker_addr
-        leader = self.node.core.leader
+        leader = self.ledger.leader_id
         member = self.config.members.get(leader) if leader else None
         return member.broker_addr if member else None
+
+    @property
+    def leader_known(self) -> bool:
+        """Whether this broker's ledger member knows a leader (so a master exists or is coming)."""
+        return self.ledger is not None and self.ledger.leader_id is not None
+
+    async def read_barrier(self) -> int:
+        """Confirm leadership (ReadIndex): state applied through the result may be served as current."""
+        assert self.ledger is not None
+        return await self.ledger.read_barrier(self.config.read_barrier_timeout_s)
 
     # ------------------------------------------------------------------ registration
 
@@ -208,7 +246,6 @@ class BrokerController:
             self.registration.trigger(force=True)
 
     async def _register(self, force: bool) -> None:
-        assert self.store is not None
         results = await self.outer_api.register_if_needed(
             self.identity(),
             self.store.topic_config_wrapper(),
@@ -226,7 +263,7 @@ class BrokerController:
     # ------------------------------------------------------------------ status
 
     def runtime_info(self) -> dict[str, Any]:
-        assert self.node is not None and self.store is not None
+        assert self.ledger is not None
         return {
             "brokerName": self.config.broker_name,
             "brokerAddr": self.config.broker_addr,
@@ -235,6 +272,6 @@ class BrokerController:
             "masterAddr": self.master_address(),
             "roleSinceSeconds": round(time.monotonic() - self.role_since, 3),
             "switchTimesMs": [round(x, 2) for x in self.switch_times_ms[-10:]],
-            "ledger": self.node.status(),
+            "ledger": self.ledger.status(),
             "store": self.store.stats(),
         }

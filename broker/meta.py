@@ -26,10 +26,16 @@ def decode_meta(data: bytes | memoryview) -> dict[str, Any]:
 
 
 def topic_op(name: str, read_queue_nums: int, write_queue_nums: int, perm: int, order: bool = False) -> bytes:
-    return encode_meta("topic", name=name, read=read_queue_nums, write=write_queue_nums, perm=perm, order=order)
+    return encode_meta(
+        "topic", name=name, read=read_queue_nums, write=write_queue_nums, perm=perm, order=order
+    )
 
 
-def offset_op(group: str, topic: str, queue_id: int, offset: int) -> bytes:
+def offset_op(group: str, topic: str, queue_id: int, offset: int, *, forward: bool = False) -> bytes:
+    """A consumer offset; ``forward`` (a commit riding on a pull) never moves it backwards,
+    while an explicit UPDATE_CONSUMER_OFFSET sets it to the value given (RocketMQ's reset)."""
+    if forward:
+        return encode_meta("offset", group=group, topic=topic, queue=queue_id, offset=offset, forward=True)
     return encode_meta("offset", group=group, topic=topic, queue=queue_id, offset=offset)
 
 

@@ -9,66 +9,163 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ledger.raft import NotLeader
-from ledger.wire import FAILED, LedgerError
+from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
+from remoting.dispatcher import Deferred
 from remoting.exceptions import RemotingCommandError
 from remoting.message import (
-    PROPERTY_KEYS,
-    PROPERTY_TAGS,
+    STORED_STORE_HOST_AT,
     MessageFormatError,
-    batch_to_records,
-    decode_properties,
-    encode_pull_body,
-    encode_record,
-    make_msg_id,
-    parse_msg_id,
-    split_position,
-    tag_hash,
+    decode_message_batch,
+    host_to_bytes,
+    java_string_hash,
+    offset_msg_id,
+    parse_offset_msg_id,
+    properties_from_bytes,
+    serve_records,
 )
 from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ, PERM_WRITE, topic_name_error
 
-from .message_store import FLAG_HAS_KEYS, Stored
+from . import codec
+from .config import BrokerConfig
+from .message_store import MessageStore, Stored
 from .meta import offset_op, topic_op
 
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
 
-    from .controller import BrokerController
 
-Response = RemotingCommand | asyncio.Future[RemotingCommand] | None
+class Broker(Protocol):
+    """What the processors need of the broker that registers them (the controller)."""
+
+    config: BrokerConfig
+
+    @property
+    def store(self) -> MessageStore: ...
+
+    @property
+    def is_master(self) -> bool: ...
+
+    @property
+    def leader_known(self) -> bool: ...
+
+    def master_address(self) -> str | None: ...
+
+    async def read_barrier(self) -> int: ...
+
+    def runtime_info(self) -> dict[str, Any]: ...
+
+
+Response = RemotingCommand | asyncio.Future[RemotingCommand] | Deferred | None
 
 FILTER_SCAN_LIMIT = 16_000  # consume-queue entries one filtered pull looks at (RocketMQ's default)
+MAX_PULL_BYTES = 4 << 20  # message bytes one pull answers with (at least one message)
+CLIENT_EXPIRY_S = 30.0  # a consumer without a heartbeat for this long no longer counts in rebalancing
+DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic: clients send to its brokers to auto-create topics
+PERM_INHERIT = 1
+MAX_TOPICS_BEING_CREATED = 1000  # auto-created topics whose config is not applied yet
+
+# SEND_MESSAGE_V2 (310) abbreviates SendMessageRequestHeader's names to one letter each.
+V2_HEADER_NAMES = {
+    "a": "producerGroup",
+    "b": "topic",
+    "c": "defaultTopic",
+    "d": "defaultTopicQueueNums",
+    "e": "queueId",
+    "f": "sysFlag",
+    "g": "bornTimestamp",
+    "h": "flag",
+    "i": "properties",
+    "j": "reconsumeTimes",
+    "k": "unitMode",
+    "l": "maxReconsumeTimes",
+    "m": "batch",
+    "n": "brokerName",
+}
+
+# PULL_MESSAGE sysFlag bits (RocketMQ's PullSysFlag)
+PULL_COMMIT_OFFSET = 0x1
+PULL_SUSPEND = 0x2
+PULL_SUBSCRIPTION = 0x4
+
+_ZERO_HOST = b"\x00" * 8
 
 
 def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
-    """Tag hashes a subscription expression ("TagA || TagB") selects; None for all ("*" or empty).
+    """Tags codes (Java String.hashCode, as RocketMQ's consume queue keeps them) a subscription
+    expression ("TagA || TagB") selects; None for all ("*" or empty).
 
     The broker filters on hashes only; a client that cares about hash collisions matches the
-    tags themselves as well (the push consumer does).
+    tags themselves as well (RocketMQ's clients and our push consumer do).
     """
     tags = {t.strip() for t in expr.split("||")}
     tags.discard("")
     if not tags or "*" in tags:
         return None
-    return frozenset(tag_hash(t) for t in tags)
+    return frozenset(java_string_hash(t) & 0xFFFFFFFF for t in tags)
+
+
+_HOST_CACHE: dict[str, bytes] = {}
+_HOST_CACHE_MAX = 4096  # peers' addresses: a bounded cache, cleared when full
+
+
+def _host_bytes(addr: str) -> bytes:
+    """``ip:port`` -> the 8-byte socket address a record stores (zeros for one it cannot hold)."""
+    raw = _HOST_CACHE.get(addr)
+    if raw is None:
+        try:
+            raw = host_to_bytes(addr)
+        except MessageFormatError:
+            raw = _ZERO_HOST
+        if len(raw) != 8:
+            raw = _ZERO_HOST  # records keep IPv4 socket addresses
+        if len(_HOST_CACHE) >= _HOST_CACHE_MAX:
+            _HOST_CACHE.clear()
+        _HOST_CACHE[addr] = raw
+    return raw
+
+
+def _send_headers(req: RemotingCommand) -> RemotingCommand:
+    """The request with SEND_MESSAGE_V2's one-letter header names spelled out."""
+    if "b" not in req.headers or "topic" in req.headers:
+        return req  # SEND_MESSAGE's full names
+    return RemotingCommand(req.code, {V2_HEADER_NAMES.get(k, k): v for k, v in req.headers.items()})
+
+
+@dataclass(slots=True)
+class ClientInfo:
+    """A client that sent a heartbeat: when, and what it subscribed to (topic -> expression)."""
+
+    seen: float
+    subscriptions: dict[str, str] = field(default_factory=dict)
 
 
 class Processors:
-    def __init__(self, broker: BrokerController) -> None:
+    def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.store = broker.store
         self.config = broker.config
-        self.consumers: dict[str, dict[str, float]] = {}  # group -> client id -> last heartbeat
+        self.consumers: dict[str, dict[str, ClientInfo]] = {}  # group -> client id -> info
+        self.producers: dict[str, dict[str, float]] = {}  # group -> client id -> last heartbeat
+        # topics being auto-created -> (queue count, when proposed); bounded, stale ones retried
+        self._creating: dict[str, tuple[int, float]] = {}
+        self._store_host = _host_bytes(self.config.broker_addr)
+        self._store_host_hex = self._store_host.hex().upper()  # the first 16 digits of our message ids
+        self._client_entries = 0  # (group, client) heartbeat entries; an upper bound, exact after a prune
+        self._pruned_at = time.monotonic()
+        self.suspended_pulls = 0  # long polls being held (at most max_suspended_pulls)
 
     def register(self, server: Any, *, pulls: bool) -> None:
         table: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
             RequestCode.SEND_MESSAGE: self.send,
+            RequestCode.SEND_MESSAGE_V2: self.send,
             RequestCode.SEND_BATCH_MESSAGE: self.send_batch,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_offset,
             RequestCode.UPDATE_CONSUMER_OFFSET: self.update_offset,
@@ -76,10 +173,13 @@ class Processors:
             RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topics,
             RequestCode.GET_MAX_OFFSET: self.max_offset,
             RequestCode.GET_MIN_OFFSET: self.min_offset,
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
+            RequestCode.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_by_id,
             RequestCode.QUERY_MESSAGE: self.query_by_key,
             RequestCode.HEART_BEAT: self.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
         }
         if pulls:
@@ -94,98 +194,173 @@ class Processors:
         remark = f"broker {self.config.broker_addr} is not the master of {self.config.broker_name}; " + (
             f"the master is {master}" if master else "no master is elected yet"
         )
-        code = ResponseCode.NOT_MASTER if master or self.broker.node.core.leader else ResponseCode.SERVICE_NOT_AVAILABLE
+        code = (
+            ResponseCode.NOT_MASTER
+            if master or self.broker.leader_known
+            else ResponseCode.SERVICE_NOT_AVAILABLE
+        )
         return req.make_response(code, remark, {"masterAddr": master} if master else None)
 
-    def _check_topic(self, req: RemotingCommand, topic: str, queue_id: int, perm: int) -> RemotingCommand | None:
+    def _check_topic(
+        self, req: RemotingCommand, topic: str, queue_id: int, perm: int, pending_nums: int = 0
+    ) -> RemotingCommand | None:
         problem = topic_name_error(topic)
         if problem:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"topic {topic!r}: {problem}")
         tc = self.store.topics.get(topic)
-        if tc is None:
+        if tc is None and pending_nums:
+            nums, topic_perm = pending_nums, PERM_READ | PERM_WRITE
+        elif tc is None:
             return req.make_response(
-                ResponseCode.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist on broker {self.config.broker_name}"
+                ResponseCode.TOPIC_NOT_EXIST,
+                f"topic {topic!r} does not exist on broker {self.config.broker_name}",
             )
-        if not tc.perm & perm:
-            return req.make_response(ResponseCode.NO_PERMISSION, f"topic {topic!r} does not allow this (perm {tc.perm})")
-        nums = tc.write_queue_nums if perm == PERM_WRITE else tc.read_queue_nums
+        else:
+            topic_perm = tc.perm
+            nums = tc.write_queue_nums if perm == PERM_WRITE else tc.read_queue_nums
+        if not topic_perm & perm:
+            return req.make_response(
+                ResponseCode.NO_PERMISSION, f"topic {topic!r} does not allow this (perm {topic_perm})"
+            )
         if not 0 <= queue_id < max(nums, 1):
             return req.make_response(
-                ResponseCode.MESSAGE_ILLEGAL, f"queue id {queue_id} is outside 0..{nums - 1} of topic {topic!r}"
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"queue id {queue_id} is outside 0..{nums - 1} of topic {topic!r}",
             )
         return None
 
     def _append(
-        self, req: RemotingCommand, payloads: list[bytes], reply: Callable[[list[Stored]], RemotingCommand]
+        self,
+        req: RemotingCommand,
+        payloads: list[bytes],
+        reply: Callable[[list[Stored]], RemotingCommand],
+        hint: tuple[bytes, int] | None = None,
     ) -> Response:
-        fut: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+        """Append and answer from the commit callback (a Deferred: no future or loop turn per send)."""
+        later = Deferred()
 
-        def done(results: list[Stored] | None, exc: Exception | None) -> None:
-            if fut.done():
+        def done(results: list[Stored] | None, exc: EmbedError | None) -> None:
+            if later.answered:
                 return
             if exc is None:
-                fut.set_result(reply(results or []))
-                return
-            code = exc.code if isinstance(exc, LedgerError) else FAILED
-            if code == FAILED:
-                fut.set_result(req.make_response(ResponseCode.SYSTEM_ERROR, f"not stored: {exc}"))
+                later.answer(reply(results or []))
+            elif isinstance(exc, NotLeaderError):  # leadership lost before the append was proposed
+                later.answer(self._not_master(req))
+            elif isinstance(exc, AppendFailed):
+                later.answer(req.make_response(ResponseCode.SYSTEM_ERROR, f"not stored: {exc}"))
             else:
-                fut.set_result(req.make_response(ResponseCode.REPLICATION_TIMEOUT, f"outcome unknown: {exc}"))
+                later.answer(req.make_response(ResponseCode.REPLICATION_TIMEOUT, f"outcome unknown: {exc}"))
 
         try:
-            self.store.append(payloads, done)
-        except NotLeader:
+            self.store.append(payloads, done, hint)
+        except NotLeaderError:
             return self._not_master(req)
-        return fut
+        return later
 
     # ------------------------------------------------------------------ sends
 
-    def _send_target(self, req: RemotingCommand) -> tuple[str, int] | RemotingCommand:
-        """(topic, queue id) of a send this broker may take, or the refusal to answer with."""
+    def _send_target(
+        self, req: RemotingCommand, h: RemotingCommand
+    ) -> tuple[str, int, list[bytes]] | RemotingCommand:
+        """(topic, queue id, metadata entries to append first) of a send this broker may take,
+        or the refusal to answer with. A topic this broker does not know is created on its
+        first send when ``auto_create_topic_enable`` is on (RocketMQ 4.x's default)."""
         if not self.broker.is_master:
             return self._not_master(req)
-        topic = req.header_str("topic")
-        queue_id = req.header_int("queueId")
-        return self._check_topic(req, topic, queue_id, PERM_WRITE) or (topic, queue_id)
+        topic = h.header_str("topic")
+        queue_id = h.header_int("queueId")
+        before: list[bytes] = []
+        pending = 0
+        if topic not in self.store.topics and self.config.auto_create_topic_enable:
+            problem = topic_name_error(topic)
+            if problem:
+                return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"topic {topic!r}: {problem}")
+            now = time.monotonic()
+            pending, proposed_at = self._creating.get(topic, (0, 0.0))
+            if not pending or now - proposed_at > self.config.send_timeout_s:
+                # First send of a new topic (or the proposal of its config was lost): its config
+                # goes into the same proposal, ahead of the message.
+                if not pending and len(self._creating) >= MAX_TOPICS_BEING_CREATED:
+                    stale = [
+                        t for t, (_, at) in self._creating.items() if now - at > self.config.send_timeout_s
+                    ]
+                    for t in stale:
+                        del self._creating[t]
+                    if len(self._creating) >= MAX_TOPICS_BEING_CREATED:
+                        return req.make_response(
+                            ResponseCode.SYSTEM_BUSY,
+                            f"{MAX_TOPICS_BEING_CREATED} topics are being created; try again shortly",
+                        )
+                if not pending:
+                    asked = h.header_int("defaultTopicQueueNums", self.config.default_queue_nums, min_value=1)
+                    pending = max(1, min(asked, 1024))
+                self._creating[topic] = (pending, now)
+                before.append(topic_op(topic, pending, pending, PERM_READ | PERM_WRITE))
+        if queue_id < 0:  # RocketMQ: the broker picks a queue
+            tc = self.store.topics.get(topic)
+            queue_id = random.randrange(tc.write_queue_nums if tc else max(pending, 1))
+        bad = self._check_topic(req, topic, queue_id, PERM_WRITE, pending)
+        return bad or (topic, queue_id, before)
+
+    def _msg_id(self, stored: Stored) -> str:
+        """The offset message id of a stored message: the host in its record (a duplicate's
+        original may have been stored by an earlier master) and its position."""
+        if stored.duplicate:
+            host = self._store_host
+            found = self.store.record_at(stored.position)
+            if found is not None:
+                host = bytes(found[1][STORED_STORE_HOST_AT : STORED_STORE_HOST_AT + 8])
+            return offset_msg_id(host, stored.position)
+        # offset_msg_id(self._store_host, position), without re-encoding the host per message
+        return f"{self._store_host_hex}{stored.position:016X}"
+
+    def _created(self, topic: str) -> None:
+        if topic in self.store.topics:
+            self._creating.pop(topic, None)
 
     def send(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
-        target = self._send_target(req)
+        """SEND_MESSAGE (10) and SEND_MESSAGE_V2 (310): one message, stored as RocketMQ stores it;
+        with the ``batch`` header set (the C++ client's batches) a batch, as RocketMQ's broker does."""
+        h = _send_headers(req)
+        if str(h.headers.get("batch", "")).lower() in ("true", "1"):
+            return self.send_batch(conn, req)
+        target = self._send_target(req, h)
         if isinstance(target, RemotingCommand):
             return target
-        topic, queue_id = target
+        topic, queue_id, before = target
         body = req.body
         if len(body) > self.config.max_message_bytes:
             return req.make_response(
                 ResponseCode.MESSAGE_ILLEGAL,
                 f"message body of {len(body)} bytes exceeds the limit of {self.config.max_message_bytes}",
             )
-        props_text = req.header_str("properties", "")
         try:
-            props = decode_properties(props_text.encode(), "header 'properties'")
+            props = h.header_str("properties", "").encode()
+            if props and (props.count(b"\x01") != props.count(b"\x02") or not props.endswith(b"\x02")):
+                properties_from_bytes(props, "header 'properties'")  # names what is wrong, or passes
+            topic_raw = topic.encode()
+            record = codec.build_stored_record(
+                topic_raw,
+                queue_id,
+                body,
+                props,
+                h.header_int("flag", 0),
+                h.header_int("sysFlag", 0),
+                h.header_int("bornTimestamp", 0),
+                _host_bytes(conn.remote_addr),
+                int(time.time() * 1000),
+                self._store_host,
+                h.header_int("reconsumeTimes", 0),
+            )
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        pid = req.header_str("producerId", "")
-        seq = req.header_int("seq", 0)
-        flags = FLAG_HAS_KEYS if props.get(PROPERTY_KEYS) else 0
-        record = encode_record(
-            topic.encode(),
-            queue_id,
-            bytes(body),
-            props_text.encode(),
-            tag_hash(props.get(PROPERTY_TAGS)),
-            req.header_int("bornTimestamp", 0),
-            int(time.time() * 1000),
-            pid.encode(),
-            seq,
-            flags,
-        )
-        name = self.config.broker_name
 
         def reply(results: list[Stored]) -> RemotingCommand:
-            r = results[0]
+            self._created(topic)
+            r = results[-1]
             return req.make_response(
                 headers={
-                    "msgId": make_msg_id(name, r.position),
+                    "msgId": self._msg_id(r),
                     "queueId": queue_id,
                     "queueOffset": r.queue_offset,
                     "ledgerIndex": r.ledger_index,
@@ -193,83 +368,126 @@ class Processors:
                 }
             )
 
-        return self._append(req, [record], reply)
+        return self._append(req, [*before, record], reply, (topic_raw, queue_id))
 
     def send_batch(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
-        target = self._send_target(req)
+        """SEND_BATCH_MESSAGE (320): RocketMQ's encoded messages; the batch is one ledger entry
+        (or a few, if it is larger than an entry may be)."""
+        h = _send_headers(req)
+        target = self._send_target(req, h)
         if isinstance(target, RemotingCommand):
             return target
-        topic, queue_id = target
-        if len(req.body) > self.config.max_batch_bytes:
+        topic, queue_id, before = target
+        body = req.body
+        if len(body) > self.config.max_batch_bytes:
             return req.make_response(
                 ResponseCode.MESSAGE_ILLEGAL,
-                f"batch of {len(req.body)} bytes exceeds the limit of {self.config.max_batch_bytes}",
+                f"batch of {len(body)} bytes exceeds the limit of {self.config.max_batch_bytes}",
             )
-        def tag_and_flags(props: bytes, i: int) -> tuple[int, int]:
-            decoded = decode_properties(props, f"batch item {i} properties")
-            return tag_hash(decoded.get(PROPERTY_TAGS)), FLAG_HAS_KEYS if decoded.get(PROPERTY_KEYS) else 0
-
+        topic_raw = topic.encode()
+        born_host = _host_bytes(conn.remote_addr)
+        now = int(time.time() * 1000)
+        build = codec.build_stored_record
+        host = self._store_host
         try:
-            records = batch_to_records(
-                req.body,
-                topic.encode(),
-                queue_id,
-                req.header_str("producerId", "").encode(),
-                int(time.time() * 1000),
-                self.config.max_message_bytes,
-                tag_and_flags,
-            )
+            born = h.header_int("bornTimestamp", now)
+            sys_flag = h.header_int("sysFlag", 0)
+            records = [
+                build(topic_raw, queue_id, mbody, props, flag, sys_flag, born, born_host, now, host)
+                for flag, mbody, props in decode_message_batch(body, self.config.max_message_bytes)
+            ]
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        name = self.config.broker_name
+        except (UnicodeDecodeError, RemotingCommandError) as exc:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"batch: {exc}")
+        skip = len(before)
 
         def reply(results: list[Stored]) -> RemotingCommand:
+            self._created(topic)
+            results = results[skip:]
+            ids = [self._msg_id(r) for r in results]
             doc = {
                 "queueId": queue_id,
                 "offsets": [r.queue_offset for r in results],
-                "msgIds": [make_msg_id(name, r.position) for r in results],
+                "msgIds": ids,
                 "duplicates": sum(1 for r in results if r.duplicate),
             }
-            return req.make_response(body=json.dumps(doc, separators=(",", ":")).encode())
+            headers = {
+                "msgId": ",".join(ids),
+                "queueId": queue_id,
+                "queueOffset": results[0].queue_offset if results else -1,
+            }
+            return req.make_response(headers=headers, body=json.dumps(doc, separators=(",", ":")).encode())
 
-        # the whole batch is one ledger entry (or a few, if it is larger than an entry may be)
-        return self._append(req, self.store.batch_entries(records), reply)
+        return self._append(req, [*before, *self.store.batch_entries(records)], reply, (topic_raw, queue_id))
 
     # ------------------------------------------------------------------ pulls
 
+    def _group_subscription(self, group: str, topic: str) -> str:
+        """The expression the group's consumers subscribed with (from their heartbeats), '*' if none."""
+        for info in self.consumers.get(group, {}).values():
+            expr = info.subscriptions.get(topic)
+            if expr:
+                return expr
+        return "*"
+
     async def pull(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """PULL_MESSAGE with RocketMQ's sysFlag: commit the offset only with the commit bit (and
+        never backwards), hold the pull only with the suspend bit, filter by the request's
+        subscription only with the subscription bit (else by the group's heartbeat)."""
         topic = req.header_str("topic")
         queue_id = req.header_int("queueId")
         offset = req.header_int("queueOffset")
         max_nums = max(1, min(req.header_int("maxMsgNums", 32), 1024))
-        suspend_ms = max(0, min(req.header_int("suspendTimeoutMillis", 0), self.config.long_poll_max_ms))
+        suspend_ms = req.header_int("suspendTimeoutMillis", 0)
+        sys_flag = req.header_int("sysFlag", -1)
+        group = req.header_str("consumerGroup", "")
+        if sys_flag < 0:  # ledgermq clients before sysFlag: each part counts when present
+            sys_flag = (PULL_COMMIT_OFFSET if "commitOffset" in req.headers else 0) | (
+                PULL_SUSPEND if suspend_ms > 0 else 0
+            )
+            sys_flag |= PULL_SUBSCRIPTION if "subscription" in req.headers else 0
+        if not sys_flag & PULL_SUSPEND:
+            suspend_ms = 0
+        suspend_ms = max(0, min(suspend_ms, self.config.long_poll_max_ms))
         bad = self._check_topic(req, topic, queue_id, PERM_READ)
         if bad is not None:
             return bad
-        wanted = subscription_tag_hashes(req.header_str("subscription", ""))
+        if sys_flag & PULL_SUBSCRIPTION:
+            expr = req.header_str("subscription", "*")
+        else:
+            expr = self._group_subscription(group, topic)
+        wanted = subscription_tag_hashes(expr)
         if not self.broker.is_master and (
             not self.config.slave_read_enable or req.header_bool("requireMaster", False)
         ):
             # requireMaster: the caller needs a linearizable answer, which only a master gives.
             return self._not_master(req)
-        commit = req.header_int("commitOffset", -1)
-        group = req.header_str("consumerGroup", "")
-        if commit >= 0 and group and self.broker.is_master:
-            try:
-                self.store.append([offset_op(group, topic, queue_id, commit)], lambda r, e: None)
-            except NotLeader:
-                pass
+        if sys_flag & PULL_COMMIT_OFFSET and group and self.broker.is_master:
+            commit = req.header_int("commitOffset", -1)
+            if commit >= 0:
+                try:
+                    self.store.append(
+                        [offset_op(group, topic, queue_id, commit, forward=True)], lambda r, e: None
+                    )
+                except NotLeaderError:
+                    pass
         deadline = time.monotonic() + suspend_ms / 1000
         while True:
             if self.broker.is_master and self.config.pull_read_index:
                 # Confirm leadership first: a deposed master must not claim the end of a queue.
                 try:
-                    await self.broker.node.read_index()
-                except (NotLeader, LedgerError):
+                    index = await self.broker.read_barrier()
+                except (NotLeaderError, BarrierTimeout):
                     return self._not_master(req)
-                self.store.dispatch()
+                await self.store.applied_through(index)
             lo, hi = self.store.offsets_of(topic, queue_id)
-            headers = {"minOffset": lo, "maxOffset": hi, "brokerName": self.config.broker_name}
+            headers: dict[str, Any] = {
+                "suggestWhichBrokerId": 0,
+                "minOffset": lo,
+                "maxOffset": hi,
+                "brokerName": self.config.broker_name,
+            }
             if offset < lo or offset > hi:
                 headers["nextBeginOffset"] = lo if offset < lo else hi
                 return req.make_response(
@@ -283,33 +501,49 @@ class Processors:
                 else:
                     hits, scanned_to = cq.scan(offset, max_nums, wanted, FILTER_SCAN_LIMIT)
                 if hits:
-                    found = self.store.read_records(hits, 4 << 20)
+                    found = self.store.read_records(hits, MAX_PULL_BYTES)
                     if not found:
                         headers["nextBeginOffset"] = offset
                     elif wanted is not None and len(found) == len(hits):
                         headers["nextBeginOffset"] = scanned_to  # past the filtered-out tail too
                     else:
                         headers["nextBeginOffset"] = found[-1][0] + 1
-                    return req.make_response(headers=headers, body=encode_pull_body(found))
+                    return req.make_response(headers=headers, body=serve_records(found))
                 offset = scanned_to  # nothing here matches the subscription
                 if offset < hi:
                     headers["nextBeginOffset"] = offset
                     return req.make_response(
-                        ResponseCode.PULL_RETRY_IMMEDIATELY, "no message matches the subscription yet", headers
+                        ResponseCode.PULL_RETRY_IMMEDIATELY,
+                        "no message matches the subscription yet",
+                        headers,
                     )
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 headers["nextBeginOffset"] = offset
                 return req.make_response(ResponseCode.PULL_NOT_FOUND, "no new message", headers)
-            await self.store.wait_for_message(topic, queue_id, remaining)
+            if self.suspended_pulls >= self.config.max_suspended_pulls:
+                headers["nextBeginOffset"] = offset  # answered at once: holding it would pass the cap
+                return req.make_response(
+                    ResponseCode.PULL_NOT_FOUND, "no new message (long polls at max_suspended_pulls)", headers
+                )
+            self.suspended_pulls += 1
+            try:
+                await self.store.wait_for_message(topic, queue_id, remaining)
+            finally:
+                self.suspended_pulls -= 1
 
     # ------------------------------------------------------------------ offsets and topics
 
     def query_offset(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """The group's offset; for a group without one, 0 while the queue still holds its first
+        message (RocketMQ 4.x: a new group starts at the beginning of a young queue)."""
         key = (req.header_str("consumerGroup"), req.header_str("topic"), req.header_int("queueId"))
         off = self.store.offsets.get(key)
         if off is None:
+            lo, _hi = self.store.offsets_of(key[1], key[2])
+            if lo == 0:
+                return req.make_response(headers={"offset": 0})
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no offset committed for {key}")
         return req.make_response(headers={"offset": off})
 
@@ -336,7 +570,8 @@ class Processors:
         perm = req.header_int("perm", PERM_READ | PERM_WRITE)
         if not (1 <= read <= 1024 and 1 <= write <= 1024 and 0 <= perm <= 7):
             return req.make_response(
-                ResponseCode.MESSAGE_ILLEGAL, f"bad queue numbers ({read}/{write}, 1..1024) or perm ({perm}, 0..7)"
+                ResponseCode.MESSAGE_ILLEGAL,
+                f"bad queue numbers ({read}/{write}, 1..1024) or perm ({perm}, 0..7)",
             )
         return self._append(req, [topic_op(topic, read, write, perm)], lambda r: req.make_response())
 
@@ -353,20 +588,41 @@ class Processors:
             headers={"offset": self.store.offsets_of(req.header_str("topic"), req.header_int("queueId"))[0]}
         )
 
+    def search_offset_by_timestamp(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """The first queue offset whose message was stored at or after ``timestamp`` (ms); the
+        max offset if none was."""
+        offset = self.store.offset_by_time(
+            req.header_str("topic"), req.header_int("queueId"), req.header_int("timestamp")
+        )
+        return req.make_response(headers={"offset": offset})
+
+    def earliest_store_time(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        topic, queue_id = req.header_str("topic"), req.header_int("queueId")
+        stamp = self.store.store_time_at(topic, queue_id, self.store.offsets_of(topic, queue_id)[0])
+        if stamp is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, f"queue {topic}:{queue_id} holds no message")
+        return req.make_response(headers={"timestamp": stamp})
+
     # ------------------------------------------------------------------ queries and status
 
     def view_by_id(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        try:
-            name, position = parse_msg_id(req.header_str("msgId"))
-        except MessageFormatError as exc:
-            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        if name != self.config.broker_name:
-            return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"message id names broker {name!r}, not this one")
+        """VIEW_MESSAGE_BY_ID: header ``offset`` is the physical offset (as RocketMQ's admin sends
+        it after decoding the message id); a whole ``msgId`` is accepted too."""
+        if "offset" in req.headers:
+            position = req.header_int("offset", min_value=0)
+        else:
+            try:
+                _host, position = parse_offset_msg_id(req.header_str("msgId"))
+            except MessageFormatError as exc:
+                return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
         found = self.store.record_at(position)
         if found is None:
-            index, slot = split_position(position)
-            return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no message at ledger index {index} slot {slot}")
-        return req.make_response(body=encode_pull_body([(found[0], position, found[1])]))
+            index, slot = codec.split_position(position)
+            return req.make_response(
+                ResponseCode.SYSTEM_ERROR,
+                f"no message at physical offset {position} (ledger index {index} slot {slot})",
+            )
+        return req.make_response(body=serve_records([(found[0], position, found[1])]))
 
     def query_by_key(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         topic, key = req.header_str("topic"), req.header_str("key")
@@ -377,27 +633,104 @@ class Processors:
             if found is not None:
                 out.append((found[0], position, found[1]))
         if not out:
-            return req.make_response(ResponseCode.QUERY_NOT_FOUND, f"no message with key {key!r} in topic {topic!r}")
-        return req.make_response(body=encode_pull_body(out))
+            return req.make_response(
+                ResponseCode.QUERY_NOT_FOUND, f"no message with key {key!r} in topic {topic!r}"
+            )
+        headers = {
+            "indexLastUpdateTimestamp": int(time.time() * 1000),
+            "indexLastUpdatePhyoffset": out[-1][1],
+        }
+        return req.make_response(headers=headers, body=serve_records(out))
 
     def runtime_info(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         return req.make_response(body=json.dumps(self.broker.runtime_info()).encode())
 
     def heartbeat(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """RocketMQ's HeartbeatData: consumerDataSet[].groupName with subscriptionDataSet, and
+        producerDataSet[].groupName."""
         try:
             doc = json.loads(bytes(req.body) or b"{}")
         except ValueError as exc:
             raise RemotingCommandError(f"HEART_BEAT body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise RemotingCommandError("HEART_BEAT body must be a JSON object")
         client_id = str(doc.get("clientID") or conn.remote_addr)
-        group = doc.get("consumerGroup")
+        now = time.monotonic()
+        if now - self._pruned_at > CLIENT_EXPIRY_S * 2:
+            self._prune_clients(now)
+        for i, consumer in enumerate(doc.get("consumerDataSet") or []):
+            if not isinstance(consumer, dict) or not isinstance(consumer.get("groupName"), str):
+                raise RemotingCommandError(f"HEART_BEAT consumerDataSet[{i}].groupName must be a string")
+            subs: dict[str, str] = {}
+            for sub in consumer.get("subscriptionDataSet") or []:
+                if isinstance(sub, dict) and isinstance(sub.get("topic"), str):
+                    subs[sub["topic"]] = str(sub.get("subString") or "*")
+            clients = self.consumers.get(consumer["groupName"])
+            if (clients is None or client_id not in clients) and not self._admit_client(now):
+                return self._clients_full(req)
+            self.consumers.setdefault(consumer["groupName"], {})[client_id] = ClientInfo(now, subs)
+        for producer in doc.get("producerDataSet") or []:
+            if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
+                clients_p = self.producers.get(producer["groupName"])
+                if (clients_p is None or client_id not in clients_p) and not self._admit_client(now):
+                    return self._clients_full(req)
+                self.producers.setdefault(producer["groupName"], {})[client_id] = now
+        return req.make_response()
+
+    def _admit_client(self, now: float) -> bool:
+        """Room for one more heartbeat entry under max_heartbeat_clients (expired ones pruned first)."""
+        if self._client_entries >= self.config.max_heartbeat_clients:
+            self._prune_clients(now)
+            if self._client_entries >= self.config.max_heartbeat_clients:
+                return False
+        self._client_entries += 1
+        return True
+
+    def _prune_clients(self, now: float) -> None:
+        """Drop clients silent for twice CLIENT_EXPIRY_S and groups left empty; recount the entries."""
+        self._pruned_at = now
+        horizon = CLIENT_EXPIRY_S * 2
+        total = 0
+        for group in list(self.consumers):
+            seen = self.consumers[group]
+            for cid in [c for c, info in seen.items() if now - info.seen > horizon]:
+                del seen[cid]
+            if seen:
+                total += len(seen)
+            else:
+                del self.consumers[group]
+        for group in list(self.producers):
+            seen_p = self.producers[group]
+            for cid in [c for c, at in seen_p.items() if now - at > horizon]:
+                del seen_p[cid]
+            if seen_p:
+                total += len(seen_p)
+            else:
+                del self.producers[group]
+        self._client_entries = total
+
+    def _clients_full(self, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(
+            ResponseCode.SYSTEM_BUSY,
+            f"[REJECTREQUEST]heartbeat table full: {self.config.max_heartbeat_clients} clients "
+            "(max_heartbeat_clients); try again later",
+        )
+
+    def unregister_client(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """UNREGISTER_CLIENT (35): the client left its groups; the others rebalance at once."""
+        client_id = req.header_str("clientID")
+        group = req.header_str("consumerGroup", "")
         if group:
-            self.consumers.setdefault(str(group), {})[client_id] = time.monotonic()
+            self.consumers.get(group, {}).pop(client_id, None)
+        producer_group = req.header_str("producerGroup", "")
+        if producer_group:
+            self.producers.get(producer_group, {}).pop(client_id, None)
         return req.make_response()
 
     def consumer_list(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         group = req.header_str("consumerGroup")
         now = time.monotonic()
         seen = self.consumers.get(group, {})
-        for cid in [c for c, t in seen.items() if now - t > 30]:
+        for cid in [c for c, info in seen.items() if now - info.seen > CLIENT_EXPIRY_S]:
             del seen[cid]
         return req.make_response(body=json.dumps({"consumerIdList": sorted(seen)}).encode())

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger.settings import ConfigError, parse_host_port
+from common.settings import ConfigError, parse_host_port
 from remoting import headers as H
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode, response_code_name
@@ -65,8 +65,6 @@ class RegisterBrokerResult:
     kv_table: dict[str, str] = field(default_factory=dict)
     """ORDER_TOPIC_CONFIG entries of that nameserver."""
     error: str | None = None
-    code: int | None = None
-    """The response code if the nameserver answered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +74,6 @@ class NamesrvCallResult:
     namesrv_addr: str
     ok: bool
     error: str | None = None
-
-
-def pick_master(results: Iterable[RegisterBrokerResult]) -> str | None:
-    """The master address reported by the first nameserver that knows one (RocketMQ does the same)."""
-    for result in results:
-        if result.ok and result.master_addr:
-            return result.master_addr
-    return None
 
 
 def validate_namesrv_addrs(addrs: Iterable[str], key: str = "namesrv_addr") -> list[str]:
@@ -118,10 +108,6 @@ class BrokerOuterAPI:
     def namesrv_addrs(self) -> list[str]:
         return list(self._namesrv_addrs)
 
-    def update_namesrv_addrs(self, addrs: Iterable[str]) -> None:
-        """Replace the nameserver list (e.g. from config reload); raises ConfigError on a bad address."""
-        self._namesrv_addrs = validate_namesrv_addrs(addrs)
-
     async def close(self) -> None:
         if self._own_client:
             await self.client.close()
@@ -155,7 +141,6 @@ class BrokerOuterAPI:
         topic_config: TopicConfigWrapper,
         *,
         timeout_s: float = DEFAULT_REGISTER_TIMEOUT_S,
-        oneway: bool = False,
         compressed: bool | None = None,
     ) -> list[RegisterBrokerResult]:
         """Register with every nameserver at once; one result per nameserver, in configured order.
@@ -173,27 +158,21 @@ class BrokerOuterAPI:
         async def one(addr: str) -> RegisterBrokerResult:
             request = RemotingCommand.request(RequestCode.REGISTER_BROKER, headers, body)
             try:
-                if oneway:
-                    await self.client.invoke_oneway(addr, request, timeout_s)
-                    return RegisterBrokerResult(addr, True)
                 response = await self.client.invoke_sync(addr, request, timeout_s)
             except RemotingError as exc:
                 return self._failed(addr, identity, f"{type(exc).__name__}: {exc}")
             if response.code != ResponseCode.SUCCESS:
-                return self._failed(
-                    addr, identity, f"{response_code_name(response.code)}: {response.remark}", response.code
-                )
+                return self._failed(addr, identity, f"{response_code_name(response.code)}: {response.remark}")
             try:
                 kv = _parse_kv_table(response.body)
             except RemotingCommandError as exc:
-                return self._failed(addr, identity, f"bad response body: {exc}", response.code)
+                return self._failed(addr, identity, f"bad response body: {exc}")
             return RegisterBrokerResult(
                 addr,
                 True,
                 master_addr=response.header_str(H.MASTER_ADDR, None) or None,
                 ha_server_addr=response.header_str(H.HA_SERVER_ADDR, None) or None,
                 kv_table=kv,
-                code=response.code,
             )
 
         results = await self._on_all(
@@ -217,9 +196,7 @@ class BrokerOuterAPI:
         return results
 
     @staticmethod
-    def _failed(
-        addr: str, identity: BrokerIdentity, error: str, code: int | None = None
-    ) -> RegisterBrokerResult:
+    def _failed(addr: str, identity: BrokerIdentity, error: str) -> RegisterBrokerResult:
         log.warning(
             "register broker to name server failed",
             extra={
@@ -229,7 +206,7 @@ class BrokerOuterAPI:
                 "error": error,
             },
         )
-        return RegisterBrokerResult(addr, False, error=error, code=code)
+        return RegisterBrokerResult(addr, False, error=error)
 
     # --- unregister -------------------------------------------------------------------------
     async def unregister_broker_all(

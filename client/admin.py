@@ -16,6 +16,7 @@ import click
 
 from client.admin_api import AdminClient
 from client.errors import ClientError
+from client.instance import ACCESS_KEY_ENV, SECRET_KEY_ENV
 from client.namesrv_client import NAMESRV_ADDR_ENV, parse_namesrv_addrs
 from client.producer import Producer
 from client.route import MessageQueue
@@ -28,9 +29,17 @@ T = TypeVar("T")
 
 
 class _Ctx:
-    def __init__(self, namesrv: str | None, timeout_s: float) -> None:
+    def __init__(
+        self,
+        namesrv: str | None,
+        timeout_s: float,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
         self.namesrv = namesrv
         self.timeout_s = timeout_s
+        self.access_key = access_key
+        self.secret_key = secret_key
 
     def run(self, work: Callable[[AdminClient], Awaitable[T]]) -> T:
         """Run one operation against a fresh AdminClient; failures become a one-line error, exit 1."""
@@ -44,7 +53,9 @@ class _Ctx:
             )
 
         async def main() -> T:
-            admin = AdminClient(addrs, timeout_s=self.timeout_s)
+            admin = AdminClient(
+                addrs, timeout_s=self.timeout_s, access_key=self.access_key, secret_key=self.secret_key
+            )
             try:
                 return await work(admin)
             finally:
@@ -75,19 +86,22 @@ def _body(body: bytes) -> str:
 def _print_message(m: Message, broker_name: str = "") -> None:
     rows = [
         ("Topic", m.topic),
-        ("Broker Name", broker_name or (m.msg_id.rpartition(":")[0] if m.msg_id else "-")),
+        ("Broker Name", broker_name or "-"),
+        ("Store Host", m.store_host or "-"),
+        ("Born Host", m.born_host or "-"),
         ("Queue ID", m.queue_id),
         ("Queue Offset", m.queue_offset),
-        ("Ledger Index", m.ledger_index),
+        ("CommitLog Offset", m.physical_offset),
+        ("Ledger Index", m.physical_offset >> 16 if m.physical_offset >= 0 else -1),
         ("Msg ID", m.msg_id or "-"),
+        ("Offset Msg ID", m.offset_msg_id or "-"),
         ("Tags", m.tags or "-"),
         ("Keys", " ".join(m.keys) or "-"),
         ("Properties", json.dumps(m.properties, sort_keys=True) if m.properties else "-"),
         ("Flag", m.flag),
         ("Born Timestamp", _ts(m.born_ms)),
         ("Store Timestamp", _ts(m.store_ms)),
-        ("Producer ID", m.producer_id or "-"),
-        ("Seq", m.seq),
+        ("Reconsume Times", m.reconsume_times),
         ("Body Size", len(m.body)),
         ("Body", _body(m.body)),
     ]
@@ -125,10 +139,22 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     help=f"Nameserver addresses, ';'-separated (default: ${NAMESRV_ADDR_ENV}).",
 )
 @click.option("--timeout", type=float, default=5.0, show_default=True, help="Per-request timeout in seconds.")
+@click.option(
+    "--access-key", envvar=ACCESS_KEY_ENV, help=f"ACL access key; signs every request (env {ACCESS_KEY_ENV})."
+)
+@click.option(
+    "--secret-key",
+    envvar=SECRET_KEY_ENV,
+    help=f"ACL secret key, with --access-key (env {SECRET_KEY_ENV}).",
+)
 @click.pass_context
-def main(ctx: click.Context, namesrv: str | None, timeout: float) -> None:
+def main(
+    ctx: click.Context, namesrv: str | None, timeout: float, access_key: str | None, secret_key: str | None
+) -> None:
     """Administer a ledgermq cluster: topics, routes, brokers, messages, consumer offsets."""
-    ctx.obj = _Ctx(namesrv, timeout)
+    if bool(access_key) != bool(secret_key):
+        raise click.UsageError("--access-key and --secret-key go together (or neither)")
+    ctx.obj = _Ctx(namesrv, timeout, access_key or None, secret_key or None)
 
 
 # --- topics ---------------------------------------------------------------------------------------

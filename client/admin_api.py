@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client import broker_api as B
+import client.broker_api as B
 from client.broker_api import call, json_body
 from client.consumer import ConsumerBase
 from client.errors import BrokerError, ClientError, NoBrokerAvailableError
@@ -19,7 +19,7 @@ from client.instance import ClientInstance
 from client.route import MessageQueue
 from remoting.codes import RequestCode, ResponseCode, response_code_name
 from remoting.exceptions import RemotingError
-from remoting.message import Message, decode_pull_body, parse_msg_id
+from remoting.message import Message, parse_offset_msg_id
 from remoting.protocol import HeaderValue, RemotingCommand
 from remoting.route import MASTER_ID, BrokerData, ClusterInfo, TopicRouteData
 from remoting.topic import PERM_READ_WRITE, topic_name_error
@@ -59,8 +59,18 @@ class AdminClient(ConsumerBase):
         timeout_s: float = 5.0,
         group: str = "ledgermq-admin",
         instance: ClientInstance | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
     ) -> None:
+        """``access_key``/``secret_key`` sign every request (ACL); without them the
+        LEDGERMQ_ACCESS_KEY/LEDGERMQ_SECRET_KEY environment variables are used, if set."""
+        own = instance is None
+        if instance is None:
+            instance = ClientInstance(
+                namesrv_addrs, name=f"admin-{group}", access_key=access_key, secret_key=secret_key
+            )
         super().__init__(group, namesrv_addrs, call_timeout_s=timeout_s, instance=instance)
+        self._own_instance = own
         self._running = True
 
     async def close(self) -> None:
@@ -189,29 +199,35 @@ class AdminClient(ConsumerBase):
         return addrs
 
     async def view_message(self, msg_id: str) -> Message:
-        """The message with this id (ids name their broker group, so no topic is needed)."""
+        """The message with this offset message id (store host + physical offset), as
+        RocketMQ's ``queryMsgById``: asked of the host in the id first, then of the other
+        brokers (the host's group mates hold the same log after a failover). A record counts
+        only if it names the same store host, so another group's record at the same
+        position is never taken for it."""
         try:
-            broker_name, _index = parse_msg_id(msg_id)
+            host, position = parse_offset_msg_id(msg_id)
         except ValueError as exc:
             raise ClientError(str(exc)) from None
+        info = await self.cluster_info()
+        groups = sorted(info.broker_addr_table.values(), key=lambda bd: host not in bd.broker_addrs.values())
+        addrs = [host] + [a for bd in groups for _, a in sorted(bd.broker_addrs.items()) if a != host]
         errors: list[str] = []
-        for addr in await self._group_addrs_by_name(broker_name):
+        for addr in addrs:
             try:
                 response = await self.instance.remoting.invoke_sync(
-                    addr, _request(RequestCode.VIEW_MESSAGE_BY_ID, {B.MSG_ID: msg_id}), self.call_timeout_s
+                    addr, _request(RequestCode.VIEW_MESSAGE_BY_ID, {B.OFFSET: position}), self.call_timeout_s
                 )
             except RemotingError as exc:
                 errors.append(f"{addr}: {exc}")
                 continue
             if response.code != ResponseCode.SUCCESS:
-                raise BrokerError(response.code, response.remark, addr, f"message {msg_id}")
-            msgs = _decode(response.body, broker_name, addr)
-            if not msgs:
-                raise BrokerError(response.code, "empty answer", addr, f"message {msg_id}")
-            return msgs[0]
-        raise NoBrokerAvailableError(
-            f"message {msg_id}: no member of group {broker_name} answered ({'; '.join(errors)})"
-        )
+                errors.append(f"{addr}: {response_code_name(response.code)} {response.remark}")
+                continue
+            msgs = [m for m in _decode(response.body, "", addr) if m.store_host == host]
+            if msgs:
+                return msgs[0]
+            errors.append(f"{addr}: holds another message at that position")
+        raise NoBrokerAvailableError(f"message {msg_id}: not found ({'; '.join(errors)})")
 
     async def query_message_by_key(self, topic: str, key: str, max_num: int = 32) -> list[Message]:
         """Messages of ``topic`` with ``key`` among their keys, from every group serving it."""
@@ -262,6 +278,6 @@ def _request(code: int, headers: dict[str, HeaderValue]) -> RemotingCommand:
 
 def _decode(body: bytes | bytearray | memoryview, broker_name: str, addr: str) -> list[Message]:
     try:
-        return decode_pull_body(memoryview(body), broker_name)
+        return B.decode_pull_messages(memoryview(body), broker_name)
     except ValueError as exc:
         raise BrokerError(ResponseCode.SUCCESS, f"malformed message body: {exc}", addr) from None

@@ -19,7 +19,7 @@ from remoting.codes import RequestCode, ResponseCode
 from remoting.connection import RemotingConnection, ResponseCallback
 from remoting.exceptions import RemotingCommandError, RemotingError
 from remoting.jsonbody import Fields, dump_body, load_body
-from remoting.message import Message, decode_pull_body
+from remoting.message import Message, decode_stored_messages, java_string_hash
 from remoting.protocol import HeaderValue, RemotingCommand
 
 # --- header names (the broker protocol) ------------------------------------------------------
@@ -32,8 +32,6 @@ QUEUE_OFFSET = "queueOffset"
 BORN_TIMESTAMP = "bornTimestamp"
 FLAG = "flag"
 PROPERTIES = "properties"
-PRODUCER_ID = "producerId"
-SEQ = "seq"
 MSG_ID = "msgId"
 LEDGER_INDEX = "ledgerIndex"
 DUPLICATE = "duplicate"
@@ -52,6 +50,26 @@ WRITE_QUEUE_NUMS = "writeQueueNums"
 PERM = "perm"
 KEY = "key"
 MAX_NUM = "maxNum"
+SYS_FLAG = "sysFlag"
+SUB_VERSION = "subVersion"
+EXPRESSION_TYPE = "expressionType"
+SUGGEST_WHICH_BROKER_ID = "suggestWhichBrokerId"
+DEFAULT_TOPIC = "defaultTopic"
+DEFAULT_TOPIC_QUEUE_NUMS = "defaultTopicQueueNums"
+RECONSUME_TIMES = "reconsumeTimes"
+BATCH = "batch"
+DEFAULT_TOPIC_NAME = "TBW102"
+"""RocketMQ's template topic: brokers that auto-create topics serve it."""
+DEFAULT_TOPIC_QUEUES = 4
+
+# PULL_MESSAGE sysFlag bits (RocketMQ's PullSysFlag)
+PULL_FLAG_COMMIT_OFFSET = 0x1
+"""commitOffset carries an offset to store; without this bit the broker ignores it."""
+PULL_FLAG_SUSPEND = 0x2
+"""The broker may hold the pull up to suspendTimeoutMillis (long polling)."""
+PULL_FLAG_SUBSCRIPTION = 0x4
+"""The subscription header is the filter to use (else the one from the group's heartbeat)."""
+EXPRESSION_TAG = "TAG"
 
 
 class NotSentError(Exception):
@@ -138,6 +156,8 @@ class PullResult:
     min_offset: int = 0
     max_offset: int = 0
     broker_addr: str = ""
+    suggest_which_broker_id: int = 0
+    """The member the broker suggests for the next pull of this queue (0 = master)."""
 
 
 def pull_request(
@@ -150,6 +170,8 @@ def pull_request(
     commit_offset: int | None = None,
     subscription: str | None = None,
 ) -> RemotingCommand:
+    """A RocketMQ PULL_MESSAGE request; ``sysFlag`` says which of the optional parts count."""
+    sys_flag = 0
     headers: dict[str, HeaderValue] = {
         CONSUMER_GROUP: group,
         TOPIC: topic,
@@ -160,9 +182,21 @@ def pull_request(
     }
     if commit_offset is not None:
         headers[COMMIT_OFFSET] = commit_offset
+        sys_flag |= PULL_FLAG_COMMIT_OFFSET
+    if suspend_ms > 0:
+        sys_flag |= PULL_FLAG_SUSPEND
     if subscription and subscription.strip() != "*":
-        headers[SUBSCRIPTION] = subscription  # the broker skips other tags (by tag hash)
+        headers[SUBSCRIPTION] = subscription  # the broker skips other tags
+        headers[EXPRESSION_TYPE] = EXPRESSION_TAG
+        headers[SUB_VERSION] = 0
+        sys_flag |= PULL_FLAG_SUBSCRIPTION
+    headers[SYS_FLAG] = sys_flag
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
+
+
+def decode_pull_messages(body: bytes | memoryview, broker_name: str) -> list[Message]:
+    """The messages of a PULL body: RocketMQ's stored records (as any RocketMQ broker sends)."""
+    return decode_stored_messages(body)
 
 
 _PULL_STATUS = {
@@ -186,9 +220,10 @@ def parse_pull_response(response: RemotingCommand, addr: str, broker_name: str, 
             response.header_int(MIN_OFFSET, 0),
             response.header_int(MAX_OFFSET, 0),
             addr,
+            response.header_int(SUGGEST_WHICH_BROKER_ID, 0),
         )
         if status is PullStatus.FOUND:
-            result.messages = decode_pull_body(memoryview(response.body), name)
+            result.messages = decode_pull_messages(memoryview(response.body), name)
             if not result.messages:
                 result.status = PullStatus.NO_NEW_MSG
     except (RemotingCommandError, ValueError) as exc:
@@ -223,16 +258,44 @@ def json_body(response: RemotingCommand, addr: str, what: str) -> Any:
 
 
 def heartbeat_body(
-    client_id: str, consumer_group: str | None, producer_group: str | None, topics: list[str]
+    client_id: str,
+    consumer_group: str | None,
+    producer_group: str | None,
+    topics: list[str],
+    subscription: str = "*",
+    *,
+    consume_type: str = "CONSUME_PASSIVELY",
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET",
 ) -> bytes:
-    return dump_body(
-        {
-            "clientID": client_id,
-            "consumerGroup": consumer_group,
-            "producerGroup": producer_group,
-            "topics": topics,
-        }
-    )
+    """RocketMQ's HeartbeatData: ``consumerDataSet[].groupName`` with its subscriptions, and
+    ``producerDataSet[].groupName`` (CONSUME_PASSIVELY is RocketMQ's push consumer)."""
+    tags = [] if subscription.strip() == "*" else [t.strip() for t in subscription.split("||") if t.strip()]
+    consumers = []
+    if consumer_group:
+        consumers.append(
+            {
+                "groupName": consumer_group,
+                "consumeType": consume_type,
+                "messageModel": "CLUSTERING",
+                "consumeFromWhere": consume_from_where,
+                "subscriptionDataSet": [
+                    {
+                        "classFilterMode": False,
+                        "topic": topic,
+                        "subString": subscription,
+                        "tagsSet": tags,
+                        "codeSet": [java_string_hash(t) for t in tags],
+                        "subVersion": 0,
+                        "expressionType": EXPRESSION_TAG,
+                    }
+                    for topic in topics
+                ],
+                "unitMode": False,
+            }
+        )
+    producers = [{"groupName": producer_group}] if producer_group else []
+    doc: dict[str, Any] = {"clientID": client_id, "producerDataSet": producers, "consumerDataSet": consumers}
+    return dump_body(doc)
 
 
 def parse_consumer_ids(response: RemotingCommand, addr: str) -> list[str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from client import broker_api as B
+import client.broker_api as B
 from client.broker_api import PullResult, PullStatus, call, parse_pull_response, pull_request
 from client.errors import BrokerError, ClientStateError, NoBrokerAvailableError
 from client.instance import ClientInstance

@@ -17,6 +17,7 @@ from typing import Any
 
 from client.namesrv_client import DEFAULT_NAMESRV_TIMEOUT_S, NamesrvClient
 from client.route import DEFAULT_ROUTE_TTL_S, RouteTable
+from remoting.acl import RequestSigner
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode
 from remoting.config import RemotingConfig
@@ -35,6 +36,28 @@ def make_client_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}#{next(_instance_counter)}-{uuid.uuid4().hex[:8]}"
 
 
+ACCESS_KEY_ENV = "LEDGERMQ_ACCESS_KEY"
+SECRET_KEY_ENV = "LEDGERMQ_SECRET_KEY"
+
+
+def make_signer(access_key: str | None = None, secret_key: str | None = None) -> RequestSigner | None:
+    """The ACL signer for these credentials, else for LEDGERMQ_ACCESS_KEY/LEDGERMQ_SECRET_KEY, else None.
+
+    Read from the environment when not given so that every producer and consumer (each makes its
+    own ClientInstance unless handed one) signs once the operator exports the two variables.
+    """
+    if access_key is None and secret_key is None:
+        access_key = os.environ.get(ACCESS_KEY_ENV) or None
+        secret_key = os.environ.get(SECRET_KEY_ENV) or None
+    if not access_key and not secret_key:
+        return None
+    if not access_key or not secret_key:
+        raise ValueError(
+            f"ACL credentials need both an access key and a secret key ({ACCESS_KEY_ENV}, {SECRET_KEY_ENV})"
+        )
+    return RequestSigner(access_key, secret_key)
+
+
 class ClientInstance:
     """Shared plumbing: RemotingClient + NamesrvClient + RouteTable, plus a client id."""
 
@@ -46,9 +69,12 @@ class ClientInstance:
         namesrv_timeout_s: float = DEFAULT_NAMESRV_TIMEOUT_S,
         route_ttl_s: float = DEFAULT_ROUTE_TTL_S,
         name: str = "ledgermq-client",
+        access_key: str | None = None,
+        secret_key: str | None = None,
     ) -> None:
         self.client_id = make_client_id()
-        self.remoting = RemotingClient(remoting_config, name=name)
+        self.signer = make_signer(access_key, secret_key)
+        self.remoting = RemotingClient(remoting_config, name=name, rpc_hook=self.signer)
         self.namesrv = NamesrvClient(namesrv_addrs, self.remoting, timeout_s=namesrv_timeout_s)
         self.routes = RouteTable(self.namesrv, ttl_s=route_ttl_s)
         self._closed = False

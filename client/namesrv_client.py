@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from client.errors import NameServerUnavailableError, NoNameServerError, RouteNotFoundError
-from ledger.settings import ConfigError, parse_host_port
+from common.settings import ConfigError, parse_host_port
 from remoting import headers as H
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode, response_code_name

@@ -1,21 +1,12 @@
-"""Producer: RocketMQ's send path on a DLedger-style broker group.
+"""Producer: RocketMQ's send API on a DLedger-style broker group.
 
-Per send: find the topic's publish info (cached route, refreshed from a nameserver), pick a
-queue round-robin avoiding the broker group that just failed, send to its master. A sync send
-tries ``1 + retries`` times within ``send_timeout_s`` in total; NOT_MASTER with a ``masterAddr``
-goes straight to the new master.
-
-What may be retried depends on what the failure says about the message:
-- certainly not stored (never sent, NOT_MASTER, SERVICE_NOT_AVAILABLE, SYSTEM_BUSY...): retry,
-  on another group when there is one;
-- maybe stored (timeout or lost connection after sending, REPLICATION_TIMEOUT, SYSTEM_ERROR):
-  a plain producer stops and raises SendOutcomeUnknownError; an idempotent producer retries
-  with the same (producer id, seq) to the same group and queue, because only that group's
-  de-duplication table can recognise the first attempt.
+The Producer checks and stamps messages and builds each request once (batch bodies with
+RocketMQ's batch encoding, reused across retries); what happens to a request after that (queue and
+master choice, retries, backoff, what each failure means) is ``client.send_attempts``. A sync
+send tries ``1 + retries`` times within ``send_timeout_s`` in total.
 
 Hot-path notes: no task per message (async sends complete from the response callback and
-only a retry spawns a task), one header dict per request, batch bodies built once with
-``encode_batch`` and reused across retries.
+only a retry spawns a task), one header dict per request.
 """
 
 from __future__ import annotations
@@ -25,30 +16,31 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from client import broker_api as B
-from client.broker_api import NotSentError, invoke_tracked, invoke_tracked_async, invoke_tracked_oneway
-from client.errors import (
-    ClientError,
-    ClientStateError,
-    MessageInvalidError,
-    NoBrokerAvailableError,
-    SendFailedError,
-    SendOutcomeUnknownError,
-)
+import client.broker_api as B
+from client.errors import ClientStateError, MessageInvalidError
 from client.instance import ClientInstance
 from client.route import MessageQueue
-from client.send_attempts import BatchSendResult, SendAttempts, SendCallback, SendResult, SendStatus
-from remoting.codes import RequestCode
-from remoting.exceptions import (
-    FrameEncodeError,
-    RemotingCommandError,
-    RemotingError,
+from client.send_attempts import (
+    BatchSendResult,
+    Parse,
+    SendAttempts,
+    SendCallback,
+    SendResult,
+    batch_result,
+    message_result,
 )
-from remoting.jsonbody import Fields, load_body
-from remoting.message import Message, encode_batch, encode_properties, make_msg_id, make_position
+from remoting.codes import RequestCode
+from remoting.message import (
+    PROPERTY_UNIQ_KEY,
+    Message,
+    MessageFormatError,
+    UniqueIdGenerator,
+    encode_message_batch,
+    properties_to_bytes,
+)
 from remoting.protocol import HeaderValue, RemotingCommand
 from remoting.topic import topic_name_error
 
@@ -58,19 +50,16 @@ R = TypeVar("R")
 DEFAULT_SEND_TIMEOUT_S = 3.0
 DEFAULT_RETRIES = 2
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# Retries during a master switch back off exponentially, but not beyond 0.1 s: a group
-# elects a new master in about half a second, and a longer sleep holds sends back after it
-# is ready (with a 1 s cap, a switch done at 630 ms was first seen by the producer at 1.26 s).
-# Each retry without a master costs one route lookup, which a nameserver answers in microseconds.
-MAX_BACKOFF_S = 0.1
 
 
 class Producer:
     """Sends messages to topics; async API (``await start()``, ``await send(msg)``, ``await shutdown()``).
 
-    ``idempotent=True`` stamps each message with this producer's id and a sequence number
-    (kept on the Message object, so resending the same object after SendOutcomeUnknownError is
-    de-duplicated too) and makes retries after an unknown outcome safe.
+    Every message gets a RocketMQ unique id (its UNIQ_KEY property), which the broker group
+    de-duplicates on, so a retry within one send is stored at most once. ``idempotent=True``
+    also keeps a message's key (and this producer's id and a sequence number) on the Message
+    object, so resending the same object after SendOutcomeUnknownError is de-duplicated too,
+    and makes retries after an unknown outcome safe.
     """
 
     def __init__(
@@ -103,6 +92,7 @@ class Producer:
         # A fresh id per producer object: sequence numbers restart at 1, so an id must never be reused.
         self.producer_id = producer_id or f"{group}-{uuid.uuid4().hex}"
         self._seq = itertools.count(1)
+        self._unique_ids = UniqueIdGenerator()
         self._own_instance = instance is None
         self.instance = instance or ClientInstance(namesrv_addrs, name=f"producer-{group}")
         self._running = False
@@ -170,26 +160,37 @@ class Producer:
             )
 
     def _stamp(self, msg: Message, now_ms: int) -> None:
-        """Give the message its (producer id, seq) once; a resent object keeps them, so it is de-duplicated."""
+        """Give the message its UNIQ_KEY (idempotent: once, with a (producer id, seq); a resent
+        object keeps them, so it is de-duplicated; otherwise a new key per send)."""
         if self.idempotent:
-            if msg.producer_id != self.producer_id or msg.seq <= 0:
+            if msg.producer_id != self.producer_id or msg.seq <= 0 or PROPERTY_UNIQ_KEY not in msg.properties:
                 msg.producer_id = self.producer_id
                 msg.seq = next(self._seq)
                 msg.born_ms = now_ms
+                msg.properties[PROPERTY_UNIQ_KEY] = self._unique_ids.next(now_ms)
             elif not msg.born_ms:
                 msg.born_ms = now_ms
         else:
             msg.born_ms = now_ms
+            msg.properties[PROPERTY_UNIQ_KEY] = self._unique_ids.next(now_ms)
 
     @staticmethod
     def _props(msg: Message) -> bytes:
-        if not (msg.properties or msg.tags or msg.keys):
-            return b""
-        return encode_properties(msg.all_properties())
+        if msg.tags is None and not msg.keys and len(msg.properties) == 1:
+            key = msg.properties.get(PROPERTY_UNIQ_KEY)  # the common case: nothing but the id
+            if key is not None and key.isalnum():
+                return b"UNIQ_KEY\x01" + key.encode() + b"\x02"
+        try:
+            return properties_to_bytes(msg.all_properties())
+        except MessageFormatError as exc:
+            raise MessageInvalidError(str(exc)) from None
 
     def _message_request(self, msg: Message) -> RemotingCommand:
         self._check(msg)
         self._stamp(msg, int(time.time() * 1000))
+        # RocketMQ's SendMessageRequestHeader; the optional defaultTopic, defaultTopicQueueNums,
+        # sysFlag and reconsumeTimes are left out (the broker's defaults are RocketMQ's): the
+        # header is parsed for every message.
         headers: dict[str, HeaderValue] = {
             B.PRODUCER_GROUP: self.group,
             B.TOPIC: msg.topic,
@@ -198,124 +199,31 @@ class Producer:
             B.FLAG: msg.flag,
             B.PROPERTIES: self._props(msg).decode(),
         }
-        if self.idempotent:
-            headers[B.PRODUCER_ID] = self.producer_id
-            headers[B.SEQ] = msg.seq
         return RemotingCommand(int(RequestCode.SEND_MESSAGE), headers, bytes(msg.body))
 
-    def _parse_send(self, msg: Message) -> Callable[[RemotingCommand, MessageQueue, str, int], SendResult]:
-        def parse(response: RemotingCommand, mq: MessageQueue, addr: str, tries: int) -> SendResult:
-            h = response.headers
-            try:
-                index = response.header_int(B.LEDGER_INDEX, -1)
-                result = SendResult(
-                    SendStatus.SEND_OK,
-                    str(h.get(B.MSG_ID) or (make_msg_id(mq.broker_name, make_position(index)) if index >= 0 else "")),
-                    response.header_int(B.QUEUE_ID, mq.queue_id),
-                    response.header_int(B.QUEUE_OFFSET, -1),
-                    response.header_bool(B.DUPLICATE, False),
-                    mq.broker_name,
-                    index,
-                    addr,
-                    msg.producer_id if self.idempotent else "",
-                    msg.seq if self.idempotent else 0,
-                    tries,
-                )
-            except RemotingCommandError as exc:  # stored, but the answer is odd: say so, do not fail it
-                log.warning("malformed send response", extra={"broker": addr, "error": str(exc)})
-                result = SendResult(SendStatus.SEND_OK, "", mq.queue_id, -1, False, mq.broker_name, -1, addr)
-            msg.queue_id = result.queue_id
-            msg.queue_offset = result.queue_offset
-            msg.ledger_index = result.ledger_index
-            msg.msg_id = result.msg_id
-            return result
-
-        return parse
-
-    # --- the retry engine ---------------------------------------------------------------------------
-    def _new_send(
+    def _attempts(
         self,
         topic: str,
         request: RemotingCommand,
-        parse: Callable[[RemotingCommand, MessageQueue, str, int], R],
+        parse: Parse[R],
         timeout_s: float | None,
         retries: int,
         queue: MessageQueue | None,
         queue_id: int | None,
     ) -> SendAttempts[R]:
-        if queue is not None and queue.topic != topic:
-            raise MessageInvalidError(f"queue {queue} is not a queue of topic {topic}")
         return SendAttempts(
             self.instance.routes,
-            self.idempotent,
+            self.instance.remoting,
             topic,
             request,
             parse,
-            self.send_timeout_s if timeout_s is None else timeout_s,
-            1 + retries,
-            queue,
-            queue_id,
+            idempotent=self.idempotent,
+            timeout_s=self.send_timeout_s if timeout_s is None else timeout_s,
+            max_attempts=1 + retries,
+            backoff_s=self.retry_backoff_s,
+            queue=queue,
+            queue_id=queue_id,
         )
-
-    async def _choose(self, send: SendAttempts[Any]) -> tuple[MessageQueue, str]:
-        """Queue and master address for the next attempt (RocketMQ's selectOneMessageQueue)."""
-        routes = self.instance.routes
-        publish = await routes.publish_info(send.topic, force=send.refresh)
-        send.refresh = False
-        if send.pinned is not None:
-            mq = send.pinned
-        elif send.queue_id is not None:
-            mq = publish.select_by_queue_id(send.queue_id)
-        else:
-            mq = publish.select_queue(send.avoid_broker)
-        addr = routes.master_addr(mq.broker_name)
-        if addr is None:
-            raise NoBrokerAvailableError(f"broker group {mq.broker_name} has no master at the moment")
-        return mq, addr
-
-    async def _pause(self, send: SendAttempts[Any]) -> None:
-        """Back off before retrying a group that is electing or busy, unless another group can take it."""
-        if not send.wait:
-            return
-        send.wait = False
-        if send.pinned is None and send.avoid_broker is not None:
-            publish = self.instance.routes.cached_publish_info(send.topic)
-            if publish is not None and len(publish.broker_names()) > 1:
-                return  # the next attempt goes to another group: no reason to wait
-        delay = min(self.retry_backoff_s * (2**send.backoffs), MAX_BACKOFF_S, max(send.remaining, 0))
-        send.backoffs += 1
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    async def _run(self, send: SendAttempts[R]) -> R:
-        """Attempts until success, a definite failure with no tries left, or an unknown outcome we may not retry."""
-        remoting = self.instance.remoting
-        while True:
-            if send.exhausted():
-                raise send.final_error()
-            await self._pause(send)
-            if send.remaining <= 0:
-                raise send.final_error()
-            try:
-                mq, addr = await self._choose(send)
-            except ClientError as exc:
-                send.no_route(exc)
-                continue
-            send.mq, send.addr = mq, addr
-            send.attempts += 1
-            send.tried.append(f"{mq.broker_name}@{addr}")
-            send.request.headers[B.QUEUE_ID] = mq.queue_id
-            try:
-                response = await invoke_tracked(remoting, addr, send.request, send.remaining)
-            except NotSentError as exc:
-                send.not_sent(exc)
-                continue
-            except RemotingError as exc:
-                send.lost(exc)
-                continue
-            result = send.answered(response)
-            if result is not None:
-                return result
 
     # --- sync -------------------------------------------------------------------------------------------
     async def send(
@@ -336,10 +244,8 @@ class Producer:
         """
         self._check_running()
         request = self._message_request(msg)
-        send = self._new_send(
-            msg.topic, request, self._parse_send(msg), timeout_s, self.retries, queue, queue_id
-        )
-        return await self._run(send)
+        parse = message_result(msg, self.idempotent)
+        return await self._attempts(msg.topic, request, parse, timeout_s, self.retries, queue, queue_id).run()
 
     # --- batch -------------------------------------------------------------------------------------------
     async def send_batch(
@@ -361,10 +267,10 @@ class Producer:
         self._check(first)
         topic = first.topic
         now_ms = int(time.time() * 1000)
-        items: list[tuple[int, int, int, bytes, bytes]] = []
+        items: list[tuple[int, bytes, bytes]] = []
         append = items.append
         stamp, props = self._stamp, self._props
-        idempotent, limit_msg = self.idempotent, self.max_message_bytes
+        limit_msg = self.max_message_bytes
         # The topic was checked once above; per message only what can differ (kept cheap: this
         # loop runs for every message at tens of thousands a second).
         for m in msgs:
@@ -377,42 +283,24 @@ class Producer:
                 self._check(m)
                 body = bytes(body)
             stamp(m, now_ms)
-            append((m.flag, m.born_ms, m.seq if idempotent else 0, props(m), body))
-        body = encode_batch(items)
+            append((m.flag, body, props(m)))
+        body = encode_message_batch(items)
         limit = self.instance.remoting.config.max_body_bytes
         if len(body) > limit:
             raise MessageInvalidError(
                 f"batch of {len(msgs)} messages is {len(body)} bytes, over the {limit}-byte request limit; split it"
             )
-        headers: dict[str, HeaderValue] = {B.PRODUCER_GROUP: self.group, B.TOPIC: topic, B.QUEUE_ID: 0}
-        if self.idempotent:
-            headers[B.PRODUCER_ID] = self.producer_id
+        headers: dict[str, HeaderValue] = {
+            B.PRODUCER_GROUP: self.group,
+            B.TOPIC: topic,
+            B.QUEUE_ID: 0,
+            B.BORN_TIMESTAMP: now_ms,
+            B.FLAG: 0,
+            B.BATCH: True,
+        }
         request = RemotingCommand(int(RequestCode.SEND_BATCH_MESSAGE), headers, body)
-        n = len(msgs)
-
-        def parse(response: RemotingCommand, mq: MessageQueue, addr: str, tries: int) -> BatchSendResult:
-            result = BatchSendResult(
-                SendStatus.SEND_OK, mq.broker_name, mq.queue_id, broker_addr=addr, tries=tries
-            )
-            try:
-                f = Fields(load_body(response.body, "batch send response"), "batch send response")
-                result.queue_id = f.get_int("queueId", mq.queue_id)
-                result.offsets = [int(o) for o in f.get_list("offsets", [])]
-                result.msg_ids = [str(i) for i in f.get_list("msgIds", [])]
-                result.duplicates = f.get_int("duplicates", 0)
-            except (RemotingCommandError, TypeError, ValueError) as exc:
-                log.warning("malformed batch send response", extra={"broker": addr, "error": str(exc)})
-                return result
-            if len(result.offsets) == n:
-                for i, m in enumerate(msgs):
-                    m.queue_id = result.queue_id
-                    m.queue_offset = result.offsets[i]
-                    if len(result.msg_ids) == n:
-                        m.msg_id = result.msg_ids[i]
-            return result
-
-        send = self._new_send(topic, request, parse, timeout_s, self.retries, queue, queue_id)
-        return await self._run(send)
+        parse = batch_result(msgs)
+        return await self._attempts(topic, request, parse, timeout_s, self.retries, queue, queue_id).run()
 
     # --- async ------------------------------------------------------------------------------------------
     async def send_async(
@@ -431,9 +319,8 @@ class Producer:
         """
         self._check_running()
         request = self._message_request(msg)
-        send = self._new_send(
-            msg.topic, request, self._parse_send(msg), timeout_s, self.retries_async, queue, queue_id
-        )
+        parse = message_result(msg, self.idempotent)
+        send = self._attempts(msg.topic, request, parse, timeout_s, self.retries_async, queue, queue_id)
         slots = self._async_slots
         assert slots is not None and self._async_idle is not None
         await slots.acquire()
@@ -455,66 +342,7 @@ class Producer:
             except Exception:
                 log.exception("send callback raised", extra={"topic": msg.topic})
 
-        def retry_in_task() -> None:
-            task = asyncio.ensure_future(self._run(send))
-            self._retry_tasks.add(task)
-
-            def settled(t: asyncio.Task[SendResult]) -> None:
-                self._retry_tasks.discard(t)
-                if t.cancelled():
-                    # Shut down mid-retry: an attempt may have been in flight, so do not claim "not stored".
-                    finish(
-                        None,
-                        SendOutcomeUnknownError(
-                            f"send to topic {send.topic} was cancelled by shutdown during a retry; "
-                            f"it may or may not have been stored (tries: {send.tried})",
-                            topic=send.topic,
-                            tries=send.attempts,
-                            brokers=send.tried,
-                        ),
-                    )
-                elif t.exception() is not None:
-                    finish(None, t.exception())
-                else:
-                    finish(t.result(), None)
-
-            task.add_done_callback(settled)
-
-        def on_response(response: RemotingCommand | None, error: BaseException | None) -> None:
-            try:
-                if response is not None:
-                    result = send.answered(response)
-                    if result is not None:
-                        finish(result, None)
-                        return
-                else:
-                    send.lost(error if isinstance(error, RemotingError) else RemotingError(str(error)))
-            except Exception as exc:  # the engine gave up
-                finish(None, exc)
-                return
-            retry_in_task()
-
-        try:
-            try:
-                mq, addr = await self._choose(send)
-            except ClientError as exc:
-                send.no_route(exc)  # raises if there is no point in retrying
-                retry_in_task()
-                return
-            send.mq, send.addr = mq, addr
-            send.attempts = 1
-            send.tried.append(f"{mq.broker_name}@{addr}")
-            request.headers[B.QUEUE_ID] = mq.queue_id
-            try:
-                await invoke_tracked_async(self.instance.remoting, addr, request, send.remaining, on_response)
-            except NotSentError as exc:
-                send.not_sent(exc)  # raises for a message that can never be sent
-                retry_in_task()
-        except ClientError as exc:
-            finish(None, exc)
-        except BaseException as exc:  # cancelled while writing: still settle the callback once
-            finish(None, exc)
-            raise
+        await send.start(finish, self._retry_tasks)
 
     # --- oneway ------------------------------------------------------------------------------------------
     async def send_oneway(
@@ -526,18 +354,5 @@ class Producer:
         """
         self._check_running()
         request = self._message_request(msg)
-        send = self._new_send(msg.topic, request, lambda *a: None, None, 0, queue, queue_id)
-        mq, addr = await self._choose(send)
-        request.headers[B.QUEUE_ID] = mq.queue_id
-        try:
-            await invoke_tracked_oneway(self.instance.remoting, addr, request, self.send_timeout_s)
-        except NotSentError as exc:
-            if isinstance(exc.cause, FrameEncodeError):
-                raise MessageInvalidError(f"cannot send to topic {msg.topic}: {exc.cause}") from None
-            self.instance.routes.forget_master(mq.broker_name, addr)
-            raise SendFailedError(
-                f"oneway send to broker {mq.broker_name}@{addr} failed: {exc.cause}",
-                topic=msg.topic,
-                tries=1,
-                brokers=[f"{mq.broker_name}@{addr}"],
-            ) from None
+        send = self._attempts(msg.topic, request, lambda *a: None, None, 0, queue, queue_id)
+        await send.oneway(self.send_timeout_s)

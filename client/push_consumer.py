@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 
-from client import broker_api as B
+import client.broker_api as B
 from client.broker_api import PullStatus
 from client.consumer import ConsumerBase
 from client.errors import BrokerError, ClientError, ClientStateError, NoNameServerError
@@ -247,7 +247,7 @@ class PushConsumer(ConsumerBase):
         except ClientError as exc:
             log.warning("heartbeat: no route", extra={"topic": self.topic, "error": str(exc)})
             return
-        body = B.heartbeat_body(self.client_id, self.group, None, [self.topic])
+        body = B.heartbeat_body(self.client_id, self.group, None, [self.topic], self.subscription or "*")
         addrs = {a for name in {q.broker_name for q in queues} for a in routes.broker_addrs(name)}
 
         async def one(addr: str) -> None:

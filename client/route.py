@@ -17,12 +17,17 @@ from dataclasses import dataclass
 
 from client.errors import ClientError, NoBrokerAvailableError, RouteNotFoundError
 from client.namesrv_client import NamesrvClient
-from remoting.route import MASTER_ID, BrokerData, TopicRouteData
+from remoting.route import MASTER_ID, BrokerData, QueueData, TopicRouteData
 from remoting.topic import PERM_READ, PERM_WRITE
 
 log = logging.getLogger("client.route")
 
 DEFAULT_ROUTE_TTL_S = 30.0
+DEFAULT_TOPIC = "TBW102"
+"""RocketMQ's template topic, served by brokers that create topics on their first message."""
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+AUTO_CREATE_ROUTE_TTL_S = 1.0
+"""How long a route borrowed from TBW102 is used before asking for the topic's own again."""
 """RocketMQ refreshes routes every 30 s (pollNameServerInterval)."""
 MASTER_HINT_TTL_S = 10.0
 """How long a master learned from NOT_MASTER wins over the nameserver's (possibly stale) route."""
@@ -136,7 +141,39 @@ class RouteTable:
         entry = self._topics.get(topic)
         if entry is not None and not force and time.monotonic() - entry.fetched_at < self.ttl_s:
             return entry.publish  # the hot path: no await, no allocation
-        return (await self._entry(topic, force)).publish
+        try:
+            return (await self._entry(topic, force)).publish
+        except RouteNotFoundError:
+            if topic == DEFAULT_TOPIC:
+                raise
+            auto = await self._auto_create_publish_info(topic)
+            if auto is None:
+                raise
+            return auto
+
+    async def _auto_create_publish_info(self, topic: str) -> TopicPublishInfo | None:
+        """RocketMQ's producer path for a topic no nameserver knows: send to the brokers that
+        serve TBW102 (queue counts capped at the default 4); they create the topic on its first
+        message and register it. None if no broker auto-creates topics."""
+        try:
+            template = await self.route(DEFAULT_TOPIC)
+        except RouteNotFoundError:
+            return None
+        n = DEFAULT_TOPIC_QUEUE_NUMS
+        route = TopicRouteData(
+            [
+                QueueData(q.broker_name, min(q.read_queue_nums, n), min(q.write_queue_nums, n), q.perm & 6)
+                for q in template.queue_datas
+            ],
+            template.broker_datas,
+        )
+        has_master = {bd.broker_name for bd in route.broker_datas if self.master_addr(bd.broker_name)}
+        publish = TopicPublishInfo(topic, route, publish_queues(topic, route, has_master))
+        if not publish.queues:
+            return None
+        # Used briefly: once a broker has created the topic its own route takes over.
+        self._topics[topic] = _Entry(route, time.monotonic() - self.ttl_s + AUTO_CREATE_ROUTE_TTL_S, publish)
+        return publish
 
     async def subscribe_queues(self, topic: str, *, force: bool = False) -> list[MessageQueue]:
         return subscribe_queues(topic, await self.route(topic, force=force))

@@ -1,24 +1,35 @@
-"""One logical send across its attempts: what each failure means, and the results.
+"""One logical send, from its first attempt to its result: the producer's retry state machine.
 
-Kept apart from the Producer so the rules are in one place and readable on their own:
-which answers certainly mean "not stored" (retry, maybe elsewhere), which mean "maybe
-stored" (stop, unless idempotent: then retry on the same queue with the same seq), and how
-the final error reads. The sync loop and the async response callbacks share this object.
+Everything a send does after the Producer has built its request is here, in one place:
+choosing a queue and its master (RocketMQ's selectOneMessageQueue, avoiding the group that
+just failed), backing off while a group elects, sending, and deciding what each answer means:
+- certainly not stored (never sent, NOT_MASTER, SERVICE_NOT_AVAILABLE, SYSTEM_BUSY...): retry,
+  on another group when there is one; NOT_MASTER with a ``masterAddr`` goes straight there;
+- maybe stored (timeout or lost connection after sending, REPLICATION_TIMEOUT, SYSTEM_ERROR):
+  a plain producer stops with SendOutcomeUnknownError; an idempotent one retries with the same
+  UNIQ_KEY on the same group and queue, because only that group's de-duplication
+  table can recognise the first attempt;
+- certainly not stored and bound to fail again (MESSAGE_ILLEGAL...): stop with SendFailedError.
+``run`` drives it to the end (sync sends, batches); ``start`` makes the first attempt from a
+response callback, with no task per message, and only a retry runs ``run`` in a task.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from client import broker_api as B
-from client.broker_api import NotSentError
+import client.broker_api as B
+from client.broker_api import NotSentError, invoke_tracked, invoke_tracked_async, invoke_tracked_oneway
 from client.errors import (
     ClientError,
     MessageInvalidError,
+    NoBrokerAvailableError,
     NoNameServerError,
     RouteNotFoundError,
     SendError,
@@ -26,9 +37,25 @@ from client.errors import (
     SendOutcomeUnknownError,
 )
 from client.route import MessageQueue, RouteTable
+from remoting.client import RemotingClient
 from remoting.codes import ResponseCode, response_code_name
-from remoting.exceptions import FrameEncodeError, RemotingConnectionClosedError, RemotingError
+from remoting.exceptions import (
+    FrameEncodeError,
+    RemotingCommandError,
+    RemotingConnectionClosedError,
+    RemotingError,
+)
+from remoting.jsonbody import Fields, load_body
+from remoting.message import Message
 from remoting.protocol import RemotingCommand
+
+log = logging.getLogger("client.producer")
+
+# Retries during a master switch back off exponentially, but not beyond 0.1 s: a group
+# elects a new master in about half a second, and a longer sleep holds sends back after it
+# is ready (with a 1 s cap, a switch done at 630 ms was first seen by the producer at 1.26 s).
+# Each retry without a master costs one route lookup, which a nameserver answers in microseconds.
+MAX_BACKOFF_S = 0.1
 
 
 class SendStatus(Enum):
@@ -37,7 +64,9 @@ class SendStatus(Enum):
 
 @dataclass(slots=True)
 class SendResult:
-    """Where one message was stored. ``duplicate``: an earlier attempt with the same seq had stored it."""
+    """Where one message was stored. ``msg_id`` is RocketMQ's offset message id (the one
+    VIEW_MESSAGE_BY_ID resolves); ``duplicate``: an earlier attempt with the same UNIQ_KEY had
+    stored it."""
 
     status: SendStatus
     msg_id: str
@@ -70,6 +99,8 @@ SendCallback = Callable[[SendResult | None, BaseException | None], None]
 """Called once per send_async with (result, None) or (None, error); errors follow the send rules."""
 
 R = TypeVar("R")
+Parse = Callable[[RemotingCommand, MessageQueue, str, int], R]
+"""(SUCCESS response, queue, broker address, tries) -> the send's result."""
 
 # Response codes that certainly mean "not stored" and are worth another try, and whether to
 # back off before it (the group is busy or electing) and re-read the route.
@@ -96,17 +127,88 @@ FATAL_CODES = frozenset(
 # we do not know) may have been stored: treated as outcome unknown.
 
 
+# --- results ----------------------------------------------------------------------------------------
+def message_result(msg: Message, idempotent: bool) -> Parse[SendResult]:
+    """How a SEND_MESSAGE answer becomes a SendResult (and fills in the message's stored fields)."""
+
+    def parse(response: RemotingCommand, mq: MessageQueue, addr: str, tries: int) -> SendResult:
+        h = response.headers
+        try:
+            index = response.header_int(B.LEDGER_INDEX, -1)
+            result = SendResult(
+                SendStatus.SEND_OK,
+                str(h.get(B.MSG_ID) or ""),  # RocketMQ's offset message id (store host + position)
+                response.header_int(B.QUEUE_ID, mq.queue_id),
+                response.header_int(B.QUEUE_OFFSET, -1),
+                response.header_bool(B.DUPLICATE, False),
+                mq.broker_name,
+                index,
+                addr,
+                msg.producer_id if idempotent else "",
+                msg.seq if idempotent else 0,
+                tries,
+            )
+        except RemotingCommandError as exc:  # stored, but the answer is odd: say so, do not fail it
+            log.warning("malformed send response", extra={"broker": addr, "error": str(exc)})
+            result = SendResult(SendStatus.SEND_OK, "", mq.queue_id, -1, False, mq.broker_name, -1, addr)
+        msg.queue_id = result.queue_id
+        msg.queue_offset = result.queue_offset
+        msg.ledger_index = result.ledger_index
+        msg.msg_id = result.msg_id
+        return result
+
+    return parse
+
+
+def batch_result(msgs: Sequence[Message]) -> Parse[BatchSendResult]:
+    """How a SEND_BATCH_MESSAGE answer becomes a BatchSendResult (and fills in the messages)."""
+    n = len(msgs)
+
+    def parse(response: RemotingCommand, mq: MessageQueue, addr: str, tries: int) -> BatchSendResult:
+        result = BatchSendResult(
+            SendStatus.SEND_OK, mq.broker_name, mq.queue_id, broker_addr=addr, tries=tries
+        )
+        try:
+            if response.body:  # ledgermq brokers: each message's offset (de-duplication may leave gaps)
+                f = Fields(load_body(response.body, "batch send response"), "batch send response")
+                result.queue_id = f.get_int("queueId", mq.queue_id)
+                result.offsets = [int(o) for o in f.get_list("offsets", [])]
+                result.msg_ids = [str(i) for i in f.get_list("msgIds", [])]
+                result.duplicates = f.get_int("duplicates", 0)
+            else:  # RocketMQ brokers: the first offset and the message ids, comma separated
+                result.queue_id = response.header_int(B.QUEUE_ID, mq.queue_id)
+                first = response.header_int(B.QUEUE_OFFSET, -1)
+                result.offsets = list(range(first, first + n)) if first >= 0 else []
+                ids = response.header_str(B.MSG_ID, "")
+                result.msg_ids = ids.split(",") if ids else []
+        except (RemotingCommandError, TypeError, ValueError) as exc:
+            log.warning("malformed batch send response", extra={"broker": addr, "error": str(exc)})
+            return result
+        if len(result.offsets) == n:
+            for i, m in enumerate(msgs):
+                m.queue_id = result.queue_id
+                m.queue_offset = result.offsets[i]
+                if len(result.msg_ids) == n:
+                    m.msg_id = result.msg_ids[i]
+        return result
+
+    return parse
+
+
+# --- the state machine -----------------------------------------------------------------------------
 class SendAttempts(Generic[R]):
-    """State of one logical send across its attempts; shared by the sync loop and async callbacks."""
+    """One logical send across its attempts; ``run`` or ``start`` drives it to its result or error."""
 
     __slots__ = (
         "routes",
+        "remoting",
         "idempotent",
         "topic",
         "request",
         "parse",
         "deadline",
         "max_attempts",
+        "backoff_s",
         "attempts",
         "tried",
         "unknown",
@@ -125,22 +227,29 @@ class SendAttempts(Generic[R]):
     def __init__(
         self,
         routes: RouteTable,
-        idempotent: bool,
+        remoting: RemotingClient,
         topic: str,
         request: RemotingCommand,
-        parse: Callable[[RemotingCommand, MessageQueue, str, int], R],
+        parse: Parse[R],
+        *,
+        idempotent: bool,
         timeout_s: float,
         max_attempts: int,
-        queue: MessageQueue | None,
-        queue_id: int | None,
+        backoff_s: float,
+        queue: MessageQueue | None = None,
+        queue_id: int | None = None,
     ) -> None:
+        if queue is not None and queue.topic != topic:
+            raise MessageInvalidError(f"queue {queue} is not a queue of topic {topic}")
         self.routes = routes
+        self.remoting = remoting
         self.idempotent = idempotent
         self.topic = topic
         self.request = request
         self.parse = parse
         self.deadline = time.monotonic() + timeout_s
         self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
         self.attempts = 0
         self.tried: list[str] = []
         self.unknown = False
@@ -161,6 +270,159 @@ class SendAttempts(Generic[R]):
 
     def exhausted(self) -> bool:
         return self.attempts >= self.max_attempts or self.remaining <= 0
+
+    # --- driving it ---------------------------------------------------------------------------------
+    async def run(self) -> R:
+        """Attempts until success, a definite failure with no tries left, or an unknown outcome we may not retry."""
+        while True:
+            if self.exhausted():
+                raise self.final_error()
+            await self._pause()
+            if self.remaining <= 0:
+                raise self.final_error()
+            try:
+                addr = await self._next_attempt()
+            except ClientError as exc:
+                self.no_route(exc)
+                continue
+            try:
+                response = await invoke_tracked(self.remoting, addr, self.request, self.remaining)
+            except NotSentError as exc:
+                self.not_sent(exc)
+                continue
+            except RemotingError as exc:
+                self.lost(exc)
+                continue
+            result = self.answered(response)
+            if result is not None:
+                return result
+
+    async def start(
+        self, settle: Callable[[R | None, BaseException | None], None], tasks: set[asyncio.Task[Any]]
+    ) -> None:
+        """The first attempt, answered from the response callback; a retry continues in a task (kept in ``tasks``).
+
+        ``settle(result, error)`` is called exactly once, also when the send is cancelled.
+        """
+
+        def retry_in_task() -> None:
+            self._retry_in_task(settle, tasks)
+
+        def on_response(response: RemotingCommand | None, error: BaseException | None) -> None:
+            try:
+                if response is not None:
+                    result = self.answered(response)
+                    if result is not None:
+                        settle(result, None)
+                        return
+                else:
+                    self.lost(error if isinstance(error, RemotingError) else RemotingError(str(error)))
+            except Exception as exc:  # the state machine gave up
+                settle(None, exc)
+                return
+            retry_in_task()
+
+        try:
+            try:
+                addr = await self._next_attempt()
+            except ClientError as exc:
+                self.no_route(exc)  # raises if there is no point in retrying
+                retry_in_task()
+                return
+            try:
+                await invoke_tracked_async(self.remoting, addr, self.request, self.remaining, on_response)
+            except NotSentError as exc:
+                self.not_sent(exc)  # raises for a message that can never be sent
+                retry_in_task()
+        except ClientError as exc:
+            settle(None, exc)
+        except BaseException as exc:  # cancelled while writing: still settle once
+            settle(None, exc)
+            raise
+
+    def _retry_in_task(
+        self, settle: Callable[[R | None, BaseException | None], None], tasks: set[asyncio.Task[Any]]
+    ) -> None:
+        """Continue an async send with ``run`` in a task; its end settles the send."""
+        task = asyncio.ensure_future(self.run())
+        tasks.add(task)
+
+        def settled(t: asyncio.Task[R]) -> None:
+            tasks.discard(t)
+            if t.cancelled():
+                # Shut down mid-retry: an attempt may have been in flight, so do not claim "not stored".
+                settle(
+                    None,
+                    SendOutcomeUnknownError(
+                        f"send to topic {self.topic} was cancelled by shutdown during a retry; "
+                        f"it may or may not have been stored (tries: {self.tried})",
+                        topic=self.topic,
+                        tries=self.attempts,
+                        brokers=self.tried,
+                    ),
+                )
+            elif t.exception() is not None:
+                settle(None, t.exception())
+            else:
+                settle(t.result(), None)
+
+        task.add_done_callback(settled)
+
+    async def oneway(self, timeout_s: float) -> None:
+        """One attempt without an answer: raises route errors and SendFailedError if it could not be written."""
+        mq, addr = await self._choose()
+        self.request.headers[B.QUEUE_ID] = mq.queue_id
+        try:
+            await invoke_tracked_oneway(self.remoting, addr, self.request, timeout_s)
+        except NotSentError as exc:
+            if isinstance(exc.cause, FrameEncodeError):
+                raise MessageInvalidError(f"cannot send to topic {self.topic}: {exc.cause}") from None
+            self.routes.forget_master(mq.broker_name, addr)
+            raise SendFailedError(
+                f"oneway send to broker {mq.broker_name}@{addr} failed: {exc.cause}",
+                topic=self.topic,
+                tries=1,
+                brokers=[f"{mq.broker_name}@{addr}"],
+            ) from None
+
+    async def _next_attempt(self) -> str:
+        """Choose where the next attempt goes and count it; returns the master's address."""
+        mq, addr = await self._choose()
+        self.mq, self.addr = mq, addr
+        self.attempts += 1
+        self.tried.append(f"{mq.broker_name}@{addr}")
+        self.request.headers[B.QUEUE_ID] = mq.queue_id
+        return addr
+
+    async def _choose(self) -> tuple[MessageQueue, str]:
+        """Queue and master address for the next attempt (RocketMQ's selectOneMessageQueue)."""
+        routes = self.routes
+        publish = await routes.publish_info(self.topic, force=self.refresh)
+        self.refresh = False
+        if self.pinned is not None:
+            mq = self.pinned
+        elif self.queue_id is not None:
+            mq = publish.select_by_queue_id(self.queue_id)
+        else:
+            mq = publish.select_queue(self.avoid_broker)
+        addr = routes.master_addr(mq.broker_name)
+        if addr is None:
+            raise NoBrokerAvailableError(f"broker group {mq.broker_name} has no master at the moment")
+        return mq, addr
+
+    async def _pause(self) -> None:
+        """Back off before retrying a group that is electing or busy, unless another group can take it."""
+        if not self.wait:
+            return
+        self.wait = False
+        if self.pinned is None and self.avoid_broker is not None:
+            publish = self.routes.cached_publish_info(self.topic)
+            if publish is not None and len(publish.broker_names()) > 1:
+                return  # the next attempt goes to another group: no reason to wait
+        delay = min(self.backoff_s * (2**self.backoffs), MAX_BACKOFF_S, max(self.remaining, 0))
+        self.backoffs += 1
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     # --- outcomes of one attempt ------------------------------------------------------------------
     def answered(self, response: RemotingCommand) -> R | None:

@@ -6,6 +6,7 @@ Only ``analyze`` lives here. Spark is imported inside the command, so ``jepsen
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -13,7 +14,26 @@ import click
 from jepsen.checker.analyze import DEFAULT_BUDGET, FileOutcome, analyze_files
 
 
-@click.group()
+class _LazyGroup(click.Group):
+    """``jepsen run`` and ``jepsen campaign`` (the harness) are imported only when asked for: every other command,
+    ``jepsen analyze`` above all, then starts without loading the harness and its clients."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), "run", "campaign"})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "run" and "run" not in self.commands:
+            from jepsen.harness.run_cli import run
+
+            self.add_command(run)
+        if cmd_name == "campaign" and "campaign" not in self.commands:
+            from jepsen.harness.campaign_cli import campaign
+
+            self.add_command(campaign)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LazyGroup)
 def main() -> None:
     """ledgermq's Jepsen-style harness and consistency checker."""
 
@@ -31,35 +51,88 @@ def _anomaly_summary(o: FileOutcome) -> str:
 
 def print_table(outcomes: list[FileOutcome], seconds: float) -> None:
     """A short verdict table, one line per history."""
-    rows = [(o.path, o.workload or "?", str(o.ops) if o.error is None else "-", o.verdict, _anomaly_summary(o))
-            for o in outcomes]
+    rows = [
+        (o.path, o.workload or "?", str(o.ops) if o.error is None else "-", o.verdict, _anomaly_summary(o))
+        for o in outcomes
+    ]
     head = ("history", "workload", "ops", "verdict", "anomalies")
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     for r in [head, *rows]:
         line = "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
         click.echo(line.rstrip())
     valid = sum(1 for o in outcomes if o.valid is True and o.error is None)
-    click.echo(f"{len(outcomes)} histories: {valid} valid, "
-               f"{sum(1 for o in outcomes if o.valid is False)} invalid, "
-               f"{sum(1 for o in outcomes if o.error is None and o.valid not in (True, False))} unknown, "
-               f"{sum(1 for o in outcomes if o.error is not None)} unreadable; {seconds:.1f} s")
+    click.echo(
+        f"{len(outcomes)} histories: {valid} valid, "
+        f"{sum(1 for o in outcomes if o.valid is False)} invalid, "
+        f"{sum(1 for o in outcomes if o.error is None and o.valid not in (True, False))} unknown, "
+        f"{sum(1 for o in outcomes if o.error is not None)} unreadable; {seconds:.1f} s"
+    )
 
 
 @main.command()
-@click.option("--workload", type=click.Choice(["log", "register", "kv"]), default=None,
-              help="Workload of the histories (default: inferred from their operations).")
-@click.option("--out", "out_dir", default="store/analysis", show_default=True,
-              type=click.Path(file_okay=False),
-              help="Writes OUT/<history name>/results.json and report.html, and OUT/summary.json.")
-@click.option("--master", default=None,
-              help="Spark master: local[N] (default local[2]), spark://host:7077 (standalone) or "
-                   "sc://host:15002 (Spark Connect; the server must see the history paths).")
-@click.option("--budget", default=DEFAULT_BUDGET, show_default=True, type=float,
-              help="Seconds of linearizability search per key; a key that runs out is 'unknown'.")
+@click.option(
+    "--workload",
+    type=click.Choice(["log", "register", "kv"]),
+    default=None,
+    help="Workload of the histories (default: inferred from their operations).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="store/analysis",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Writes OUT/<history name>/results.json and report.html, and OUT/summary.json.",
+)
+@click.option(
+    "--master",
+    default=None,
+    help="Spark master: local[N], spark://host:7077 (standalone) or sc://host:15002 (Spark "
+    "Connect). Default: $LEDGERMQ_SPARK_MASTER, else the cluster `jepsen spark start` runs, "
+    "else local[2].",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "inprocess", "spark"]),
+    default="auto",
+    show_default=True,
+    help="auto: histories up to 8 MB (about 30k operations) are judged in this process by the "
+    "same rules, larger ones on Spark; inprocess/spark: force one path.",
+)
+@click.option(
+    "--history-uri",
+    "history_uris",
+    multiple=True,
+    help="Where the cluster's executors read each history (a shared path or any Hadoop URI: "
+    "hdfs://, s3a://, file:///shared/...), one per HISTORY in order; implies --engine spark.",
+)
+@click.option(
+    "--ship-history/--no-ship-history",
+    "ship",
+    default=None,
+    help="Send the histories to Spark through the session (Arrow batches on Spark Connect) "
+    "instead of a path [default: ship when the master is on another host and no --history-uri].",
+)
+@click.option(
+    "--budget",
+    default=DEFAULT_BUDGET,
+    show_default=True,
+    type=float,
+    help="Seconds of linearizability search per key; a key that runs out is 'unknown'.",
+)
 @click.option("--no-report", is_flag=True, help="Skip report.html (results.json only).")
-@click.argument("histories", nargs=-1, required=True, type=click.Path(dir_okay=False))
-def analyze(workload: str | None, out_dir: str, master: str | None, budget: float, no_report: bool,
-            histories: tuple[str, ...]) -> None:
+@click.argument("histories", nargs=-1, required=True, type=click.Path())
+def analyze(
+    workload: str | None,
+    out_dir: str,
+    master: str | None,
+    engine: str,
+    history_uris: tuple[str, ...],
+    ship: bool | None,
+    budget: float,
+    no_report: bool,
+    histories: tuple[str, ...],
+) -> None:
     """Check HISTORY files (JSON Lines per shared/HISTORY.md, Jepsen etcd text logs, Jepsen EDN).
 
     \b
@@ -72,24 +145,190 @@ def analyze(workload: str | None, out_dir: str, master: str | None, budget: floa
       4  the checker itself could not run (e.g. no Java, Spark master unreachable)
     When several apply, 1 wins over 3, and 3 over 2.
     """
+    if history_uris and len(history_uris) != len(histories):
+        raise click.UsageError(
+            f"{len(history_uris)} --history-uri for {len(histories)} histories: give one per history"
+        )
     try:
-        res = analyze_files(list(histories), workload=workload, out_dir=out_dir, master=master,
-                            budget=budget, report=not no_report)
+        res = analyze_files(
+            list(histories),
+            workload=workload,
+            out_dir=out_dir,
+            master=master,
+            budget=budget,
+            report=not no_report,
+            engine=engine,
+            history_uris=list(history_uris) or None,
+            ship=ship,
+        )
     except Exception as exc:  # noqa: BLE001 - Spark/Java failures: a message, not a traceback
-        click.echo(f"error: the checker could not run: {type(exc).__name__}: {exc}", err=True)
+        # one line: a Java stack trace says nothing a user can act on
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        click.echo(f"error: the checker could not run: {type(exc).__name__}: {first}", err=True)
+        if type(exc).__name__ == "SparkUnavailable":
+            # a Spark Connect client that never got an answer keeps retrying in pool
+            # threads that interpreter shutdown would wait for: leave now
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(4)
         sys.exit(4)
     print_table(res["files"], res["seconds"])
+    for o in res["files"]:
+        print_recovery(o.path, o.result)
     for o in res["files"]:
         if o.error is not None:
             click.echo(f"error: {o.error}", err=True)
     sys.exit(res["exit"])
 
 
-def _attach_run() -> None:
-    """``jepsen run`` (the harness) lives in its own module; importing it stays cheap (no Spark)."""
-    from jepsen.harness.run_cli import run
+def print_recovery(path: str, result: dict) -> None:
+    """Recovery per fault kind (p50 / max over the faults of that kind), when the history has faults."""
+    rec = result.get("recovery") or {}
+    for kind, r in sorted(rec.items()):
 
-    main.add_command(run)
+        def ms(v: float | None) -> str:
+            return "never" if v is None else f"{v:,.0f} ms"
+
+        click.echo(
+            f"recovery  {kind}: {r['recovered']}/{r['faults']} recovered, p50 {ms(r['recovery_p50_ms'])}, "
+            f"max {ms(r['recovery_max_ms'])}, longest gap {ms(r['gap_max_ms'])}  ({path})"
+        )
 
 
-_attach_run()
+@main.group()
+def history() -> None:
+    """Work with recorded histories (files or folders of shards)."""
+
+
+@history.command("export")
+@click.argument("run_dir", type=click.Path(exists=True))
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    help="file to write (default RUN_DIR/history-export.jsonl; '-' for standard output)",
+)
+def history_export(run_dir: str, output: str | None) -> None:
+    """Write RUN_DIR's history (a run folder, a folder of shards or a file) as one JSON Lines file ordered by time."""
+    from pathlib import Path
+
+    from jepsen.checker import parse, shards
+
+    try:
+        if output == "-":
+            n = shards.export(run_dir, sys.stdout)
+            return
+        given = Path(run_dir)
+        is_run = any((given / name).exists() for name in shards.RUN_HISTORY)
+        base = given if is_run else given.parent  # never inside a shard folder: it would become a shard
+        target = Path(output) if output else base / "history-export.jsonl"
+        tmp = target.with_name(target.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            n = shards.export(run_dir, fh)
+        tmp.replace(target)
+    except parse.HistoryError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output or 'the export'}: {exc}") from None
+    click.echo(f"{n} events -> {target}", err=True)
+
+
+@main.group()
+def spark() -> None:
+    """A local standalone Spark cluster and Spark Connect server for the checker (from pip's pyspark)."""
+
+
+_STATE_DIR_OPTION = click.option(
+    "--state-dir",
+    default=None,
+    help="Where PIDs, ports and logs are kept (default $LEDGERMQ_SPARK_STATE or ~/.ledgermq/spark).",
+)
+
+
+@spark.command("start")
+@_STATE_DIR_OPTION
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address the master, worker and server bind."
+)
+@click.option("--master-port", type=int, default=None, help="Master port (default: a free one).")
+@click.option("--connect-port", type=int, default=None, help="Spark Connect port (default: a free one).")
+@click.option(
+    "--cores",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cores to use (default: all); the worker offers twice as many task slots, half for the Connect server.",
+)
+@click.option("--memory", default="3g", show_default=True, help="Worker memory for all executors.")
+@click.option("--no-connect", is_flag=True, help="Only the master and worker, no Spark Connect server.")
+def spark_start(
+    state_dir: str | None,
+    host: str,
+    master_port: int | None,
+    connect_port: int | None,
+    cores: int | None,
+    memory: str,
+    no_connect: bool,
+) -> None:
+    """Start a master, a worker and a Spark Connect server in the background."""
+    from jepsen import spark_cluster
+
+    try:
+        c = spark_cluster.start(
+            state_dir,
+            host=host,
+            master_port=master_port,
+            connect_port=connect_port,
+            cores=cores,
+            memory=memory,
+            with_connect=not no_connect,
+        )
+    except spark_cluster.ClusterError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(4)
+    click.echo(f"master  {c.master}")
+    if c.connect:
+        click.echo(f"connect {c.connect}")
+    click.echo(
+        f"logs    {c.state_dir / 'logs'}  (jepsen analyze uses this cluster until `jepsen spark stop`)"
+    )
+
+
+@spark.command("status")
+@_STATE_DIR_OPTION
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"master": "spark://...", "connect": "sc://..."}.'
+)
+def spark_status(state_dir: str | None, as_json: bool) -> None:
+    """Show the cluster's URLs; exit 1 when it is not (fully) running."""
+    import json
+
+    from jepsen import spark_cluster
+
+    c = spark_cluster.load(state_dir)
+    up = spark_cluster.alive(c) if c is not None else {}
+    if c is None or not up or not all(up.values()):
+        down = ", ".join(r for r, ok in up.items() if not ok)
+        click.echo(
+            f"no Spark cluster running (state in {spark_cluster.state_dir(state_dir)})"
+            + (f": {down} down" if down else ""),
+            err=True,
+        )
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(c.urls()))
+        return
+    for role, pid in c.pids.items():
+        click.echo(f"{role:8}pid {pid}  log {c.logs.get(role, '-')}")
+    click.echo(f"master  {c.master}")
+    if c.connect:
+        click.echo(f"connect {c.connect}")
+
+
+@spark.command("stop")
+@_STATE_DIR_OPTION
+def spark_stop(state_dir: str | None) -> None:
+    """Stop the processes `jepsen spark start` started (by their recorded PIDs)."""
+    from jepsen import spark_cluster
+
+    stopped = spark_cluster.stop(state_dir)
+    click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")

@@ -30,6 +30,11 @@ short test, and reconnects every 0.5 s instead of 5 s.
 
 Partitions: pysyncobj names nodes by address, so identity stays the real address while
 dialing goes to ``--dial`` (the harness's cuttable proxy for that link).
+
+``--bench`` runs the node the throughput baseline uses instead (``bench/ledger_bench.py``):
+a counter behind ``append``, an in-memory log that is never fsynced (pysyncobj is given that
+advantage), no client protocol; with ``--load SECONDS`` it also appends entries of ``--size``
+bytes with ``--inflight`` outstanding and prints one JSON line of results.
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ import json
 import logging
 import os
 import signal
+import statistics
 import sys
 import threading
+import time
 from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
@@ -107,8 +114,12 @@ class Server:
     async def _replicate(self, method: Any, *args: Any) -> dict[str, Any]:
         if not self.node._isLeader():
             leader = self.node._getLeader()
-            return {"ok": False, "definite": True, "error": "not leader",
-                    "leader": getattr(leader, "address", None)}
+            return {
+                "ok": False,
+                "definite": True,
+                "error": "not leader",
+                "leader": getattr(leader, "address", None),
+            }
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[tuple[Any, int]] = loop.create_future()
 
@@ -192,17 +203,87 @@ async def amain(args: argparse.Namespace) -> None:
     threading.Thread(target=node.destroy, daemon=True).start()
 
 
+class CountingLog(SyncObj):
+    """The benchmark's replicated state: a counter, so the baseline measures replication only."""
+
+    def __init__(self, self_addr: str, peers: list[str]) -> None:
+        super().__init__(self_addr, peers, SyncObjConf(commandsQueueSize=1_000_000))
+        self.count = 0
+
+    @replicated
+    def append(self, data: bytes) -> int:
+        self.count += 1
+        return self.count
+
+
+def bench(args: argparse.Namespace) -> None:
+    """A benchmark member; with ``--load`` also the load generator (prints one JSON line)."""
+    node = CountingLog(args.self, [p for p in args.peers.split(",") if p and p != args.self])
+    if not args.load:
+        while True:
+            time.sleep(3600)
+    deadline = time.monotonic() + 30
+    while node._getLeader() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(args.warmup)
+    sem = threading.Semaphore(args.inflight)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = 0
+    payload = b"x" * args.size
+
+    def make_cb(t0: float) -> Any:
+        def cb(result: Any, err: int) -> None:
+            nonlocal errors
+            with lock:
+                if err == 0:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+            sem.release()
+
+        return cb
+
+    start = time.perf_counter()
+    end = start + args.load
+    while time.perf_counter() < end:
+        if sem.acquire(timeout=0.5):
+            node.append(payload, callback=make_cb(time.perf_counter()))
+    elapsed = time.perf_counter() - start
+    for _ in range(args.inflight):
+        sem.acquire(timeout=5)
+    lat = sorted(latencies)
+    result = {
+        "entries_per_s": len(lat) / elapsed,
+        "p50_ms": 1000 * statistics.median(lat) if lat else None,
+        "p99_ms": 1000 * lat[int(len(lat) * 0.99)] if lat else None,
+        "errors": errors,
+    }
+    print(json.dumps(result), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--self", required=True, help="this node's raft address (its identity)")
     ap.add_argument("--peers", required=True, help="every member's raft address, comma separated")
     ap.add_argument("--dial", default="", help="peer=address to dial instead, comma separated")
-    ap.add_argument("--client", required=True, help="host:port for the JSON-lines client protocol")
-    ap.add_argument("--data", required=True, help="directory for the journal and dump files")
+    ap.add_argument("--client", help="host:port for the JSON-lines client protocol (required unless --bench)")
+    ap.add_argument("--data", help="directory for the journal and dump files (required unless --bench)")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a command to apply")
+    ap.add_argument("--bench", action="store_true", help="run the benchmark baseline's node instead")
+    ap.add_argument("--load", type=float, default=0.0, help="--bench: seconds of load to generate")
+    ap.add_argument("--size", type=int, default=1024, help="--bench: bytes per appended entry")
+    ap.add_argument("--inflight", type=int, default=1000, help="--bench: appends outstanding")
+    ap.add_argument("--warmup", type=float, default=3.0, help="--bench: seconds between election and load")
     args = ap.parse_args()
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.bench:
+        bench(args)
+        return
+    if not args.client or not args.data:
+        ap.error("--client and --data are required (unless --bench)")
+    logging.basicConfig(
+        stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     asyncio.run(amain(args))
 
 

@@ -36,10 +36,30 @@ DESCRIPTIONS = {
 }
 
 TYPE_COLOURS = {"ok": "#3b8d3b", "fail": "#d62728", "info": "#f0a030"}
-FAULT_COLOURS = ["#f4a6a6", "#a6c8f4", "#b8e6a0", "#f4d6a0", "#d2b0f0", "#a0e6dc", "#f0b0d8", "#c8c8c8",
-                 "#e6e69c", "#9cc0c0", "#f0c0a0", "#b0b0f0"]
-HEALS = {"restart": "kill", "start": "kill", "resume": "pause", "stop-partition": "start-partition",
-         "heal": "start-partition", "unpause": "pause", "stop-clock": "start-clock"}
+FAULT_COLOURS = [
+    "#f4a6a6",
+    "#a6c8f4",
+    "#b8e6a0",
+    "#f4d6a0",
+    "#d2b0f0",
+    "#a0e6dc",
+    "#f0b0d8",
+    "#c8c8c8",
+    "#e6e69c",
+    "#9cc0c0",
+    "#f0c0a0",
+    "#b0b0f0",
+]
+HEALS = {
+    "restart": "kill",
+    "start": "kill",
+    "resume": "pause",
+    "stop-partition": "start-partition",
+    "free-disk": "fill-disk",
+    "heal": "start-partition",
+    "unpause": "pause",
+    "stop-clock": "start-clock",
+}
 STYLE = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
@@ -112,8 +132,9 @@ def _examples_table(examples: list[dict[str, Any]], timed: bool) -> str:
     if any("ops" in ex for ex in examples):
         cols.append("ops")
     head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(ex.get(c, ''), timed)}</td>" for c in cols) + "</tr>"
-                   for ex in examples)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(ex.get(c, ''), timed)}</td>" for c in cols) + "</tr>" for ex in examples
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -172,16 +193,26 @@ def fault_intervals(nemesis: list[tuple[str, Any, Any]]) -> list[tuple[str, floa
     return out
 
 
-def _shade(ax: Any, intervals: list[tuple[str, float, float | None]], t0: float, t_end: float,
-           colours: dict[str, str]) -> None:
+def _shade(
+    ax: Any,
+    intervals: list[tuple[str, float, float | None]],
+    t0: float,
+    t_end: float,
+    colours: dict[str, str],
+) -> None:
     for name, start, end in intervals:
         x0 = (start - t0) / 1e9
         x1 = ((end if end is not None else t_end) - t0) / 1e9
         ax.axvspan(x0, max(x1, x0 + 1e-3), color=colours[name], alpha=0.45, lw=0, zorder=0)
 
 
-def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """Latency, throughput and (log workload) offset plots as (title, data URI)."""
+def _plots(data: dict[str, Any], faults: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+    """Latency, throughput and (log workload) offset plots as (title, data URI).
+
+    Every plot is drawn from a fixed-size sample or from binned counts (``plotdata``), so
+    its size does not grow with the history; the throughput plot marks where each fault's
+    recovery ended (``faults`` from results.json).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,10 +236,15 @@ def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
         for ax, f in zip(axes[:, 0], fs, strict=True):
             _shade(ax, intervals, t0, t_end, colours)
             for typ, colour in TYPE_COLOURS.items():
-                pts = [((o[4] - t0) / 1e9, max((o[5] - o[4]) / 1e6, 1e-3)) for o in ops
-                       if o[0] == f and o[1] == typ and o[5] is not None]
+                pts = [
+                    ((o[4] - t0) / 1e9, max((o[5] - o[4]) / 1e6, 1e-3))
+                    for o in ops
+                    if o[0] == f and o[1] == typ and o[5] is not None
+                ]
                 if typ == "info":  # no completion time: plot at the top of the range
-                    pts += [((o[4] - t0) / 1e9, None) for o in ops if o[0] == f and o[1] == typ and o[5] is None]
+                    pts += [
+                        ((o[4] - t0) / 1e9, None) for o in ops if o[0] == f and o[1] == typ and o[5] is None
+                    ]
                 if not pts:
                     continue
                 finite = [p for p in pts if p[1] is not None]
@@ -222,8 +258,9 @@ def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
             ax.set_ylabel(f"{f}\nlatency (ms)", fontsize=8)
             ax.tick_params(labelsize=7)
         kinds = [Line2D([], [], ls="", marker="o", ms=4, color=c, label=t) for t, c in TYPE_COLOURS.items()]
-        axes[0, 0].legend(handles=[*kinds, *legend_faults], fontsize=7, loc="upper left",
-                          bbox_to_anchor=(1.01, 1.0))
+        axes[0, 0].legend(
+            handles=[*kinds, *legend_faults], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+        )
         axes[-1, 0].set_xlabel("time (s)", fontsize=8)
         sampled = " (sampled)" if data.get("sampled") else ""
         out.append((f"Latency by operation{sampled}", _png(fig)))
@@ -239,13 +276,27 @@ def _plots(data: dict[str, Any]) -> list[tuple[str, str]]:
         _shade(ax, intervals, t0, t_end, colours)
         for (f, typ), bins in sorted(series.items()):
             xs = range(last + 1)  # empty bins are zero throughput, not a line across the gap
-            ax.plot([x * w for x in xs], [bins.get(x, 0) / w for x in xs], lw=1,
-                    ls={"ok": "-", "fail": ":", "info": "--"}.get(typ, "-"), label=f"{f} {typ}")
+            ax.plot(
+                [x * w for x in xs],
+                [bins.get(x, 0) / w for x in xs],
+                lw=1,
+                ls={"ok": "-", "fail": ":", "info": "--"}.get(typ, "-"),
+                label=f"{f} {typ}",
+            )
+        marks = [x for x in faults or [] if x.get("recovery_ms") is not None]
+        for x in marks:
+            ax.axvline(x["start_s"] + x["recovery_ms"] / 1e3, color="black", lw=0.8, ls="-.", zorder=3)
+        if marks:
+            ax.plot([], [], color="black", lw=0.8, ls="-.", label="recovered")
         ax.set_ylabel("ops/s", fontsize=8)
         ax.set_xlabel("time (s)", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(handles=[*ax.get_legend_handles_labels()[0], *legend_faults], fontsize=7,
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(
+            handles=[*ax.get_legend_handles_labels()[0], *legend_faults],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
         out.append(("Throughput", _png(fig)))
 
     sends = [o for o in ops if o[0] == "send" and o[1] == "ok" and o[6] is not None and o[5] is not None]
@@ -279,8 +330,10 @@ def _timeline_svg(failure: dict[str, Any]) -> str:
     width, left, row = 900, 60, 26
     scale = (width - left - 10) / max(1, hi - lo)
     h = row * len(procs) + 30
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
-             f'font-family="Menlo,Consolas,monospace" font-size="10">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
+        f'font-family="Menlo,Consolas,monospace" font-size="10">'
+    ]
     for p, i in lane.items():
         parts.append(f'<text x="4" y="{i * row + 17}">p{_esc(p)}</text>')
     culprit = failure["op"]
@@ -291,22 +344,37 @@ def _timeline_svg(failure: dict[str, Any]) -> str:
         pending = o.get("type") == "info" or end is None or end > last
         x1 = left + ((hi if pending or end is None else min(end, last)) - lo) * scale
         y = lane[str(o["process"])] * row + 4
-        is_culprit = o is culprit or (o.get("invoke-index") == culprit.get("invoke-index")
-                                      and o.get("process") == culprit.get("process"))
-        fill = ("#f4b4b4" if is_culprit else "#fff3d6" if pending
-                else "#e4e4e4" if o.get("type") == "fail" else "#d8ecd8")
+        is_culprit = o is culprit or (
+            o.get("invoke-index") == culprit.get("invoke-index")
+            and o.get("process") == culprit.get("process")
+        )
+        fill = (
+            "#f4b4b4"
+            if is_culprit
+            else "#fff3d6"
+            if pending
+            else "#e4e4e4"
+            if o.get("type") == "fail"
+            else "#d8ecd8"
+        )
         label = f"{o['f']} {json.dumps(o.get('value'))}"
         if o.get("result") is not None:
             label += f" -> {json.dumps(o['result'])}"
-        parts.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 3):.1f}" height="{row - 8}" '
-                     f'fill="{fill}" stroke="#666" stroke-dasharray="{"3,2" if pending else "none"}">'
-                     f'<title>{_esc(label)} [{_esc(o.get("type"))}] #{o["invoke-index"]}..#{end}</title></rect>')
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 3):.1f}" height="{row - 8}" '
+            f'fill="{fill}" stroke="#666" stroke-dasharray="{"3,2" if pending else "none"}">'
+            f"<title>{_esc(label)} [{_esc(o.get('type'))}] #{o['invoke-index']}..#{end}</title></rect>"
+        )
         parts.append(f'<text x="{x0 + 3:.1f}" y="{y + 12}">{_esc(label[:40])}</text>')
     xl = left + (last - lo) * scale
-    parts.append(f'<line x1="{xl:.1f}" y1="0" x2="{xl:.1f}" y2="{h - 20}" stroke="#c62828" stroke-width="1.5"/>')
-    parts.append(f'<text x="{left}" y="{h - 6}" fill="#555">event #{lo} .. #{hi - 1}; red line: the '
-                 f'completion that no linearization can explain; dashed: info or pending; grey: failed '
-                 f'(did not happen)</text>')
+    parts.append(
+        f'<line x1="{xl:.1f}" y1="0" x2="{xl:.1f}" y2="{h - 20}" stroke="#c62828" stroke-width="1.5"/>'
+    )
+    parts.append(
+        f'<text x="{left}" y="{h - 6}" fill="#555">event #{lo} .. #{hi - 1}; red line: the '
+        f"completion that no linearization can explain; dashed: info or pending; grey: failed "
+        f"(did not happen)</text>"
+    )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -318,13 +386,16 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
         badge, cls = "ERROR", "v-error"
     else:
         badge, cls = {True: ("VALID", "v-true"), False: ("INVALID", "v-false")}.get(
-            valid, ("UNKNOWN", "v-unknown"))  # type: ignore[arg-type]
-    h: list[str] = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(Path(path).name)}"
-                    f" - {badge}</title><style>{STYLE}</style></head><body>",
-                    f"<h1>{_esc(path)}</h1>",
-                    f"<p><span class='verdict {cls}'>{badge}</span> &nbsp; workload "
-                    f"<b>{_esc(result.get('workload'))}</b> <span class='muted'>checked "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}</span></p>"]
+            valid, ("UNKNOWN", "v-unknown")
+        )  # type: ignore[arg-type]
+    h: list[str] = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_esc(Path(path).name)}"
+        f" - {badge}</title><style>{STYLE}</style></head><body>",
+        f"<h1>{_esc(path)}</h1>",
+        f"<p><span class='verdict {cls}'>{badge}</span> &nbsp; workload "
+        f"<b>{_esc(result.get('workload'))}</b> <span class='muted'>checked "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}</span></p>",
+    ]
     if result.get("error"):
         h.append(f"<p class='err'>{_esc(result['error'])}</p></body></html>")
         return "".join(h)
@@ -334,14 +405,18 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
         h.append("<h2>Anomalies</h2><table><tr><th>anomaly</th><th>count</th><th>meaning</th></tr>")
         for name, n in counts.items():
             info = name in result.get("informational", [])
-            h.append(f"<tr><td><a href='#{_esc(name)}'>{_esc(name)}</a>{' (info)' if info else ''}</td>"
-                     f"<td>{n}</td><td>{_esc(DESCRIPTIONS.get(name, ''))}</td></tr>")
+            h.append(
+                f"<tr><td><a href='#{_esc(name)}'>{_esc(name)}</a>{' (info)' if info else ''}</td>"
+                f"<td>{n}</td><td>{_esc(DESCRIPTIONS.get(name, ''))}</td></tr>"
+            )
         h.append("</table>")
     else:
         h.append("<p>No anomalies found.</p>")
     if result.get("unknown-keys"):
-        h.append("<h2>Undecided keys</h2><p>The search ran out of its time budget for these keys, so "
-                 "the history cannot be called valid:</p><table><tr><th>key</th><th>why</th></tr>")
+        h.append(
+            "<h2>Undecided keys</h2><p>The search ran out of its time budget for these keys, so "
+            "the history cannot be called valid:</p><table><tr><th>key</th><th>why</th></tr>"
+        )
         for k in result["unknown-keys"][:50]:
             h.append(f"<tr><td>{_esc(k)}</td><td>{_esc(result.get('unknown', {}).get(k, ''))}</td></tr>")
         h.append("</table>")
@@ -351,21 +426,31 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
         for k, v in stats.items():
             h.append(f"<tr><th>{_esc(k)}</th><td>{_cell(v)}</td></tr>")
         h.append("</table>")
+    if result.get("faults"):
+        h.append(_recovery_tables(result["faults"], result.get("recovery", {})))
     if plot_data:
-        for title, uri in _plots(plot_data):
+        for title, uri in _plots(plot_data, result.get("faults")):
             h.append(f"<h2>{_esc(title)}</h2><img alt='{_esc(title)}' src='{uri}'>")
     for name, examples in result.get("anomalies", {}).items():
         if not examples:
             continue
         n = counts.get(name, len(examples))
-        h.append(f"<h2 id='{_esc(name)}'>{_esc(name)}: {n}</h2><p class='muted'>"
-                 f"{_esc(DESCRIPTIONS.get(name, ''))}; showing {len(examples)}</p>")
+        h.append(
+            f"<h2 id='{_esc(name)}'>{_esc(name)}: {n}</h2><p class='muted'>"
+            f"{_esc(DESCRIPTIONS.get(name, ''))}; showing {len(examples)}</p>"
+        )
         if name == "nonlinearizable":
             for ex in examples:
-                minimal = "" if ex.get("minimal", True) else " (not proven minimal: narrowing ran out of time)"
-                h.append(f"<h3>key {_esc(ex.get('key') or '(none)')}</h3><p>Shortest prefix that cannot be linearized: "
-                         f"{ex.get('prefix-events')} events, ending with the completion of "
-                         f"{_fmt_op(ex['op'], timed)}{_esc(minimal)}</p>" if "op" in ex else "")
+                minimal = (
+                    "" if ex.get("minimal", True) else " (not proven minimal: narrowing ran out of time)"
+                )
+                h.append(
+                    f"<h3>key {_esc(ex.get('key') or '(none)')}</h3><p>Shortest prefix that cannot be linearized: "
+                    f"{ex.get('prefix-events')} events, ending with the completion of "
+                    f"{_fmt_op(ex['op'], timed)}{_esc(minimal)}</p>"
+                    if "op" in ex
+                    else ""
+                )
                 if "op" in ex:
                     h.append(_timeline_svg(ex))
                     h.append(_examples_table([{"ops": ex.get("ops", [])}], timed))
@@ -373,6 +458,47 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
             h.append(_examples_table(examples, timed))
     h.append("</body></html>")
     return "".join(h)
+
+
+def _ms(v: Any) -> str:
+    return "never" if v is None else f"{v:,.0f}"
+
+
+def _recovery_tables(faults: list[dict[str, Any]], by_kind: dict[str, dict[str, Any]]) -> str:
+    """Recovery per fault kind, then every fault (at most ``MAX_FAULT_ROWS`` rows)."""
+    h = [
+        "<h2>Recovery</h2><p class='muted'>From the history alone: recovery = from the fault's start "
+        "until every key served in the 10 s before it completed an ok operation invoked after the "
+        "start; gap = the longest stretch with no ok completion from the start to 10 s after the "
+        "end.</p><table><tr><th>fault</th><th>count</th><th>recovered</th><th>p50 recovery (ms)</th>"
+        "<th>max recovery (ms)</th><th>longest gap (ms)</th></tr>"
+    ]
+    for kind, r in sorted(by_kind.items()):
+        h.append(
+            f"<tr><td>{_esc(kind)}</td><td>{r['faults']}</td><td>{r['recovered']}</td>"
+            f"<td>{_ms(r['recovery_p50_ms'])}</td><td>{_ms(r['recovery_max_ms'])}</td>"
+            f"<td>{_ms(r['gap_max_ms'])}</td></tr>"
+        )
+    h.append(
+        "</table><table><tr><th>fault</th><th>nodes</th><th>start (s)</th><th>end (s)</th>"
+        "<th>recovery (ms)</th><th>gap (ms)</th><th>ok/s before</th><th>ok/s during</th>"
+        "<th>ok/s after</th></tr>"
+    )
+    for x in faults[:MAX_FAULT_ROWS]:
+        end = "never healed" if x.get("end_s") is None else f"{x['end_s']:.3f}"
+        h.append(
+            f"<tr><td>{_esc(x.get('kind'))}</td><td>{_esc(', '.join(x.get('nodes') or []))}</td>"
+            f"<td>{x['start_s']:.3f}</td><td>{end}</td><td>{_ms(x.get('recovery_ms'))}</td>"
+            f"<td>{_ms(x.get('gap_ms'))}</td><td>{_ms(x.get('ok_per_s_before'))}</td>"
+            f"<td>{_ms(x.get('ok_per_s_during'))}</td><td>{_ms(x.get('ok_per_s_after'))}</td></tr>"
+        )
+    h.append("</table>")
+    if len(faults) > MAX_FAULT_ROWS:
+        h.append(f"<p class='muted'>{len(faults) - MAX_FAULT_ROWS} more faults in results.json</p>")
+    return "".join(h)
+
+
+MAX_FAULT_ROWS = 200  # the report stays readable; results.json has every fault
 
 
 def write_report(path: Path, history: str, result: dict[str, Any], plot_data: dict[str, Any] | None) -> None:

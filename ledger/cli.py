@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -11,26 +12,38 @@ from typing import Any
 
 import click
 
+from common.cli import run_main
+from common.settings import ConfigError, load_settings
+
 from .config import NodeConfig
-from .settings import ConfigError, load_settings
 
-
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
-        return asyncio.run(coro)
+_TLS_CA: list[str] = []  # set by the group options; read by the client commands
+_SECRET_FILE: list[str] = []
 
 
 @click.group()
-def main() -> None:
+@click.option(
+    "--tls-ca",
+    envvar="LEDGER_TLS_CA_FILE",
+    type=click.Path(dir_okay=False),
+    help="CA file: talk TLS to nodes that have it on (env LEDGER_TLS_CA_FILE)",
+)
+@click.option(
+    "--secret-file",
+    envvar="LEDGER_CLUSTER_SECRET_FILE",
+    type=click.Path(dir_okay=False),
+    help="cluster secret, for nodes with client_auth on (env LEDGER_CLUSTER_SECRET_FILE or LEDGER_CLUSTER_SECRET)",
+)
+def main(tls_ca: str | None, secret_file: str | None) -> None:
     """A DLedger-style Raft commit log: durable, replicated, linearizable."""
+    _TLS_CA[:] = [tls_ca] if tls_ca else []
+    _SECRET_FILE[:] = [secret_file] if secret_file else []
 
 
 @main.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file ([ledger] or top level)")
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file ([ledger] or top level)"
+)
 @click.option("--id", "node_id", help="this node's id (overrides the file; env LEDGER_ID)")
 @click.option("--listen", help="host:port to serve peers and clients on")
 @click.option("--peers", help="comma-separated id=host:port of every member, this node included")
@@ -41,11 +54,15 @@ def start(config_path: str | None, **overrides: Any) -> None:
     """Run one ledger node in the foreground until SIGTERM or SIGINT."""
     overrides = {"id" if k == "node_id" else k: v for k, v in overrides.items()}
     try:
-        cfg = load_settings(NodeConfig, config_path, env_prefix="LEDGER_", overrides=overrides, section="ledger")
+        cfg = load_settings(
+            NodeConfig, config_path, env_prefix="LEDGER_", overrides=overrides, section="ledger"
+        )
     except ConfigError as exc:
         raise click.ClickException(f"bad configuration: {exc}") from None
-    from .logs import setup_logging
+    from common.logs import setup_logging
+
     from .node import LedgerNode
+    from .transport import ListenError
 
     setup_logging(cfg.log_level, node=cfg.id)
 
@@ -54,13 +71,20 @@ def start(config_path: str | None, **overrides: Any) -> None:
             node = LedgerNode(cfg)
         except Exception as exc:  # corrupt store, unreadable hard state: say what and where, then exit
             raise click.ClickException(f"cannot open node {cfg.id}: {exc}") from None
-        await node.start()
+        try:
+            await node.start()
+        except OSError as exc:  # the port is in use, the address is not local, ...: one line, exit 1
+            await node.stop()
+            why = exc.strerror or str(exc)
+            if not isinstance(exc, ListenError) and cfg.metrics_port:
+                why = f"cannot serve metrics on {cfg.metrics_host}:{cfg.metrics_port}: {why}"
+            raise click.ClickException(f"cannot start node {cfg.id}: {why}") from None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
         await node.wait_stopped()
 
-    _run(serve())
+    run_main(serve())
 
 
 def _nodes_option(f: Any) -> Any:
@@ -74,8 +98,25 @@ def _nodes_option(f: Any) -> Any:
 
 def _client(nodes: str, timeout: float = 10.0) -> Any:
     from .client import LedgerClient
+    from .tls import client_context
 
-    return LedgerClient([n.strip() for n in nodes.split(",") if n.strip()], timeout=timeout)
+    try:
+        ssl = client_context(_TLS_CA[0]) if _TLS_CA else None
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    secret = os.environ.get("LEDGER_CLUSTER_SECRET", "").encode() or None
+    if _SECRET_FILE:
+        try:
+            secret = Path(_SECRET_FILE[0]).read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            raise click.ClickException(
+                f"--secret-file: cannot read {_SECRET_FILE[0]}: {exc.strerror}"
+            ) from None
+    nodes_list = [n.strip() for n in nodes.split(",") if n.strip()]
+    try:
+        return LedgerClient(nodes_list, timeout=timeout, ssl=ssl, secret=secret)
+    except ValueError as exc:  # a secret shorter than 16 bytes, a bad address
+        raise click.ClickException(str(exc)) from None
 
 
 def _fail(exc: Exception) -> None:
@@ -92,7 +133,7 @@ def status(nodes: str) -> None:
         async with _client(nodes, timeout=3) as c:
             return await c.status_all()
 
-    click.echo(json.dumps(_run(go()), indent=2))
+    click.echo(json.dumps(run_main(go()), indent=2))
 
 
 @main.command()
@@ -106,7 +147,7 @@ def append(nodes: str, data: tuple[str, ...]) -> None:
             return await c.append_batch([d.encode() for d in data])
 
     try:
-        first, term = _run(go())
+        first, term = run_main(go())
     except Exception as exc:  # noqa: BLE001 - report any failure to the user plainly
         _fail(exc)
     click.echo(json.dumps({"first_index": first, "last_index": first + len(data) - 1, "term": term}))
@@ -116,7 +157,9 @@ def append(nodes: str, data: tuple[str, ...]) -> None:
 @_nodes_option
 @click.option("--from", "lo", type=int, default=1, show_default=True)
 @click.option("--to", "hi", type=int, default=2**62, help="last index (default: up to the commit index)")
-@click.option("--linearizable/--local", default=True, show_default=True, help="confirm leadership first (ReadIndex)")
+@click.option(
+    "--linearizable/--local", default=True, show_default=True, help="confirm leadership first (ReadIndex)"
+)
 @click.option("--max-bytes", type=int, default=4 << 20, show_default=True)
 def read(nodes: str, lo: int, hi: int, linearizable: bool, max_bytes: int) -> None:
     """Print committed entries as JSON lines (index, term, data as text where it decodes)."""
@@ -126,7 +169,7 @@ def read(nodes: str, lo: int, hi: int, linearizable: bool, max_bytes: int) -> No
             return await c.read(lo, hi, linearizable=linearizable, max_bytes=max_bytes)
 
     try:
-        entries = _run(go())
+        entries = run_main(go())
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
     for e in entries:
@@ -149,14 +192,16 @@ def transfer(nodes: str, target: str) -> None:
             return await c.transfer_leadership(target)
 
     try:
-        click.echo(json.dumps(_run(go())))
+        click.echo(json.dumps(run_main(go())))
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
 
 
 @main.command("local-cluster")
 @click.option("--nodes", "n", type=int, default=3, show_default=True)
-@click.option("--dir", "base_dir", type=click.Path(file_okay=False), default="ledger-cluster", show_default=True)
+@click.option(
+    "--dir", "base_dir", type=click.Path(file_okay=False), default="ledger-cluster", show_default=True
+)
 def local_cluster(n: int, base_dir: str) -> None:
     """Run an N-node group of local processes on 127.0.0.x until Ctrl-C."""
     from .localcluster import LocalCluster
@@ -164,8 +209,9 @@ def local_cluster(n: int, base_dir: str) -> None:
     cluster = LocalCluster(Path(base_dir), n)
     cluster.start()
     try:
-        leader = _run(cluster.wait_for_leader())
+        leader = run_main(cluster.wait_for_leader())
         click.echo(f"group up: nodes {','.join(cluster.addresses)}; leader {leader}; data in {base_dir}")
+        click.echo(f"peers authenticate with the secret in {cluster.settings['cluster_secret_file']}")
         click.echo(f"try: ledger append --nodes {','.join(cluster.addresses)} hello")
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     except KeyboardInterrupt:

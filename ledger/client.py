@@ -14,11 +14,14 @@ import asyncio
 import itertools
 import json
 import random
+import ssl as ssl_module
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from common.settings import parse_host_port
+
+from .auth import AuthError, PeerAuth
 from .codec import Entry
-from .settings import parse_host_port
 from .transport import HELLO_CLIENT, FrameProtocol
 from .wire import (
     NOT_LEADER,
@@ -41,8 +44,12 @@ class _Conn(FrameProtocol):
     def __init__(self, max_frame: int) -> None:
         super().__init__(max_frame, "client")
         self.waiters: dict[int, asyncio.Future[tuple[int, memoryview]]] = {}
+        self.challenge: asyncio.Future[bytes] | None = None  # set while proving the cluster secret
 
     def on_frame(self, body: bytes) -> None:
+        if self.challenge is not None and not self.challenge.done():
+            self.challenge.set_result(body)
+            return
         rid, code, payload = decode_response_head(body)
         fut = self.waiters.pop(rid, None)
         if fut is not None and not fut.done():
@@ -51,6 +58,8 @@ class _Conn(FrameProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         err = ConnectionError(f"connection to {self.peername} lost")
+        if self.challenge is not None and not self.challenge.done():
+            self.challenge.set_exception(ConnectionError(f"{self.peername} closed the connection: refused?"))
         for fut in self.waiters.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -69,6 +78,9 @@ class LedgerClient:
         timeout: float = 10.0,
         attempt_timeout: float = 3.0,
         max_frame: int = 64 << 20,
+        ssl: ssl_module.SSLContext | None = None,
+        secret: bytes | None = None,
+        accepted_secrets: Sequence[bytes] = (),
     ) -> None:
         if not addresses:
             raise ValueError("no ledger node address given")
@@ -78,6 +90,10 @@ class LedgerClient:
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
         self.max_frame = max_frame
+        self.ssl = ssl  # TLS to nodes that have it on (see ledger.tls.client_context)
+        # Proves the cluster secret (nodes' client_auth); during a rotation it also accepts nodes
+        # that still prove one of ``accepted_secrets``, as peers do.
+        self.auth = PeerAuth(secret, tuple(accepted_secrets)) if secret else None
         self.leader_address: str | None = None
         self._conns: dict[str, _Conn] = {}
         self._connecting: dict[str, asyncio.Future[_Conn]] = {}
@@ -174,9 +190,19 @@ class LedgerClient:
         try:
             host, port = parse_host_port("address", address)
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self.max_frame), host, port), self.attempt_timeout
+                loop.create_connection(
+                    lambda: _Conn(self.max_frame),
+                    host,
+                    port,
+                    ssl=self.ssl,
+                    server_hostname=host if self.ssl is not None else None,
+                ),
+                self.attempt_timeout,
             )
-            conn.send(HELLO_CLIENT)
+            if self.auth is None:
+                conn.send(HELLO_CLIENT)
+            else:
+                await asyncio.wait_for(self._authenticate(conn), self.attempt_timeout)
             self._conns[address] = conn
             fut.set_result(conn)
             return conn
@@ -186,6 +212,21 @@ class LedgerClient:
             raise
         finally:
             del self._connecting[address]
+
+    async def _authenticate(self, conn: _Conn) -> None:
+        """Prove the cluster secret to the node (and check that the node knows it too)."""
+        assert self.auth is not None
+        conn.challenge = asyncio.get_running_loop().create_future()
+        hello, nonce = self.auth.client_hello()
+        conn.send(hello)
+        try:
+            conn.send(self.auth.answer_client_challenge(nonce, await conn.challenge))
+        except AuthError as exc:
+            conn.close()
+            raise ConnectionError(f"{conn.peername}: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
 
     async def _once(self, address: str, build: Callable[[int], bytes]) -> tuple[int, memoryview]:
         conn = await self._conn(address)
@@ -217,7 +258,9 @@ class LedgerClient:
                 code, payload = await self._once(target, build)
             except _Sent as exc:
                 if not idempotent:
-                    raise LedgerError(UNKNOWN_OUTCOME, f"request to {target} sent but unanswered: {exc}") from None
+                    raise LedgerError(
+                        UNKNOWN_OUTCOME, f"request to {target} sent but unanswered: {exc}"
+                    ) from None
                 last_error = exc
                 code, payload = -1, memoryview(b"")
             except OSError as exc:

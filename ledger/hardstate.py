@@ -68,6 +68,25 @@ class HardState:
         self.term = term
         self.voted_for = voted_for
 
+    @property
+    def exists(self) -> bool:
+        """Whether the file is on disk (a node that never changed term has none until ``create``)."""
+        return os.path.exists(self.path)
+
+    def create(self) -> None:
+        """Write the current state even if unchanged: a fresh node's file exists from its first
+        start, so a missing file later means it was lost (see ``LedgerNode``), not "never voted"."""
+        doc = {
+            "version": _VERSION,
+            "term": self.term,
+            "voted_for": self.voted_for,
+            "checksum": _checksum(self.term, self.voted_for),
+        }
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        write_file_atomically(self.path, json.dumps(doc, separators=(",", ":")).encode() + b"\n")
+
     def save(self, term: int, voted_for: str | None) -> None:
         """Durably record (term, vote); returns only after the data and the rename are on disk.
 

@@ -9,115 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
-import subprocess
+import secrets
+import ssl
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from common.process import ProcessSet, free_port, write_toml
+
 from .client import LedgerClient
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def toml_value(v: Any) -> str:
-    """Render a simple value (str, bool, number, list of those) as TOML."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
-
-
-def write_toml(path: Path, settings: Mapping[str, Any], section: str | None = None) -> None:
-    lines = [f"[{section}]"] if section else []
-    lines += [f"{k} = {toml_value(v)}" for k, v in settings.items()]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-class ProcessSet:
-    """Named child processes started, signalled and reaped by PID; ``stop()`` always reaps all."""
-
-    def __init__(self, base_dir: str | Path) -> None:
-        self.base_dir = Path(base_dir)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.paused: set[str] = set()
-
-    def spawn(self, name: str, argv: list[str], log_path: Path) -> None:
-        proc = self.procs.get(name)
-        if proc is not None and proc.poll() is None:
-            return
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.procs[name] = subprocess.Popen(
-                argv, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-            )
-        finally:
-            logf.close()
-        self.paused.discard(name)
-
-    def pid(self, name: str) -> int | None:
-        proc = self.procs.get(name)
-        return proc.pid if proc is not None and proc.poll() is None else None
-
-    def is_running(self, name: str) -> bool:
-        return self.pid(name) is not None
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.get(name)
-        if proc is None or proc.poll() is not None:
-            return
-        if name in self.paused and sig != signal.SIGCONT:
-            proc.send_signal(signal.SIGCONT)
-        proc.send_signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-            self.paused.discard(name)
-
-    def pause(self, name: str) -> None:
-        pid = self.pid(name)
-        if pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-            self.paused.add(name)
-
-    def resume(self, name: str) -> None:
-        pid = self.pid(name)
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
-        self.paused.discard(name)
-
-    def stop(self) -> None:
-        """Stop every process (SIGTERM, then SIGKILL after a grace period) and reap them."""
-        for name in list(self.procs):
-            if name in self.paused:
-                self.resume(name)
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + 5
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        self.paused.clear()
+from .tls import client_context
 
 
 class LocalCluster(ProcessSet):
@@ -137,7 +40,39 @@ class LocalCluster(ProcessSet):
         }
         self.ports = {nid: free_port(self.hosts[nid]) for nid in self.ids}
         self.settings = dict(settings or {})
+        if "cluster_secret" not in self.settings and "cluster_secret_file" not in self.settings:
+            self.settings["cluster_secret_file"] = str(self.write_secret())
         self.python = python
+        # Further secrets this class's own clients accept (a group in the middle of a rotation).
+        self.client_accepted_secrets: tuple[bytes, ...] = ()
+
+    def write_secret(self) -> Path:
+        """A fresh random cluster secret in ``base_dir/cluster.secret``, readable by its owner only.
+
+        Every group this class starts authenticates its peers; pass ``cluster_secret=""`` in
+        ``settings`` to run one without (benchmarks comparing the cost do).
+        """
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        path = self.base_dir / "cluster.secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        return path
+
+    @property
+    def client_secret(self) -> bytes | None:
+        """The group's cluster secret, for clients of nodes that require ``client_auth``."""
+        if self.settings.get("cluster_secret"):
+            return str(self.settings["cluster_secret"]).encode()
+        if self.settings.get("cluster_secret_file"):
+            return Path(str(self.settings["cluster_secret_file"])).read_bytes().rstrip(b"\r\n")
+        return None
+
+    @property
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """A client TLS context trusting the group's CA when the settings turn TLS on, else None."""
+        ca = self.settings.get("tls_ca_file")
+        return client_context(str(ca)) if ca else None
 
     def address(self, nid: str) -> str:
         return f"{self.hosts[nid]}:{self.ports[nid]}"
@@ -182,7 +117,14 @@ class LocalCluster(ProcessSet):
     async def wait_for_leader(self, timeout: float = 20.0, exclude: set[str] | None = None) -> str:
         """Poll every running node until one reports being a ready leader; returns its id."""
         deadline = time.monotonic() + timeout
-        async with LedgerClient(self.addresses, timeout=2, attempt_timeout=0.5) as client:
+        async with LedgerClient(
+            self.addresses,
+            timeout=2,
+            attempt_timeout=0.5,
+            ssl=self.client_ssl,
+            secret=self.client_secret,
+            accepted_secrets=self.client_accepted_secrets,
+        ) as client:
             while time.monotonic() < deadline:
                 for nid in self.ids:
                     if not self.is_running(nid) or nid in self.paused or (exclude and nid in exclude):

@@ -4,6 +4,12 @@ It behaves like ``LogStore`` as the Raft core sees it, including durability: ``s
 marks what survives, and ``crash()`` throws away everything written since, as a power
 loss would. Simulations therefore exercise the same acknowledge-only-what-is-durable
 rules the real node relies on.
+
+An fsync that runs while the log keeps changing is modelled physically rather than by
+rule: every append gets a write number, ``write_mark()`` is taken when an fsync starts
+and ``sync_through(mark)`` makes durable only the prefix written before it. An entry
+rewritten after a truncation carries a newer number, so an fsync that started earlier
+never covers it, exactly as a real fsync would not.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ class MemoryLog:
         self.base_term = 0
         self.base_pos = 0
         self._entries: list[Entry] = []
+        self._written: list[int] = []  # write number of each entry, parallel to _entries
+        self._writes = 0
         self.durable_index = 0
+        self.truncations = 0
 
     @property
     def first_index(self) -> int:
@@ -67,16 +76,21 @@ class MemoryLog:
             # Copy: in a simulation the "sent" entry object must not alias the stored one.
             self._entries.append(Entry(e.index, e.term, bytes(e.data), e.kind, pos))
             pos += HEADER_SIZE + len(e.data)
+        self._writes += 1
+        self._written.extend([self._writes] * len(entries))
 
     def truncate_suffix(self, index: int) -> None:
         if index <= self.base_index:
             raise ValueError(f"cannot truncate at {index}: base is {self.base_index}")
         del self._entries[index - self.base_index - 1 :]
+        del self._written[index - self.base_index - 1 :]
         self.durable_index = min(self.durable_index, index - 1)
+        self.truncations += 1
 
     def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
         self.base_index, self.base_term, self.base_pos = base_index, base_term, base_pos
         self._entries = []
+        self._written = []
         self.durable_index = base_index
 
     def compact(self, upto_index: int) -> None:
@@ -90,12 +104,27 @@ class MemoryLog:
         self.base_pos = last_dropped.pos + HEADER_SIZE + len(last_dropped.data)
         self.base_index = last_dropped.index
         del self._entries[:n]
+        del self._written[:n]
 
     def sync(self) -> int:
         self.durable_index = self.last_index
+        return self.durable_index
+
+    def write_mark(self) -> int:
+        """The number of the latest write; an fsync starting now covers writes up to it."""
+        return self._writes
+
+    def sync_through(self, mark: int) -> int:
+        """An fsync that started at ``mark`` completes: the prefix written before it is durable."""
+        i = max(0, self.durable_index - self.base_index)
+        written = self._written
+        while i < len(written) and written[i] <= mark:
+            i += 1
+        self.durable_index = max(self.durable_index, self.base_index + i)
         return self.durable_index
 
     def crash(self) -> None:
         """Lose everything not yet synced."""
         if self.durable_index < self.last_index:
             del self._entries[self.durable_index - self.base_index :]
+            del self._written[self.durable_index - self.base_index :]

@@ -21,12 +21,18 @@ class NodeMetrics:
         self.term = Gauge("ledger_term", "Current Raft term", ["node"], registry=r).labels(**labels)
         self._role = Gauge("ledger_role", "1 for the role this node has now", ["node", "role"], registry=r)
         self.node_id = node_id
-        self.commit_index = Gauge("ledger_commit_index", "Highest committed index", ["node"], registry=r).labels(
-            **labels
-        )
+        self.commit_index = Gauge(
+            "ledger_commit_index", "Highest committed index", ["node"], registry=r
+        ).labels(**labels)
         self.first_index = Gauge("ledger_first_index", "First retained index", ["node"], registry=r).labels(
             **labels
         )
+        self.disk_fault = Gauge(
+            "ledger_disk_fault",
+            "1 while the disk refuses writes (the node does not lead or vote)",
+            ["node"],
+            registry=r,
+        ).labels(**labels)
         self.append_seconds = Histogram(
             "ledger_append_seconds",
             "From proposal to commitment of a client append",
@@ -35,7 +41,11 @@ class NodeMetrics:
             registry=r,
         ).labels(**labels)
         self.fsync_seconds = Histogram(
-            "ledger_fsync_seconds", "Duration of one group-commit fsync", ["node"], buckets=_LATENCY_BUCKETS, registry=r
+            "ledger_fsync_seconds",
+            "Duration of one group-commit fsync",
+            ["node"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         ).labels(**labels)
         self.set_role(Role.FOLLOWER, 0)
 

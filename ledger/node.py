@@ -1,14 +1,16 @@
-"""The asyncio runtime of a ledger node: drives the Raft core with the network, clock and disk.
+"""The asyncio shell of a ledger node: sockets, the fsync thread and the ticker around the runtime.
 
-One event loop does everything except fsync, which runs on a dedicated thread so the loop
-keeps receiving while the disk works. That thread is the group commit: while one fsync is
-in progress, appends pile up in the page cache, and the next fsync covers them all. An
-append is answered only when its index is committed, i.e. durable on a quorum.
+Everything Raft-specific a node does with its inputs (persist before send, pending
+appends and their acknowledgement rule, group commit, listeners) is in
+``ledger.runtime.LedgerRuntime``, the same code the simulator drives. This module only
+connects it to the world: ``StoreDisk`` (the segmented store, the hard-state file, one
+fsync at a time on a dedicated thread so the loop keeps receiving while the disk works:
+appends pile up in the page cache and the next fsync covers them all), the peer outboxes,
+a monotonic clock, a fixed-cadence ticker, and the client protocol.
 
-A leader that loses its leadership keeps its pending appends: if the new leader commits
-the same entry (same index and term) the client still gets its acknowledgement, and if a
-different entry is committed at that index the client gets a definite failure. Only a
-timeout leaves the outcome unknown, which is what a Jepsen history calls ``info``.
+An append is answered only when its index is committed, i.e. durable on a quorum; a
+leader that loses its leadership still answers its pending appends once their fate is
+known, and only a timeout leaves the outcome unknown (a Jepsen history's ``info``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from common.settings import parse_host_port
 
 from .codec import Entry
 from .config import NodeConfig
@@ -29,18 +33,16 @@ from .hardstate import HardState
 from .messages import Message
 from .metrics import NodeMetrics
 from .raft import NotLeader, RaftCore, Role
-from .settings import parse_host_port
-from .store import LogStore
-from .transport import FrameProtocol, InboundProtocol, PeerOutbox
+from .runtime import AppendCallback, LedgerRuntime, SyncDone
+from .store import LogStore, SyncJob, fsync_dir, write_file_atomically
+from .transport import FrameProtocol, PeerOutbox, listen
 from .wire import (
     BAD_REQUEST,
-    FAILED,
     NOT_LEADER,
     OP_APPEND,
     OP_READ,
     OP_STATUS,
     OP_TRANSFER,
-    UNKNOWN_OUTCOME,
     LedgerError,
     WireError,
     decode_request,
@@ -53,48 +55,111 @@ from .wire import (
 
 log = logging.getLogger("ledger.node")
 
-AppendCallback = Callable[[int, int, int, str], None]  # (code, first index, term, message)
+#: Written in the data directory at a node's first start: later, a missing hard state is a loss.
+FIRST_START_MARKER = "initialized"
+#: Present while a node that lost its hard state refuses to vote (see ``_detect_lost_hard_state``).
+RECOVERY_MARKER = "recovering"
+#: After a refused write, the disk is probed with this much data (and an fsync) every
+#: ``LedgerRuntime.disk_retry_s`` before the node leads or votes again.
+DISK_PROBE_BYTES = 1 << 20
+DISK_PROBE_NAME = "disk-probe.tmp"
 
 
-class _TrackedLog:
-    """The store as the core sees it, remembering truncations that race with an fsync.
+class StoreDisk:
+    """The runtime's disk in production: the segmented store, the hard-state file and the fsync thread.
 
-    An fsync started before a follower truncated its log must not vouch for the entries
-    written after the truncation point, so the runtime credits it only below that point.
+    One fsync runs at a time on a dedicated thread, so the loop keeps receiving while the
+    disk works; ``LogStore.complete_sync`` says what it made durable (never an entry
+    rewritten after it started).
     """
 
-    def __init__(self, store: LogStore) -> None:
-        self.store = store
-        self.floor: int | None = None
+    def __init__(self, store: LogStore, hardstate: HardState, node_id: str, metrics: NodeMetrics) -> None:
+        self.log = store
+        self.hardstate = hardstate
+        self.metrics = metrics
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{node_id}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.in_flight = False
 
-    @property
-    def first_index(self) -> int:
-        return self.store.first_index
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
 
-    @property
-    def last_index(self) -> int:
-        return self.store.last_index
+    def save_hard_state(self, term: int, voted_for: str | None) -> None:
+        self.hardstate.save(term, voted_for)  # fsynced before any message of the Ready leaves
 
-    @property
-    def last_term(self) -> int:
-        return self.store.last_term
+    def writable(self) -> bool:
+        """Probe a disk that refused a write: can it take ``DISK_PROBE_BYTES`` and an fsync now?
 
-    def term_at(self, index: int) -> int:
-        return self.store.term_at(index)
+        A store poisoned by a failed fsync or a failed rollback stays unwritable: only a
+        restart that re-reads the files is safe then.
+        """
+        if self.log.failed:
+            return False
+        probe = Path(self.log.directory) / DISK_PROBE_NAME
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, bytes(DISK_PROBE_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
 
-    def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
-        return self.store.entries(lo, hi, max_bytes)
+    def start_sync(self, done: SyncDone) -> None:
+        """Capture the job on the next loop turn (so appends of this turn join it), fsync on the thread."""
+        loop = self._loop
+        assert loop is not None, "start_sync before the node started"
+        self.in_flight = True
+        loop.call_soon(self._begin, loop, done)
 
-    def append(self, entries: Sequence[Entry]) -> None:
-        self.store.append(entries)
+    def _begin(self, loop: asyncio.AbstractEventLoop, done: SyncDone) -> None:
+        try:
+            job = self.log.prepare_sync()
+        except Exception as exc:
+            self.in_flight = False
+            done(0, exc)
+            return
+        t0 = time.perf_counter()
+        loop.run_in_executor(self._pool, job.run).add_done_callback(
+            lambda fut: self._finished(fut, job, t0, done)
+        )
 
-    def truncate_suffix(self, index: int) -> None:
-        self.floor = index if self.floor is None else min(self.floor, index)
-        self.store.truncate_suffix(index)
+    def _finished(self, fut: asyncio.Future[None], job: SyncJob, t0: float, done: SyncDone) -> None:
+        self.metrics.fsync_seconds.observe(time.perf_counter() - t0)
+        fut.exception()  # retrieved here; complete_sync re-raises it once the job's files are released
+        self.in_flight = False
+        try:
+            durable = self.log.complete_sync(job)
+        except Exception as exc:
+            done(0, exc)
+            return
+        done(durable, None)
 
-    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
-        self.floor = base_index + 1 if self.floor is None else min(self.floor, base_index + 1)
-        self.store.reset(base_index, base_term, base_pos)
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.log.close()
+
+
+class _Outboxes:
+    """The runtime's network in production: one ``PeerOutbox`` per peer."""
+
+    def __init__(self) -> None:
+        self.boxes: dict[str, PeerOutbox] = {}
+
+    def send(self, m: Message) -> None:
+        self.boxes[m.dst].send(m)
+
+
+class _MonotonicClock:
+    def now(self) -> float:
+        return time.perf_counter()
 
 
 class LedgerNode:
@@ -111,48 +176,99 @@ class LedgerNode:
             retention_seconds=config.retention_hours * 3600 or None,
         )
         self.hardstate = HardState(data / "hardstate")
-        self.log = _TrackedLog(self.store)
+        self._recovery_marker = data / RECOVERY_MARKER
+        recovering = self._detect_lost_hard_state(data)
         self.core = RaftCore(
             config.id,
             list(config.members),
-            self.log,
+            self.store,
             term=self.hardstate.term,
             voted_for=self.hardstate.voted_for,
             config=config.raft_config(),
             rng=random.Random(),
             durable_index=self.store.last_index,
+            recovering=recovering,
         )
         self.metrics = NodeMetrics(config.id)
-        self.outboxes: dict[str, PeerOutbox] = {}
-        self.pending: deque[tuple[int, int, float, AppendCallback, int]] = deque()
-        self.role_listeners: list[Callable[[Role, int, str | None], None]] = []
-        self.leader_ready_listeners: list[Callable[[int], None]] = []
-        self.commit_listeners: list[Callable[[int], None]] = []
+        self.disk = StoreDisk(self.store, self.hardstate, config.id, self.metrics)
+        self._network = _Outboxes()
+        self.outboxes = self._network.boxes
+        self.runtime = LedgerRuntime(
+            self.core,
+            self.disk,
+            self._network,
+            _MonotonicClock(),
+            append_timeout_s=config.append_timeout_s,
+            wake=self._schedule,
+            on_fatal=self._on_fatal,
+            observe_append=self.metrics.append_seconds.observe,
+        )
+        # The embedding surface: listeners are the runtime's, called in registration order.
+        self.role_listeners = self.runtime.role_listeners
+        self.commit_listeners = self.runtime.commit_listeners
+        self.leader_ready_listeners = self.runtime.leader_ready_listeners
+        self.role_listeners.append(self._on_role_change)
+        self.commit_listeners.append(self.metrics.commit_index.set)
+        self.leader_ready_listeners.append(self._on_leader_ready)
+        self.runtime.disk_fault_listeners.append(
+            lambda reason: self.metrics.disk_fault.set(0 if reason is None else 1)
+        )
         self._scheduled = False
-        self._syncing = False
+        self._recovery_pending = self.core.recovering
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._sync_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{config.id}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
-        self._ready_term = 0
+
+    def _detect_lost_hard_state(self, data: Path) -> bool:
+        """Whether this node lost its term and vote while it had state: then it starts recovering.
+
+        A missing hard-state file is normal only on a node's very first start, so that start
+        writes one (and a marker) at once. Later, a missing file next to a log or the marker
+        means it was lost: the node may have voted in any term, so it refuses to vote until
+        a leader has brought it up to date. The recovering state itself survives a restart
+        (its own marker file), since the first save of a term would recreate the hard state.
+        """
+        first_start = data / FIRST_START_MARKER
+        had_state = first_start.exists() or self.store.last_index > 0 or self.store.first_index > 1
+        recovering = self._recovery_marker.exists() or (not self.hardstate.exists and had_state)
+        if recovering:
+            write_file_atomically(self._recovery_marker, b"lost hard state; votes refused until caught up\n")
+            log.warning(
+                "hard state lost while the node had data: refusing to vote until a leader brings it up to date",
+                extra={"path": self.hardstate.path, "last_index": self.store.last_index},
+            )
+        elif not self.hardstate.exists:
+            self.hardstate.create()
+        if not first_start.exists():
+            write_file_atomically(first_start, b"ledger node data directory\n")
+        return recovering
+
+    def _clear_recovery(self) -> None:
+        """The core left recovery (a leader caught it up): votes are safe again, across restarts too."""
+        try:
+            self._recovery_marker.unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self._recovery_marker.parent)
+        log.info("recovered: caught up with the leader, voting again", extra={"term": self.core.term})
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
+        self.disk.attach(self._loop)
         for peer, addr in cfg.members.items():
             if peer != cfg.id:
-                self.outboxes[peer] = PeerOutbox(cfg.id, peer, parse_host_port("peers", addr), cfg.max_frame_bytes)
-        host, port = parse_host_port("listen", cfg.listen)
-        members = set(cfg.members)
-        self._server = await self._loop.create_server(
-            lambda: InboundProtocol(cfg.max_frame_bytes, self._on_message, self._client_handler, members),
-            host,
-            port,
-            reuse_address=True,
-        )
+                self.outboxes[peer] = PeerOutbox.for_member(
+                    cfg,
+                    peer,
+                    parse_host_port("peers", addr),
+                    on_lost=self.runtime.peer_unreachable,
+                    on_connected=self.runtime.peer_reachable,
+                )
+        self._server = await listen(cfg, self._on_message, self._client_handler)
         for box in self.outboxes.values():
             box._ensure_connecting()
         self._tasks.append(self._loop.create_task(self._ticker()))
@@ -177,11 +293,10 @@ class LedgerNode:
             box.close()
         if self._server is not None:
             self._server.close()
-        self._fail_pending(UNKNOWN_OUTCOME, "node shutting down")
-        while self._syncing:
+        self.runtime.stop("node shutting down")
+        while self.disk.in_flight:
             await asyncio.sleep(0.005)
-        self._sync_pool.shutdown(wait=True)
-        self.store.close()
+        self.disk.close()
         self._stopped.set()
         log.info("ledger node stopped")
 
@@ -203,118 +318,39 @@ class LedgerNode:
         next_at = loop.time() + interval
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
-            self.core.tick()
-            self._expire_pending()
-            self._schedule()
+            self.runtime.tick()
+            if not self.core.recovering and self._recovery_pending:
+                self._recovery_pending = False
+                self._clear_recovery()
             next_at += interval
             now = loop.time()
             if now > next_at + interval:  # more than a tick behind: drop the missed ones
                 next_at = now + interval
 
     def _on_message(self, m: Message) -> None:
-        self.core.step(m)
-        self._schedule()
+        self.runtime.step(m)
 
     def _schedule(self) -> None:
+        """The runtime's ``wake``: handle its Ready once per loop turn, however many inputs arrived."""
         if not self._scheduled and self._loop is not None:
             self._scheduled = True
             self._loop.call_soon(self._process)
 
     def _process(self) -> None:
         self._scheduled = False
-        core = self.core
-        rd = core.ready()
-        if rd.hard_state is not None:
-            try:
-                self.hardstate.save(*rd.hard_state)  # fsynced before any vote leaves this node
-            except Exception:
-                log.critical("cannot persist term and vote; stopping", exc_info=True)
-                assert self._loop is not None
-                self._loop.create_task(self.stop())
-                return
-        outboxes = self.outboxes
-        for m in rd.messages:
-            outboxes[m.dst].send(m)
-        for role, term, leader in rd.role_changes:
-            self._on_role_change(role, term, leader)
-        if rd.commit_index is not None:
-            self._on_commit(rd.commit_index)
-        if rd.leader_ready is not None:
-            self._ready_term = rd.leader_ready
-            log.info("leader ready", extra={"term": rd.leader_ready, "commit_index": core.commit})
-            for fn in self.leader_ready_listeners:
-                fn(rd.leader_ready)
-        for ctx, index in rd.read_states:
-            ctx(index, None)
-        for ctx in rd.dropped_reads:
-            ctx(0, NotLeader(core.leader, "leadership lost before the read was confirmed"))
-        if not self._syncing and self.store.last_index > core.durable:
-            self._syncing = True
-            assert self._loop is not None
-            self._loop.create_task(self._sync())
+        self.runtime.process()
 
-    async def _sync(self) -> None:
-        """Group commit: fsync whatever is written, report it, repeat while more arrived."""
-        loop = asyncio.get_running_loop()
-        store = self.store
-        try:
-            while store.last_index > self.core.durable:
-                self.log.floor = None
-                job = store.prepare_sync()
-                t0 = time.perf_counter()
-                await loop.run_in_executor(self._sync_pool, job.run)
-                self.metrics.fsync_seconds.observe(time.perf_counter() - t0)
-                store.complete_sync(job)
-                durable = job.target
-                if self.log.floor is not None:
-                    durable = min(durable, self.log.floor - 1)
-                self.core.on_durable(durable)
-                self._process()
-        except Exception:
-            log.exception("fsync failed; stopping the node rather than acknowledging undurable entries")
-            loop.create_task(self.stop())
-        finally:
-            self._syncing = False
+    def _on_fatal(self, reason: str) -> None:
+        log.critical("stopping the node: %s", reason)
+        if self._loop is not None:
+            self._loop.create_task(self.stop())
 
     def _on_role_change(self, role: Role, term: int, leader: str | None) -> None:
         self.metrics.set_role(role, term)
         log.info("role change", extra={"role": role.value, "term": term, "leader": leader})
-        for fn in self.role_listeners:
-            fn(role, term, leader)
 
-    def _on_commit(self, commit: int) -> None:
-        self.metrics.commit_index.set(commit)
-        pending = self.pending
-        if pending:
-            store = self.store
-            now = time.perf_counter()
-            while pending and pending[0][0] <= commit:
-                last, term, t0, cb, count = pending.popleft()
-                try:
-                    same = store.term_at(last) == term
-                except IndexError:
-                    same = False
-                if same:
-                    self.metrics.append_seconds.observe(now - t0)
-                    cb(0, last - count + 1, term, "")
-                else:
-                    cb(FAILED, 0, 0, f"entry {last} was overwritten by a newer leader")
-        for fn in self.commit_listeners:
-            fn(commit)
-
-    def _expire_pending(self) -> None:
-        pending = self.pending
-        if not pending:
-            return
-        deadline = time.perf_counter() - self.config.append_timeout_s
-        while pending and pending[0][2] < deadline:
-            _, _, _, cb, _ = pending.popleft()
-            cb(UNKNOWN_OUTCOME, 0, 0, "not committed within the append timeout; it may still be")
-
-    def _fail_pending(self, code: int, message: str) -> None:
-        while self.pending:
-            _, _, _, cb, _ = self.pending.popleft()
-            cb(code, 0, 0, message)
+    def _on_leader_ready(self, term: int) -> None:
+        log.info("leader ready", extra={"term": term, "commit_index": self.core.commit})
 
     # ------------------------------------------------------------------ local API (embedding)
 
@@ -328,20 +364,24 @@ class LedgerNode:
 
     @property
     def leader_ready(self) -> bool:
-        return self.is_leader and self._ready_term == self.core.term
+        return self.runtime.leader_ready
+
+    @property
+    def pending(self) -> int:
+        """Appends waiting for commitment."""
+        return len(self.runtime.pending)
 
     def leader_address(self) -> str | None:
         leader = self.core.leader
         return self.config.members.get(leader) if leader else None
 
-    def propose(self, payloads: Sequence[bytes], cb: AppendCallback) -> None:
-        """Append payloads; ``cb(code, first_index, term, message)`` fires once they commit or fail.
+    def propose(self, payloads: Sequence[bytes], cb: AppendCallback) -> tuple[int, int]:
+        """Append payloads; returns (first index, term) at once, and ``cb(code, first_index, term,
+        message)`` fires once they commit or fail.
 
         Raises ``NotLeader`` at once when this node cannot accept the append.
         """
-        first, term = self.core.propose(payloads)
-        self.pending.append((first + len(payloads) - 1, term, time.perf_counter(), cb, len(payloads)))
-        self._schedule()
+        return self.runtime.propose(payloads, cb)
 
     async def append(self, payloads: Sequence[bytes]) -> tuple[int, int]:
         """Append and wait for commitment; returns (first index, term)."""
@@ -361,8 +401,7 @@ class LedgerNode:
 
     def request_read_index(self, cb: Callable[[int, Exception | None], None]) -> None:
         """ReadIndex: ``cb(index, None)`` once reads up to ``index`` are linearizable here."""
-        self.core.read_index(cb)
-        self._schedule()
+        self.runtime.read_index(cb)
 
     async def read_index(self) -> int:
         assert self._loop is not None
@@ -383,8 +422,7 @@ class LedgerNode:
         return self.store.entries(lo, hi, max_bytes)
 
     def transfer_leadership(self, target: str) -> None:
-        self.core.transfer_leadership(target)
-        self._schedule()
+        self.runtime.transfer_leadership(target)
 
     def status(self) -> dict[str, Any]:
         st = self.core.status()
@@ -393,7 +431,8 @@ class LedgerNode:
             members=self.config.members,
             leader_address=self.leader_address(),
             leader_ready=self.leader_ready,
-            pending_appends=len(self.pending),
+            pending_appends=self.pending,
+            disk_fault_reason=self.runtime.disk_fault,
             log_bytes=self.store.size_bytes(),
         )
         return st
@@ -439,7 +478,9 @@ class LedgerNode:
 
         return handle
 
-    def _serve_read(self, proto: FrameProtocol, rid: int, lo: int, hi: int, max_bytes: int, lin: bool) -> None:
+    def _serve_read(
+        self, proto: FrameProtocol, rid: int, lo: int, hi: int, max_bytes: int, lin: bool
+    ) -> None:
         def reply(index: int, exc: Exception | None) -> None:
             if exc is not None:
                 leader = getattr(exc, "leader", None)
@@ -447,9 +488,12 @@ class LedgerNode:
                 return
             first = self.store.first_index
             if lo < first:
-                proto.send(error(rid, BAD_REQUEST, f"index {lo} was removed by retention; first index is {first}"))
+                proto.send(
+                    error(rid, BAD_REQUEST, f"index {lo} was removed by retention; first index is {first}")
+                )
                 return
-            entries = self.committed_entries(lo, hi, max_bytes or None)
+            cap = self.config.max_read_bytes  # max_bytes=0 means 'the default', never 'everything'
+            entries = self.committed_entries(lo, hi, min(max_bytes or cap, cap))
             proto.send(ok_entries(rid, b"".join(e.raw for e in entries)))  # type: ignore[misc]
 
         if lo < 1 or hi < lo:

@@ -19,6 +19,14 @@ commitment only of current-term entries (a no-op at election), pipelined and bat
 appends with a per-follower in-flight window, fast back-tracking by conflict term,
 leadership transfer (TimeoutNow) and a preferred leader, ReadIndex, and a log-only
 InstallBase for followers behind the leader's retention horizon.
+
+Beyond the paper, for failover and healing: the shell reports a peer connection reset or
+refused (``peer_unreachable``: a follower that lost its leader pre-votes at once, ranked so
+survivors do not split the vote) and re-established (``peer_reachable``: an unanswered vote
+request is resent); a leader lowers a follower's match when the follower reports a shorter
+log (it lost data); a node that lost its hard state starts ``recovering`` (no votes, no
+campaign until a leader caught it up); and a disk fault (``set_disk_fault``) hands over
+leadership and stops voting until the disk takes writes again.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .codec import KIND_NOOP, KIND_NORMAL, Entry
+from .invariants import InvariantError
 from .messages import (
     AppendRequest,
     AppendResponse,
@@ -163,6 +172,7 @@ class RaftCore:
         config: RaftConfig | None = None,
         rng: random.Random | None = None,
         durable_index: int | None = None,
+        recovering: bool = False,
     ) -> None:
         if node_id not in members:
             raise ValueError(f"node {node_id!r} is not among the members {list(members)}")
@@ -198,6 +208,13 @@ class RaftCore:
         self.leader_match = 0  # follower: highest index known to match the current leader's log
         self.last_acked = 0  # follower: match index last reported to the leader
         self.last_seq = 0  # follower: seq of the latest accepted request
+        self.deferred_prevote: VoteRequest | None = None  # refused under a lease; see peer_unreachable
+        self.campaign_transfer = False  # the current candidacy was started by TimeoutNow
+        # Lost its hard state but had data: it may have voted in any term up to now, so it
+        # neither votes nor campaigns until a leader has brought it up to date (see _handle_append).
+        self.recovering = recovering
+        # The disk refused a write: do not lead, campaign or vote until the runtime clears it.
+        self.disk_fault = False
         self._ready = Ready()
         self._hs_dirty = False
         self._append_dirty = False
@@ -209,6 +226,8 @@ class RaftCore:
         """Advance the logical clock by one tick."""
         if self.role is Role.LEADER:
             self._tick_leader()
+        elif self.recovering or self.disk_fault:
+            self.election_elapsed = 0  # waits for a leader (or its disk): it may not lead
         else:
             self.election_elapsed += 1
             if self.election_elapsed >= self.timeout:
@@ -217,10 +236,81 @@ class RaftCore:
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
+        if self.recovering or self.disk_fault:
+            return
         if self.config.pre_vote and not transfer:
             self._become_pre_candidate()
         else:
             self._become_candidate(transfer)
+
+    def peer_unreachable(self, peer: str) -> None:
+        """The OS says ``peer`` is gone (its connection was reset or refused): if it was our
+        leader, stop vouching for its lease and call a pre-vote without waiting for the
+        election timeout.
+
+        This is safe against a lone flaky link: a pre-vote is granted only by peers that
+        have no leader or whose lease expired, so while a quorum still hears from a healthy
+        leader the pre-vote fails and no term is disrupted. When the leader did die, every
+        survivor hears of it within milliseconds; to avoid a split vote they do not all
+        campaign at once: the first survivor by member order campaigns now, the others a
+        few ticks later each (by then they have dropped the dead leader too and grant the
+        first one's pre-vote). Without PreVote an early campaign would bump terms on a
+        flaky link, so the notice is then ignored.
+        """
+        if peer != self.leader or self.role is not Role.FOLLOWER or not self.config.pre_vote:
+            return
+        self.leader = None
+        self.election_elapsed = 0
+        survivors = sorted(m for m in self.members if m != peer)
+        rank = survivors.index(self.id)
+        deferred, self.deferred_prevote = self.deferred_prevote, None
+        if deferred is not None and deferred.term == self.term + 1 and deferred.src != peer:
+            # A survivor noticed first and asked while we still vouched for the leader: grant
+            # it now (if its log qualifies) rather than compete with it and split the vote.
+            self._handle_vote_request(deferred)
+            rank = max(rank, 1)
+        if rank == 0:
+            self.campaign()
+            return
+        self.timeout = rank * max(2, self.config.election_ticks // 4)
+
+    def peer_reachable(self, peer: str) -> None:
+        """A connection to ``peer`` was (re)established: resend our vote request if it has not answered.
+
+        Its first copy was most likely dropped while the peer was down (a node restarting
+        after an earlier failure), and waiting for the next election timeout to ask again is
+        what made a failover with one node still starting take a second. Resending the same
+        request is plain retransmission: it changes nothing a peer may rely on.
+        """
+        if peer not in self.peers or peer in self.votes:
+            return
+        log = self.log
+        if self.role is Role.PRE_CANDIDATE:
+            self._send(VoteRequest(self.term + 1, self.id, peer, log.last_index, log.last_term, True, False))
+        elif self.role is Role.CANDIDATE:
+            self._send(
+                VoteRequest(
+                    self.term, self.id, peer, log.last_index, log.last_term, False, self.campaign_transfer
+                )
+            )
+
+    def set_disk_fault(self, faulty: bool) -> None:
+        """The runtime's disk failed a write (``True``) or takes writes again (``False``).
+
+        A leader that cannot write cannot commit anything: it steps down at once so a
+        healthy node takes over (its peers stop hearing heartbeats; with CheckQuorum they
+        elect within an election timeout, faster when its connections reset). While the
+        fault lasts the node neither campaigns nor votes, and ignores appends.
+        """
+        self.disk_fault = faulty
+        if faulty and self.role is Role.LEADER and self.progress:
+            # Hand over at once to a follower holding our whole log (a leadership transfer
+            # without the wait): it campaigns past its peers' leases, so no election timeout.
+            best = max(sorted(self.progress), key=lambda p: self.progress[p].match)
+            if self.progress[best].match >= self.log.last_index:
+                self._send(TimeoutNow(self.term, self.id, best))
+        if faulty and self.role is not Role.FOLLOWER:
+            self._become_follower(self.term, None)
 
     def propose(self, payloads: Sequence[bytes]) -> tuple[int, int]:
         """Append client payloads to the leader's log; returns (first index, term)."""
@@ -231,6 +321,10 @@ class RaftCore:
         first = self.log.last_index + 1
         term = self.term
         self.log.append([Entry(first + i, term, p, KIND_NORMAL) for i, p in enumerate(payloads)])
+        if self.log.last_index != first + len(payloads) - 1:
+            raise InvariantError(
+                f"{self.id}: appending {len(payloads)} at {first} left the log ending at {self.log.last_index}"
+            )
         self._append_dirty = True
         return first, term
 
@@ -262,7 +356,7 @@ class RaftCore:
         index = min(index, self.log.last_index)
         if index <= self.durable:
             return
-        self.durable = index
+        self.durable = index  # never above the log's end (clipped) and never backwards (returned)
         if self.role is Role.LEADER:
             self._maybe_commit()
         else:
@@ -278,6 +372,8 @@ class RaftCore:
                     and self.election_elapsed < self.config.election_ticks
                 )
                 if in_lease and not m.transfer:
+                    if m.pre_vote:
+                        self.deferred_prevote = m  # answered if we lose the leader soon (peer_unreachable)
                     return  # leader stickiness: a live leader is not disrupted by a stray candidate
             if isinstance(m, VoteRequest) and m.pre_vote:
                 pass  # a pre-vote never changes our term
@@ -294,6 +390,9 @@ class RaftCore:
                 self._send(VoteResponse(self.term, self.id, m.src, False, True))
             return
 
+        if self.disk_fault and isinstance(m, AppendRequest | InstallBase):
+            self._accept_leader(m)  # know who leads (for redirects), write nothing until the disk is back
+            return
         if isinstance(m, VoteRequest):
             self._handle_vote_request(m)
         elif isinstance(m, VoteResponse):
@@ -306,7 +405,11 @@ class RaftCore:
         elif isinstance(m, InstallBase):
             self._handle_install_base(m)
         elif isinstance(m, TimeoutNow):
-            if self.role is not Role.LEADER and m.src == self.leader:
+            if (
+                self.role is not Role.LEADER
+                and m.src == self.leader
+                and not (self.recovering or self.disk_fault)
+            ):
                 self._become_candidate(transfer=True)
 
     def ready(self) -> Ready:
@@ -352,6 +455,8 @@ class RaftCore:
         self._ready.role_changes.append((role, self.term, self.leader))
 
     def _become_follower(self, term: int, leader: str | None) -> None:
+        if term < self.term:
+            raise InvariantError(f"{self.id}: term would go back from {self.term} to {term}")
         if term != self.term:
             self.term = term
             self.voted_for = None
@@ -390,7 +495,9 @@ class RaftCore:
             return
         for peer in self.peers:
             self._send(
-                VoteRequest(self.term + 1, self.id, peer, self.log.last_index, self.log.last_term, True, False)
+                VoteRequest(
+                    self.term + 1, self.id, peer, self.log.last_index, self.log.last_term, True, False
+                )
             )
 
     def _become_candidate(self, transfer: bool) -> None:
@@ -400,6 +507,7 @@ class RaftCore:
         self.voted_for = self.id
         self._hs_dirty = True
         self.leader = None
+        self.campaign_transfer = transfer
         self.votes = {self.id: True}
         self._reset_timers()
         self._set_role(Role.CANDIDATE)
@@ -408,7 +516,9 @@ class RaftCore:
             return
         for peer in self.peers:
             self._send(
-                VoteRequest(self.term, self.id, peer, self.log.last_index, self.log.last_term, False, transfer)
+                VoteRequest(
+                    self.term, self.id, peer, self.log.last_index, self.log.last_term, False, transfer
+                )
             )
 
     def _become_leader(self) -> None:
@@ -441,6 +551,9 @@ class RaftCore:
         return last_term > my_term or (last_term == my_term and last_index >= self.log.last_index)
 
     def _handle_vote_request(self, m: VoteRequest) -> None:
+        if self.recovering or self.disk_fault:
+            self._send(VoteResponse(self.term, self.id, m.src, False, m.pre_vote))
+            return
         if m.pre_vote:
             can_vote = m.term > self.term or self.voted_for in (None, m.src)
             in_lease = self.leader is not None and self.election_elapsed < self.config.election_ticks
@@ -506,36 +619,49 @@ class RaftCore:
             prev_index = self.commit
             prev_term = log.term_at(prev_index)
         if not self._match_term(prev_index, prev_term):
-            hint = min(prev_index, log.last_index)
-            floor = log.first_index - 1
-            while hint > floor and log.term_at(hint) > prev_term:
-                hint -= 1
-            hint_term = log.term_at(hint) if hint >= floor else 0
-            self._send(
-                AppendResponse(self.term, self.id, m.src, False, 0, m.prev_index, hint, hint_term, m.seq)
-            )
+            self._reject_append(m, prev_index, prev_term)
             return
         if entries:
-            start = 0
-            last = log.last_index
-            if entries[0].index <= last:
-                # Skip what we already hold; truncate at the first conflict (always above commit).
-                start = len(entries)
-                for i, e in enumerate(entries):
-                    if e.index > last:
-                        start = i
-                        break
-                    if log.term_at(e.index) != e.term:
-                        self._truncate(e.index)
-                        start = i
-                        break
-            if start < len(entries):
-                log.append(entries[start:] if start else entries)
+            self._merge_entries(entries)
         last_new = prev_index + len(entries)
         if m.commit > self.commit:
             self._commit_to(min(m.commit, last_new))
         self.leader_match = max(self.leader_match, last_new)
         self._respond_success(m)
+        if self.recovering and m.term > 0 and self.commit >= m.commit:
+            self.recovering = False  # a leader brought us up to its commit: votes are safe again
+
+    def _reject_append(self, m: AppendRequest, prev_index: int, prev_term: int) -> None:
+        """Our log does not hold (prev_index, prev_term): hint where the leader should back off to.
+
+        The hint is our last index whose term is at most ``prev_term`` (fast back-tracking
+        by conflict term), so the leader skips a whole divergent term per round trip.
+        """
+        log = self.log
+        hint = min(prev_index, log.last_index)
+        floor = log.first_index - 1
+        while hint > floor and log.term_at(hint) > prev_term:
+            hint -= 1
+        hint_term = log.term_at(hint) if hint >= floor else 0
+        self._send(AppendResponse(self.term, self.id, m.src, False, 0, m.prev_index, hint, hint_term, m.seq))
+
+    def _merge_entries(self, entries: Sequence[Entry]) -> None:
+        """Append what we lack; skip what we already hold; truncate at the first conflict (above commit)."""
+        log = self.log
+        start = 0
+        last = log.last_index
+        if entries[0].index <= last:
+            start = len(entries)
+            for i, e in enumerate(entries):
+                if e.index > last:
+                    start = i
+                    break
+                if log.term_at(e.index) != e.term:
+                    self._truncate(e.index)
+                    start = i
+                    break
+        if start < len(entries):
+            log.append(entries[start:] if start else entries)
 
     def _respond_success(self, m: AppendRequest) -> None:
         """Answer with the durable part of what matches; ``on_durable`` reports the rest later."""
@@ -554,6 +680,10 @@ class RaftCore:
             self._send(AppendResponse(self.term, self.id, self.leader, True, match, seq=self.last_seq))
 
     def _truncate(self, index: int) -> None:
+        if index <= self.commit:
+            raise InvariantError(
+                f"{self.id}: truncation at {index} would remove committed entries (commit {self.commit})"
+            )
         self.log.truncate_suffix(index)
         self.durable = min(self.durable, index - 1)
         self.leader_match = min(self.leader_match, index - 1)
@@ -566,6 +696,8 @@ class RaftCore:
         # committed, hence already matches the leader: resetting to it would throw away
         # acknowledged entries and leave commit beyond the end of the log.
         if m.base_index > self.commit and not self._match_term(m.base_index, m.base_term):
+            if self.role is not Role.FOLLOWER:
+                raise InvariantError(f"{self.id}: a {self.role.value} may not reset its log")
             self.log.reset(m.base_index, m.base_term, m.base_pos)
             self.durable = m.base_index
             self.leader_match = m.base_index
@@ -580,6 +712,8 @@ class RaftCore:
 
     def _commit_to(self, index: int) -> None:
         if index > self.commit:
+            if index > self.log.last_index:
+                raise InvariantError(f"{self.id}: commit {index} beyond the last index {self.log.last_index}")
             self.commit = index
             self._ready.commit_index = index
 
@@ -700,10 +834,22 @@ class RaftCore:
             if self.pending_reads:
                 self._release_reads()
         if not m.success:
-            if m.reject_index <= pr.match or m.reject_index == 0:
-                return  # stale rejection of something already acknowledged
+            if m.reject_index == 0:
+                return
             if pr.state == PROBE and m.reject_index != pr.next - 1:
                 return  # answer to an older probe
+            if m.reject_index <= pr.match:
+                if m.hint_index >= pr.match:
+                    return  # stale rejection of something already acknowledged
+                # The follower's log ends below what it acknowledged: it lost data (a truncated
+                # or emptied segment, a wiped disk). Forget its match and repair it from its
+                # hint; its next success re-establishes the match. (A delayed, stale rejection
+                # lands here too: that only costs a probe, since match never counted twice.)
+                pr.match = 0
+                pr.next = max(1, min(m.hint_index + 1, m.reject_index))
+                pr.become_probe()
+                self._append_dirty = True
+                return
             idx = min(m.hint_index, self.log.last_index)
             floor = self.log.first_index - 1
             while idx > floor and self.log.term_at(idx) > m.hint_term:
@@ -738,6 +884,8 @@ class RaftCore:
     def _maybe_commit(self) -> None:
         matches = sorted([self.durable] + [pr.match for pr in self.progress.values()], reverse=True)
         candidate = matches[self.quorum - 1]
+        if self.durable > self.log.last_index:
+            raise InvariantError(f"{self.id}: durable {self.durable} beyond the log's end")
         if candidate > self.commit and self.log.term_at(candidate) == self.term:
             self._commit_to(candidate)
             if not self.leader_ready_sent and self.commit >= self.noop_index:
@@ -779,4 +927,6 @@ class RaftCore:
             "first_index": self.log.first_index,
             "durable_index": self.durable,
             "voted_for": self.voted_for,
+            "recovering": self.recovering,
+            "disk_fault": self.disk_fault,
         }

@@ -2,9 +2,11 @@
 
 Everything a run does comes from one ``random.Random(seed)``: the fault profile, each
 node's configuration and its own core rng, message delays, drops, duplicates and
-partitions, crashes and restarts, fsync timing, client proposals and reads. The nodes are
-real ``RaftCore`` instances over ``MemoryLog`` (whose ``crash()`` loses what was never
-synced); only the network, disk timing and clock are simulated. Events run from a heap
+partitions, crashes and restarts, fsync timing, client proposals and reads. Each node is
+the production runtime (``ledger.runtime.LedgerRuntime`` around a real ``RaftCore``) over
+a simulated disk (a ``MemoryLog`` whose ``crash()`` loses what was never synced and whose
+fsyncs cover only what was written before they started), network and clock; the
+simulator owns no copy of the runtime's rules (etcd's rafttest, TigerBeetle's VOPR). Events run from a heap
 ordered by (virtual time, sequence number) and nothing iterates a hash-ordered set, so a
 seed replays exactly, independent of ``PYTHONHASHSEED`` (the FoundationDB / TigerBeetle
 approach: find a failing seed with a cheap search, then replay it under a debugger).
@@ -18,13 +20,15 @@ every running node and a confirmed read: that is the liveness check. Half the se
 keep a minority crashed (often the preferred leader), so a quorum must make progress on
 its own, and then restart it and require it to catch up.
 
-``SimOptions.mutation`` makes the simulated runtime (or the voters) break one rule on
-purpose; the tests use it to show that each checker can actually fail.
+``SimOptions.mutation`` injects one fault on purpose into the production runtime (a
+``FaultyRuntime`` subclass), the simulated disk or the voters; the tests use it to show
+that each checker can actually fail.
 
 Invariants (``Checker``) are checked as events happen, in periodic sweeps and at the end:
 election safety, the persist-before-send contract, log matching, leader completeness,
-state machine safety, quorum durability of committed entries, acknowledged writes
-surviving, linearizable ReadIndex, and liveness after healing.
+state machine safety, quorum durability of committed entries, the acknowledgement rule
+(an append the runtime acknowledges is committed with its own term, durable on a quorum
+and never lost), leader readiness, linearizable ReadIndex, and liveness after healing.
 
 Run ``python -m ledger.sim --seeds 500`` to hunt (failing seeds are printed), and
 ``python -m ledger.sim --seed 42 --trace`` to replay one with every event printed.
@@ -38,7 +42,7 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,17 +56,23 @@ from .messages import (
     decode_message,
     encode_message,
 )
-from .raft import NotLeader, RaftConfig, RaftCore, Role
+from .raft import NotLeader, RaftConfig, RaftCore, Ready, Role
+from .runtime import LedgerRuntime, ReadCallback, SyncDone
+from .wire import FAILED
 
 # Event kinds, kept as small ints: the heap holds (time, seq, kind, node, payload).
-_TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL = range(8)
+_TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL, _PEER_LOST, _PEER_UP = range(
+    10
+)
 
-#: Deliberate mistakes the simulator can be told to make, to prove its checkers catch them:
-#: forget_vote - the vote is not persisted (lost on a crash); naive_async_sync - an fsync is
-#: credited up to where it started even if the log was truncated meanwhile; ack_on_append - a
-#: follower acknowledges before fsync; vote_any_log - voters skip the up-to-date check;
-#: local_reads - a leader answers reads from its commit index without a quorum round;
-#: no_durable_notice - the runtime never reports fsyncs to the core (nothing can commit).
+#: Deliberate faults the simulator can inject, to prove its checkers catch them. Into the
+#: disk: forget_vote - the vote is not persisted (lost on a crash); naive_async_sync - an
+#: fsync reports everything written when it started as durable, even entries rewritten after
+#: a truncation. Into the production runtime (``FaultyRuntime``): ack_on_append - a follower
+#: acknowledges before fsync; local_reads - a leader answers reads from its commit index
+#: without a quorum round; no_durable_notice - fsyncs are never reported to the core (nothing
+#: can commit); send_before_persist - messages leave before the hard state is saved. Into
+#: the voters: vote_any_log - they skip the up-to-date check.
 MUTATIONS = (
     "none",
     "forget_vote",
@@ -71,7 +81,12 @@ MUTATIONS = (
     "vote_any_log",
     "local_reads",
     "no_durable_notice",
+    "send_before_persist",
 )
+
+
+#: Ready rounds one event may cause across all nodes before the simulator calls it a loop.
+_MAX_PROCESS_ROUNDS = 10_000
 
 
 class InvariantViolation(AssertionError):
@@ -151,36 +166,6 @@ class Profile:
         )
 
 
-class SimLog(MemoryLog):
-    """A ``MemoryLog`` that remembers the lowest truncation since the last fsync started.
-
-    This mirrors ``ledger.node._TrackedLog``: an fsync that started before a truncation
-    may only vouch for entries below the truncation point.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.floor: int | None = None
-        self.truncations = 0
-
-    def truncate_suffix(self, index: int) -> None:
-        self.floor = index if self.floor is None else min(self.floor, index)
-        self.truncations += 1
-        super().truncate_suffix(index)
-
-    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
-        self.floor = base_index + 1 if self.floor is None else min(self.floor, base_index + 1)
-        super().reset(base_index, base_term, base_pos)
-
-    def sync_to(self, index: int) -> None:
-        """An fsync that started earlier completes: only what it covered becomes durable.
-
-        ``MemoryLog.sync()`` makes everything durable at once; a real fsync covers the writes
-        made before it started, so entries rewritten after a truncation are not covered.
-        """
-        self.durable_index = max(self.durable_index, min(index, self.last_index))
-
-
 @dataclass
 class SimNode:
     """One simulated server: a durable log and hard state, and a core while it is up."""
@@ -189,22 +174,24 @@ class SimNode:
     index: int  # position in Simulation.nodes
     config: RaftConfig
     tick_period: int
-    log: SimLog = field(default_factory=SimLog)
+    log: MemoryLog = field(default_factory=MemoryLog)
     hard_state: tuple[int, str | None] = (0, None)
-    core: RaftCore | None = None
+    runtime: LedgerRuntime | None = None
     incarnation: int = 0
     paused_until: int = 0
     slow_disk_until: int = 0
-    syncing: bool = False  # an fsync is in progress
-    sync_scheduled: bool = False  # an fsync will start soon
-    sync_target: int = 0  # last index written when the fsync in progress started
+    disk_full_until: int = 0  # writes (log appends, hard-state saves) fail with ENOSPC until then
+    wake_pending: bool = False  # queued to process its Ready after this event (the node's call_soon)
     validated: int = 0  # highest commit index whose entries the checker has read on this node
-    proposals: deque[tuple[int, int, bytes]] = field(default_factory=deque)  # (index, term, payload)
-    reads: list[Any] = field(default_factory=list)  # read contexts issued here and not yet answered
+    reads: list[Any] = field(default_factory=list)  # read names issued here and not yet answered
+
+    @property
+    def core(self) -> RaftCore | None:
+        return self.runtime.core if self.runtime is not None else None
 
     @property
     def up(self) -> bool:
-        return self.core is not None
+        return self.runtime is not None
 
 
 @dataclass
@@ -217,6 +204,9 @@ class Stats:
     crashes: int = 0
     commits: int = 0
     acked_writes: int = 0
+    acked_by_deposed: int = 0  # acknowledged by a leader that had lost that term's leadership
+    failed_writes: int = 0  # definite failures: another entry was committed at the index
+    unknown_writes: int = 0  # timed out in the runtime's pending table
     reads_ok: int = 0
     reads_dropped: int = 0
     transfers: int = 0
@@ -224,6 +214,8 @@ class Stats:
     install_base: int = 0
     truncations: int = 0
     compactions: int = 0
+    peer_lost: int = 0  # connection-lost notices delivered (a crash's, or a flaky link's)
+    disk_full: int = 0  # episodes of a disk refusing writes
     max_term: int = 0
     max_commit: int = 0
 
@@ -244,11 +236,13 @@ class SimResult:
 
 
 class Checker:
-    """The invariants, fed by the simulator as Ready outputs are applied.
+    """The invariants, fed by the production runtime's own outputs: its network (every
+    message sent), its listeners (roles, commits, readiness) and its callbacks (append
+    acknowledgements, read answers), exactly what an embedding broker would see.
 
-    Committed means reported via ``Ready.commit_index`` on any node; the entries are read
-    from that node's log at the moment it reports, which is exactly what a state machine
-    applying the log would see.
+    Committed means reported to a commit listener on any node; the entries are read from
+    that node's log at the moment it reports, which is what a state machine applying the
+    log would see.
     """
 
     def __init__(self, sim: Simulation) -> None:
@@ -269,19 +263,26 @@ class Checker:
     # -- contract between the core and its runtime
 
     def on_send(self, node: SimNode, m: Message) -> None:
-        """Persist-before-send: no message may rely on a term or vote that is not yet durable."""
+        """Persist-before-send: no message may rely on a term or vote that is not yet durable.
+
+        One Ready may batch several inputs, so its hard state can be newer than some of its
+        messages (etcd's contract too): a vote granted in an older term than the persisted
+        one is safe, since this node can never vote in that term again.
+        """
         term, voted = node.hard_state
         if isinstance(m, VoteRequest) and m.pre_vote:
-            if m.term != term + 1:
+            if m.term > term + 1:
                 self.fail(f"{node.id} pre-vote for term {m.term} while its persisted term is {term}")
             return
         if isinstance(m, VoteResponse) and m.pre_vote:
             return  # a granted pre-vote carries the candidate's next term, never persisted
         if m.term > term:
             self.fail(f"{node.id} sent {type(m).__name__} at term {m.term} with persisted term {term}")
-        if isinstance(m, VoteResponse) and m.granted and (term, voted) != (m.term, m.dst):
+        if m.term < term:
+            return
+        if isinstance(m, VoteResponse) and m.granted and voted != m.dst:
             self.fail(f"{node.id} granted a vote to {m.dst} in term {m.term} but persisted {(term, voted)}")
-        if isinstance(m, VoteRequest) and (term, voted) != (m.term, m.src):
+        if isinstance(m, VoteRequest) and voted != m.src:
             self.fail(f"{node.id} campaigns in term {m.term} but persisted {(term, voted)}")
 
     # -- election safety and leader completeness
@@ -339,7 +340,6 @@ class Checker:
         if commit > self.max_commit_reported:
             self.max_commit_reported = commit
             stats.max_commit = commit
-        self._ack_proposals(node, commit)
 
     def _record(
         self, node: SimNode, index: int, term: int, kind: int | None, data: bytes | None, cterm: int
@@ -379,19 +379,32 @@ class Checker:
                     f"missing from {other.id}, leader of term {core.term}"
                 )
 
-    def _ack_proposals(self, node: SimNode, commit: int) -> None:
-        """A leader acknowledges a proposal once its commit index covers it in its own term."""
-        core = node.core
-        if core is None or core.role is not Role.LEADER:
-            node.proposals.clear()
-            return
-        log = node.log
-        while node.proposals and node.proposals[0][0] <= commit:
-            index, term, payload = node.proposals.popleft()
-            if index < log.first_index or log.term_at(index) != term:
-                continue  # not ours any more: the client gets an error, not an acknowledgement
+    def on_ack(self, node: SimNode, first: int, term: int, payloads: Sequence[bytes]) -> None:
+        """The runtime acknowledged an append: it must be committed with its own term, on a quorum."""
+        for i, payload in enumerate(payloads):
+            index = first + i
+            have = self.committed.get(index)
+            if have is None or have[0] != term or (have[2] is not None and have[2] != payload):
+                self.fail(
+                    f"acknowledged write not committed: {node.id} acknowledged index {index} term {term} "
+                    f"{payload!r}, committed as {have}"
+                )
             self.acked[index] = (term, payload)
-            self.sim.stats.acked_writes += 1
+        self.sim.stats.acked_writes += len(payloads)
+        core = node.core
+        if core is not None and (core.role is not Role.LEADER or core.term != term):
+            self.sim.stats.acked_by_deposed += 1
+        self.check_durable_on_quorum(first + len(payloads) - 1, term, "acknowledged")
+
+    def on_leader_ready(self, node: SimNode, term: int) -> None:
+        """Readiness is reported only by the leader of that term, once its no-op is committed."""
+        core = node.core
+        assert core is not None
+        if core.role is not Role.LEADER or core.term != term or core.commit < core.noop_index:
+            self.fail(
+                f"{node.id} reported leader ready for term {term} as {core.role.value} of term "
+                f"{core.term} with commit {core.commit} below its no-op {core.noop_index}"
+            )
 
     # -- linearizable reads
 
@@ -449,19 +462,20 @@ class Checker:
     def check_quorum_durable(self) -> None:
         """Every committed entry is durable (survives a crash) on a quorum of nodes."""
         top = self.max_committed
-        if top == 0:
-            return
-        term = self.committed[top][0]
+        if top:
+            self.check_durable_on_quorum(top, self.committed[top][0], "committed")
+
+    def check_durable_on_quorum(self, index: int, term: int, what: str) -> None:
         holders = []
         for n in self.sim.nodes:
             log = n.log
-            if log.base_index >= top:
+            if log.base_index >= index:
                 holders.append(n.id)  # retention/InstallBase only ever drops committed entries
-            elif log.durable_index >= top and log.last_index >= top and log.term_at(top) == term:
+            elif log.durable_index >= index and log.last_index >= index and log.term_at(index) == term:
                 holders.append(n.id)
         if len(holders) < self.quorum:
             self.fail(
-                f"durability: committed index {top} (term {term}) is durable only on {holders}, "
+                f"durability: {what} index {index} (term {term}) is durable only on {holders}, "
                 f"fewer than a quorum of {self.quorum}"
             )
 
@@ -482,6 +496,110 @@ class Checker:
                     )
 
 
+class SimDisk:
+    """The runtime's disk in a simulation: a ``MemoryLog`` and a hard state that survive crashes.
+
+    An fsync starts a little after it is asked for and takes a while (long on a slow disk).
+    With ``async_sync`` (or the naive fault) it covers the writes made before it started
+    (``MemoryLog.sync_through``), as an fsync on a thread does; otherwise everything written
+    when it completes.
+    """
+
+    def __init__(self, sim: Simulation, node: SimNode) -> None:
+        self.sim = sim
+        self.node = node
+        self.log = node.log
+        self.incarnation = node.incarnation
+
+    def save_hard_state(self, term: int, voted_for: str | None) -> None:
+        if self.sim.now < self.node.disk_full_until:
+            raise OSError(28, "No space left on device (simulated)")
+        self.node.hard_state = (term, voted_for)
+
+    def writable(self) -> bool:
+        return self.sim.now >= self.node.disk_full_until
+
+    def start_sync(self, done: SyncDone) -> None:
+        sim = self.sim
+        sim._push(sim.now + sim.rng.randint(0, 2), _SYNC_START, self.node.index, (self.incarnation, done))
+
+    def begin(self, done: SyncDone) -> None:
+        sim, n = self.sim, self.node
+        mark, target = n.log.write_mark(), n.log.last_index
+        if sim.now < n.slow_disk_until:
+            latency = sim.rng.randint(20, 300)  # a stalled disk: acknowledgements wait long
+        else:
+            latency = sim.rng.randint(0, 3) if sim.healing else sim.rng.choice((0, 1, 2, 5, 10))
+        sim._push(sim.now + latency, _SYNC_DONE, n.index, (self.incarnation, done, mark, target))
+
+    def finish(self, done: SyncDone, mark: int, target: int) -> None:
+        sim, log = self.sim, self.node.log
+        naive = sim.opts.mutation == "naive_async_sync"
+        if sim.profile.async_sync or naive:
+            durable = log.sync_through(mark)
+            if naive:
+                durable = target  # the fault: vouch for everything written at the start
+        else:
+            durable = log.sync()
+        sim._trace(f"{self.node.id} durable {durable}")
+        done(durable, None)
+
+
+class SimNetwork:
+    """The runtime's network in a simulation: checks persist-before-send, then the simulated links."""
+
+    def __init__(self, sim: Simulation, node: SimNode) -> None:
+        self.sim = sim
+        self.node = node
+
+    def send(self, m: Message) -> None:
+        self.sim.checker.on_send(self.node, m)
+        self.sim._send(m)
+
+
+class SimClock:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def now(self) -> float:
+        return self.sim.now / 1000
+
+
+class FaultyRuntime(LedgerRuntime):
+    """The production runtime with one deliberate fault (``SimOptions.mutation``) or none."""
+
+    def __init__(self, *args: Any, fault: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fault = fault
+
+    def persist_then_send(self, rd: Ready) -> bool:
+        if self.fault != "send_before_persist" or rd.hard_state is None:
+            return super().persist_then_send(rd)
+        for m in rd.messages:
+            self.network.send(m)
+        self.disk.save_hard_state(*rd.hard_state)
+        return True
+
+    def process(self) -> None:
+        super().process()
+        core = self.core
+        if self.fault == "ack_on_append" and core.role is not Role.LEADER:
+            core.on_durable(self.disk.log.last_index)  # acknowledges entries before their fsync
+            if core.has_ready:
+                self.wake()
+
+    def read_index(self, cb: ReadCallback) -> None:
+        if self.fault != "local_reads":
+            return super().read_index(cb)
+        if self.core.role is not Role.LEADER:
+            raise NotLeader(self.core.leader)
+        cb(self.core.commit, None)  # no quorum round: a deposed leader answers stale reads
+
+    def report_durable(self, durable: int) -> None:
+        if self.fault != "no_durable_notice":
+            super().report_durable(durable)
+
+
 class Simulation:
     """One seeded run of a cluster. ``run()`` returns normally or raises ``InvariantViolation``."""
 
@@ -500,6 +618,8 @@ class Simulation:
         self.blocked: set[tuple[str, str]] = set()  # directed links that drop everything
         self.healing = False
         self.trace_tail: deque[str] = deque(maxlen=60)
+        self.violation: InvariantViolation | None = None  # raised inside a runtime callback
+        self._woken: deque[int] = deque()  # nodes whose runtime asked to process its Ready
         ids = [f"n{i + 1}" for i in range(self.opts.nodes)]
         preferred = rng.choice(ids) if rng.random() < 0.2 else None
         election = rng.randint(5, 10)
@@ -515,12 +635,25 @@ class Simulation:
                 preferred_leader=preferred,
             )
             period = self.opts.tick_ms + rng.choice((-1, 0, 0, 1))  # clock drift between nodes
-            self.nodes.append(SimNode(nid, len(self.nodes), cfg, period))
+            node = SimNode(nid, len(self.nodes), cfg, period)
+            node.log.append = self._full_disk_guard(node, node.log.append)  # type: ignore[method-assign]
+            self.nodes.append(node)
         self.by_id = {n.id: n for n in self.nodes}
         self.ids = ids
+        self.append_timeout_ms = rng.choice((300, 1000, 5000))  # pending appends expire after this
         self.checker = Checker(self)
         self._next_payload = 0
         self._next_read = 0
+
+    def _full_disk_guard(self, n: SimNode, append: Callable[..., None]) -> Callable[..., None]:
+        """The simulated disk refuses appends while it is full, as ``LogStore`` does: nothing written."""
+
+        def guarded(entries: Any) -> None:
+            if self.now < n.disk_full_until and entries:
+                raise OSError(28, "No space left on device (simulated)")
+            append(entries)
+
+        return guarded
 
     # ------------------------------------------------------------------ event queue
 
@@ -539,7 +672,7 @@ class Simulation:
     def _start(self, idx: int) -> None:
         n = self.nodes[idx]
         term, voted = n.hard_state
-        n.core = RaftCore(
+        core = RaftCore(
             n.id,
             self.ids,
             n.log,
@@ -550,66 +683,91 @@ class Simulation:
             durable_index=n.log.durable_index,
         )
         if self.opts.mutation == "vote_any_log":
-            n.core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
-        n.validated = n.core.commit
-        n.syncing = n.sync_scheduled = False
-        n.log.floor = None
+            core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
+        rt = FaultyRuntime(
+            core,
+            SimDisk(self, n),
+            SimNetwork(self, n),
+            SimClock(self),
+            append_timeout_s=self.append_timeout_ms / 1000,
+            wake=lambda: self._wake(idx),
+            fault=self.opts.mutation,
+        )
+        guard = self._guarded
+        rt.role_listeners.append(guard(lambda role, term, leader: self._on_role(n, role, term, leader)))
+        rt.commit_listeners.append(guard(lambda commit: self.checker.on_commit(n, commit)))
+        rt.leader_ready_listeners.append(guard(lambda term: self.checker.on_leader_ready(n, term)))
+        n.runtime = rt
+        n.validated = core.commit
+        n.wake_pending = False
         self._push(self.now + self.rng.randint(1, n.tick_period), _TICK, idx, n.incarnation)
-        self._want_sync(idx)
+        rt.maybe_sync()
 
     def _crash(self, idx: int) -> None:
         n = self.nodes[idx]
-        if n.core is None:
+        if n.runtime is None:
             return
         self._trace(f"CRASH {n.id} (durable {n.log.durable_index} of {n.log.last_index})")
         for ctx in n.reads:
             self.checker.reads.pop(ctx, None)
         n.reads.clear()
-        n.core = None
+        n.runtime = None  # its pending appends die with the process: their clients never hear
         n.incarnation += 1
-        n.proposals.clear()
         n.log.crash()
         if self.opts.mutation == "forget_vote":
             n.hard_state = (n.hard_state[0], None)
         self.stats.crashes += 1
         self.checker.check_quorum_durable()
+        # The OS of each survivor sees its connections to the dead process reset, within a
+        # few milliseconds, if the link still carries packets (a partition hides the crash).
+        for j, other in enumerate(self.nodes):
+            if j != idx and other.runtime is not None and (n.id, other.id) not in self.blocked:
+                self._push(self.now + self.rng.randint(1, 5), _PEER_LOST, j, (n.id, other.incarnation))
 
-    # ------------------------------------------------------------------ applying Ready
+    # ------------------------------------------------------------------ driving the runtime
 
-    def _drain(self, n: SimNode) -> None:
-        """Apply everything the core asks for, in the runtime's order (persist, send, apply)."""
-        core = n.core
-        assert core is not None
-        for _ in range(8):
-            if not core.has_ready:
-                break
-            rd = core.ready()
-            if rd.hard_state is not None:
-                n.hard_state = rd.hard_state  # fsynced before any of rd.messages leaves
-            for m in rd.messages:
-                self.checker.on_send(n, m)
-                self._send(m)
-            for role, term, leader in rd.role_changes:
-                self._trace(f"{n.id} becomes {role.value} term {term} leader {leader}")
-                self.stats.max_term = max(self.stats.max_term, term)
-                if role is not Role.LEADER:
-                    n.proposals.clear()
-                self.checker.on_role(n, role, term)
-            if rd.commit_index is not None:
-                self.checker.on_commit(n, rd.commit_index)
-            for ctx, index in rd.read_states:
-                if ctx in n.reads:
-                    n.reads.remove(ctx)
-                self.checker.on_read_state(n, ctx, index)
-            for ctx in rd.dropped_reads:
-                if ctx in n.reads:
-                    n.reads.remove(ctx)
-                self.checker.on_read_dropped(n, ctx)
-            if self.opts.mutation == "ack_on_append" and core.role is not Role.LEADER:
-                core.on_durable(n.log.last_index)  # a runtime that acknowledges before fsync
-        if core.has_ready:
-            raise InvariantViolation(f"{n.id}: core still has work after 8 ready() rounds")
-        self._want_sync(n.index)
+    def _guarded(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """A checker callback for the runtime: the runtime isolates failing listeners (by
+        design), so a violation is parked here and raised by the event loop right after."""
+
+        def call(*args: Any) -> None:
+            try:
+                fn(*args)
+            except InvariantViolation as exc:
+                if self.violation is None:
+                    self.violation = exc
+
+        return call
+
+    def _wake(self, idx: int) -> None:
+        """The runtime's ``wake``: process its Ready once the current event is handled.
+
+        That is what the asyncio node's ``call_soon`` does: every input of one loop turn
+        is in before the Ready is taken. Woken nodes are processed in wake order.
+        """
+        n = self.nodes[idx]
+        if not n.wake_pending:
+            n.wake_pending = True
+            self._woken.append(idx)
+
+    def _process_woken(self) -> None:
+        woken = self._woken
+        rounds = 0
+        while woken:
+            n = self.nodes[woken.popleft()]
+            n.wake_pending = False
+            if n.runtime is not None:
+                n.runtime.process()
+            rounds += 1
+            if rounds > _MAX_PROCESS_ROUNDS:
+                raise InvariantViolation(f"[t={self.now}] runtimes kept waking each other: a Ready loop?")
+        if self.violation is not None:
+            raise self.violation
+
+    def _on_role(self, n: SimNode, role: Role, term: int, leader: str | None) -> None:
+        self._trace(f"{n.id} becomes {role.value} term {term} leader {leader}")
+        self.stats.max_term = max(self.stats.max_term, term)
+        self.checker.on_role(n, role, term)
 
     # ------------------------------------------------------------------ network
 
@@ -648,17 +806,32 @@ class Simulation:
 
     def _on_tick(self, idx: int, inc: int) -> None:
         n = self.nodes[idx]
-        if n.core is None or inc != n.incarnation:
+        if n.runtime is None or inc != n.incarnation:
             return
         self._push(self.now + n.tick_period + self.rng.choice((0, 0, 0, 1)), _TICK, idx, inc)
         if self.now < n.paused_until:
             return
-        n.core.tick()
-        self._drain(n)
+        n.runtime.tick()
+
+    def _on_peer_lost(self, idx: int, payload: tuple[str, int]) -> None:
+        peer, inc = payload
+        n = self.nodes[idx]
+        if n.runtime is None or inc != n.incarnation or self.now < n.paused_until:
+            return
+        self._trace(f"PEER-LOST {n.id} lost {peer}")
+        self.stats.peer_lost += 1
+        n.runtime.peer_unreachable(peer)
+
+    def _on_peer_up(self, idx: int, payload: tuple[str, int]) -> None:
+        peer, inc = payload
+        n = self.nodes[idx]
+        if n.runtime is None or inc != n.incarnation or self.now < n.paused_until:
+            return
+        n.runtime.peer_reachable(peer)
 
     def _on_deliver(self, idx: int, payload: Any) -> None:
         n = self.nodes[idx]
-        if n.core is None:
+        if n.runtime is None:
             return
         if self.now < n.paused_until:
             self._push(n.paused_until + self.rng.randint(0, 2), _DELIVER, idx, payload)
@@ -666,55 +839,27 @@ class Simulation:
         m = decode_message(payload) if self.opts.wire else payload
         if self.opts.trace:
             self._trace(f"deliver {m!r}")
-        n.core.step(m)
-        self._drain(n)
+        n.runtime.step(m)
 
-    def _want_sync(self, idx: int) -> None:
-        """Group commit, as ledger.node does it: one fsync at a time, started when the log grew."""
-        n = self.nodes[idx]
-        core = n.core
-        if core is None or n.syncing or n.sync_scheduled or n.log.last_index <= core.durable:
-            return
-        n.sync_scheduled = True
-        self._push(self.now + self.rng.randint(0, 2), _SYNC_START, idx, n.incarnation)
+    def _sim_disk(self, idx: int, inc: int) -> SimDisk | None:
+        """The disk of the running incarnation of node ``idx`` (None if it crashed since)."""
+        rt = self.nodes[idx].runtime
+        if rt is None or inc != self.nodes[idx].incarnation:
+            return None
+        assert isinstance(rt.disk, SimDisk)
+        return rt.disk
 
-    def _on_sync_start(self, idx: int, inc: int) -> None:
-        n = self.nodes[idx]
-        if n.core is None or inc != n.incarnation:
-            return
-        n.sync_scheduled = False
-        if n.log.last_index <= n.core.durable:
-            return
-        n.syncing = True
-        n.sync_target = n.log.last_index
-        n.log.floor = None
-        if self.now < n.slow_disk_until:
-            latency = self.rng.randint(20, 300)  # a stalled disk: acknowledgements wait long
-        else:
-            latency = self.rng.randint(0, 3) if self.healing else self.rng.choice((0, 1, 2, 5, 10))
-        self._push(self.now + latency, _SYNC_DONE, idx, inc)
+    def _on_sync_start(self, idx: int, payload: tuple[int, SyncDone]) -> None:
+        inc, done = payload
+        disk = self._sim_disk(idx, inc)
+        if disk is not None:
+            disk.begin(done)
 
-    def _on_sync_done(self, idx: int, inc: int) -> None:
-        n = self.nodes[idx]
-        if n.core is None or inc != n.incarnation:
-            return
-        log = n.log
-        if self.profile.async_sync or self.opts.mutation == "naive_async_sync":
-            # The fsync covered what was written when it started, minus anything truncated since
-            # (ledger.node's rule); the naive mutation forgets the truncation.
-            covered = n.sync_target if log.floor is None else min(n.sync_target, log.floor - 1)
-            log.sync_to(covered)
-            durable = n.sync_target if self.opts.mutation == "naive_async_sync" else covered
-        else:
-            log.sync()
-            durable = log.durable_index
-        n.syncing = False
-        if self.opts.trace:
-            self._trace(f"{n.id} durable {durable}")
-        if self.opts.mutation == "no_durable_notice":
-            return
-        n.core.on_durable(durable)
-        self._drain(n)
+    def _on_sync_done(self, idx: int, payload: tuple[int, SyncDone, int, int]) -> None:
+        inc, done, mark, target = payload
+        disk = self._sim_disk(idx, inc)
+        if disk is not None:
+            disk.finish(done, mark, target)
 
     def _leaders(self) -> list[SimNode]:
         return [n for n in self.nodes if n.core is not None and n.core.role is Role.LEADER]
@@ -734,45 +879,72 @@ class Simulation:
             self._propose(n, rng.randint(1, 3))
 
     def _propose(self, n: SimNode, count: int) -> int | None:
-        core = n.core
-        assert core is not None
+        """A client append through the runtime; the checker judges every acknowledgement."""
+        rt = n.runtime
+        assert rt is not None
         payloads = []
         for _ in range(count):
             self._next_payload += 1
             payloads.append(f"v{self.seed}-{self._next_payload}".encode() + b"x" * self.rng.randint(0, 40))
+
+        def settled(code: int, first: int, term: int, message: str) -> None:
+            if code == 0:
+                self.checker.on_ack(n, first, term, payloads)
+            elif code == FAILED:
+                self.stats.failed_writes += 1
+            else:
+                self.stats.unknown_writes += 1
+
         try:
-            first, term = core.propose(payloads)
+            first, _ = rt.propose(payloads, self._guarded(settled))
         except NotLeader:
             return None
-        for i, p in enumerate(payloads):
-            n.proposals.append((first + i, term, p))
-        self._drain(n)
         return first + count - 1
 
     def _issue_read(self, n: SimNode) -> Any:
-        core = n.core
-        assert core is not None
+        rt = n.runtime
+        assert rt is not None
         self._next_read += 1
         ctx = f"r{self._next_read}"
-        if self.opts.mutation == "local_reads":
-            if core.role is not Role.LEADER:
-                return None
-            self.checker.on_read_issued(n, ctx)
-            self.checker.on_read_state(n, ctx, core.commit)
-            return ctx
-        try:
-            core.read_index(ctx)
-        except NotLeader:
-            return None
-        n.reads.append(ctx)
+
+        def answered(index: int, exc: Exception | None) -> None:
+            if ctx in n.reads:
+                n.reads.remove(ctx)
+            if exc is None:
+                self.checker.on_read_state(n, ctx, index)
+            else:
+                self.checker.on_read_dropped(n, ctx)
+
         self.checker.on_read_issued(n, ctx)
-        self._drain(n)
+        n.reads.append(ctx)
+        try:
+            rt.read_index(self._guarded(answered))
+        except NotLeader:
+            n.reads.remove(ctx)
+            self.checker.reads.pop(ctx, None)
+            return None
         return ctx
 
     def _on_chaos(self) -> None:
+        """Inject one fault, drawn from the classes the seed's swarm profile turned on."""
         rng = self.rng
+        self._push(self.now + rng.randint(1, self.profile.chaos_every_ms), _CHAOS)
+        actions = self._chaos_actions()
+        if not actions:
+            return
+        action = rng.choice(actions)
+        up = [i for i, n in enumerate(self.nodes) if n.core is not None]
+        if action in ("partition", "isolate_leader", "one_way"):
+            self._partition(action)
+            self._push(self.now + rng.randint(5, 80) * self.opts.tick_ms, _NET_HEAL)
+        elif action == "transfer":
+            self._chaos_transfer()
+        elif up:
+            self._chaos_on_node(action, rng.choice(up))
+
+    def _chaos_actions(self) -> list[str]:
+        """The weighted menu of faults (a class listed twice is drawn twice as often)."""
         p = self.profile
-        self._push(self.now + rng.randint(1, p.chaos_every_ms), _CHAOS)
         actions: list[str] = []
         if p.crashes:
             actions += ["crash", "crash"]
@@ -781,42 +953,31 @@ class Simulation:
         if p.pauses:
             actions.append("pause")
         if p.slow_disk:
-            actions.append("slow_disk")
+            actions += ["slow_disk", "disk_full"]
         if p.transfers:
             actions += ["transfer", "transfer"]
         if p.compaction:
             actions += ["compact", "compact"]
-        if not actions:
-            return
-        action = rng.choice(actions)
+        return actions
+
+    def _chaos_on_node(self, action: str, idx: int) -> None:
+        """Crash, pause, slow down or compact the running node ``idx``."""
+        rng = self.rng
         tick = self.opts.tick_ms
-        up = [i for i, n in enumerate(self.nodes) if n.core is not None]
-        if action == "crash" and up:
-            idx = rng.choice(up)
+        n = self.nodes[idx]
+        if action == "crash":
             self._crash(idx)
             self._push(self.now + rng.randint(1, 60) * tick, _RESTART, idx)
-        elif action in ("partition", "isolate_leader", "one_way"):
-            self._partition(action)
-            self._push(self.now + rng.randint(5, 80) * tick, _NET_HEAL)
-        elif action == "pause" and up:
-            n = self.nodes[rng.choice(up)]
+        elif action == "pause":
             n.paused_until = self.now + rng.randint(2, 30) * tick
             self._trace(f"PAUSE {n.id} until {n.paused_until}")
-        elif action == "slow_disk" and up:
-            n = self.nodes[rng.choice(up)]
+        elif action == "slow_disk":
             n.slow_disk_until = self.now + rng.randint(5, 50) * tick
-        elif action == "transfer":
-            leaders = self._leaders()
-            if leaders:
-                n = rng.choice(leaders)
-                target = rng.choice([i for i in self.ids if i != n.id])
-                assert n.core is not None
-                self._trace(f"TRANSFER {n.id} -> {target}")
-                n.core.transfer_leadership(target)
-                self.stats.transfers += 1
-                self._drain(n)
-        elif action == "compact" and up:
-            n = self.nodes[rng.choice(up)]
+        elif action == "disk_full":
+            n.disk_full_until = self.now + rng.randint(5, 40) * tick
+            self._trace(f"DISK-FULL {n.id} until {n.disk_full_until}")
+            self.stats.disk_full += 1
+        elif action == "compact":
             assert n.core is not None
             limit = min(n.core.commit, n.log.durable_index)  # retention drops old, settled data
             if limit > n.log.first_index:
@@ -825,6 +986,18 @@ class Simulation:
                 n.log.compact(upto)
                 self.stats.compactions += 1
 
+    def _chaos_transfer(self) -> None:
+        leaders = self._leaders()
+        if not leaders:
+            return
+        rng = self.rng
+        n = rng.choice(leaders)
+        target = rng.choice([i for i in self.ids if i != n.id])
+        assert n.runtime is not None
+        self._trace(f"TRANSFER {n.id} -> {target}")
+        n.runtime.transfer_leadership(target)
+        self.stats.transfers += 1
+
     def _partition(self, kind: str) -> None:
         rng = self.rng
         ids = self.ids
@@ -832,6 +1005,11 @@ class Simulation:
             for _ in range(rng.randint(1, len(ids))):
                 a, b = rng.sample(ids, 2)
                 self.blocked.add((a, b))
+            # A flaky link resets a connection between two nodes that still hear each other
+            # otherwise: a spurious notice that must not depose a healthy leader.
+            a, b = rng.sample(ids, 2)
+            j = ids.index(b)
+            self._push(self.now + rng.randint(1, 5), _PEER_LOST, j, (a, self.nodes[j].incarnation))
             self._trace("ONE-WAY cuts")
             return
         if kind == "isolate_leader" and self._leaders():
@@ -843,6 +1021,11 @@ class Simulation:
                 if b not in side:
                     self.blocked.add((a, b))
                     self.blocked.add((b, a))
+                    if rng.random() < 0.5:  # a cut link may reset its connection: a spurious notice
+                        j = self.ids.index(b)
+                        self._push(
+                            self.now + rng.randint(1, 5), _PEER_LOST, j, (a, self.nodes[j].incarnation)
+                        )
         self._trace(f"PARTITION {side} | rest")
 
     # ------------------------------------------------------------------ main loop
@@ -865,8 +1048,17 @@ class Simulation:
             if self.nodes[idx].core is None and not self.healing:  # healing restarts by itself
                 self._trace(f"RESTART {self.nodes[idx].id}")
                 self._start(idx)
+                # The others' outboxes reconnect to the restarted node soon after.
+                for j, other in enumerate(self.nodes):
+                    if j != idx and other.runtime is not None:
+                        at = self.now + self.rng.randint(1, 20)
+                        self._push(at, _PEER_UP, j, (self.nodes[idx].id, other.incarnation))
         elif kind == _NET_HEAL:
             self.blocked.clear()
+        elif kind == _PEER_LOST:
+            self._on_peer_lost(idx, payload)
+        elif kind == _PEER_UP:
+            self._on_peer_up(idx, payload)
 
     def _run_until(self, deadline: int, done: Any = None) -> bool:
         """Process events up to ``deadline``; stop early (returning True) once ``done()`` holds."""
@@ -885,10 +1077,13 @@ class Simulation:
                     f"({stats.messages} messages sent, {stats.install_base} of them InstallBase)"
                 )
             self._dispatch(kind, idx, payload)
+            self._process_woken()
             if stats.events % sweep_every == 0:
                 self.checker.sweep()
-            if done is not None and done():
-                return True
+            if done is not None:
+                if done():
+                    return True
+                self._process_woken()  # done() may have proposed or read
         self.now = max(self.now, deadline)
         return False
 
@@ -928,6 +1123,7 @@ class Simulation:
         for i, n in enumerate(nodes):
             n.paused_until = 0
             n.slow_disk_until = 0
+            n.disk_full_until = 0
             if i in keep_down:
                 self._crash(i)
             elif n.core is None:
@@ -944,7 +1140,7 @@ class Simulation:
         state: dict[str, Any] = {"marker": None, "read": None, "stage": "write"}
 
         def done() -> bool:
-            live = [n for n in self._leaders() if n.core is not None and n.core.commit >= n.core.noop_index]
+            live = [n for n in self._leaders() if n.runtime is not None and n.runtime.leader_ready]
             if not live:
                 return False
             leader = max(live, key=lambda n: n.core.term if n.core else 0)

@@ -42,6 +42,7 @@ from itertools import islice
 import xxhash
 
 from .codec import MAGIC, Entry, encode_entries, scan_entries
+from .invariants import InvariantError
 
 __all__ = ["CorruptLogError", "LogStore", "SyncJob", "write_file_atomically"]
 
@@ -237,6 +238,11 @@ class LogStore:
     # ------------------------------------------------------------------ public state
 
     @property
+    def failed(self) -> bool:
+        """A failed fsync (or a write that could not be undone) poisoned the store until a restart."""
+        return self._failed is not None
+
+    @property
     def base_index(self) -> int:
         return self._base_index
 
@@ -290,8 +296,12 @@ class LogStore:
         blob = encode_entries(entries, start)
         positions = [e.pos for e in entries]
         end = start + len(blob)
+        mark = self._write_mark()
         try:
             self._write_batch(blob, first, terms, positions, end)
+        except OSError:
+            self._undo_write(mark)  # e.g. ENOSPC: the log stays as it was and takes later writes
+            raise
         except BaseException as exc:
             self._failed = exc
             raise
@@ -301,6 +311,48 @@ class LogStore:
         self.last_term = terms[-1]
         self._next_pos = end
         self._cache_add(entries)
+        self._check_shape()
+
+    def _write_mark(self) -> tuple[int, _Segment | None, int, int]:
+        """Where the files end now, so a failed batch can be cut off again (``_undo_write``)."""
+        seg = self._active
+        return len(self._segs), seg, seg.size if seg else 0, seg.count if seg else 0
+
+    def _undo_write(self, mark: tuple[int, _Segment | None, int, int]) -> None:
+        """Cut a batch whose write failed (a full disk) back to the mark: files and bookkeeping.
+
+        Nothing of the batch was acknowledged or published (``last_index`` did not move), so
+        removing its partial bytes is what a crash right now would leave to recovery anyway.
+        ftruncate and unlink need no free space; if they fail too the store refuses writes
+        until a restart re-reads the files (the sticky ``_failed``).
+        """
+        nsegs, seg, size, count = mark
+        try:
+            for later in reversed(self._segs[nsegs:]):
+                self._delete_segment(later)
+            del self._segs[nsegs:]
+            del self._seg_firsts[nsegs:]
+            if seg is not None:
+                os.ftruncate(self._fd(seg), size)
+                os.ftruncate(self._ifd(seg), count * IDX_RECORD)
+                seg.size, seg.count = size, count
+                self._mark_dirty(seg)
+            self._active = seg
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _check_shape(self) -> None:
+        """Cheap, always on: one term and one position per retained entry, durability within the log."""
+        if not len(self._terms) == len(self._pos) == self.last_index - self.first_index + 1:
+            raise InvariantError(
+                f"log store {self.directory}: {len(self._terms)} terms and {len(self._pos)} positions "
+                f"for entries {self.first_index}..{self.last_index}"
+            )
+        if self.durable_index > self.last_index:
+            raise InvariantError(
+                f"log store {self.directory}: durable index {self.durable_index} beyond last index {self.last_index}"
+            )
 
     def _write_batch(self, blob: bytes, first: int, terms: list[int], positions: list[int], end: int) -> None:
         """Write the encoded batch into as few segments as possible: one pwrite per segment touched."""
@@ -408,6 +460,7 @@ class LogStore:
                 raise OSError(f"an earlier fsync of {self.directory} failed") from head.error
             self.durable_index = max(self.durable_index, min(head.target, self.last_index))
         self._evict_fds()
+        self._check_shape()
         return self.durable_index
 
     def sync(self) -> int:
@@ -550,6 +603,7 @@ class LogStore:
         self._next_pos = cut
         self._clip_jobs(index - 1)
         self.durable_index = min(self.durable_index, index - 1)
+        self._check_shape()
 
     def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
         """Drop the whole log and restart it after (base_index, base_term) at position ``base_pos``.

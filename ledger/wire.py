@@ -149,7 +149,9 @@ def ok_json(req_id: int, doc: dict[str, Any]) -> bytes:
     return _RESP_HEAD.pack(RESPONSE, req_id, OK) + json.dumps(doc).encode()
 
 
-def error(req_id: int, code: int, message: str, leader: str | None = None, address: str | None = None) -> bytes:
+def error(
+    req_id: int, code: int, message: str, leader: str | None = None, address: str | None = None
+) -> bytes:
     doc = {"message": message, "leader": leader, "leader_address": address}
     return _RESP_HEAD.pack(RESPONSE, req_id, code) + json.dumps(doc).encode()
 

@@ -14,10 +14,12 @@ from typing import Any
 
 import click
 
-from ledger.logs import JsonFormatter, setup_logging
-from ledger.settings import ConfigError
+from common.cli import run_main
+from common.logs import JsonFormatter, setup_logging
+from common.settings import ConfigError
 from namesrv.config import NamesrvConfig, load_config
 from namesrv.controller import NamesrvController
+from namesrv.kvconfig import KVConfigError
 
 log = logging.getLogger("namesrv")
 
@@ -25,7 +27,11 @@ log = logging.getLogger("namesrv")
 async def run(config: NamesrvConfig) -> None:
     """Serve until a termination signal; shut down cleanly (listener closed, connections flushed)."""
     controller = NamesrvController(config)
-    await controller.start()
+    try:
+        await controller.start()
+    except BaseException:  # e.g. the metrics port in use after the listener bound: stop what started
+        await controller.shutdown()
+        raise
     if not config.node_name:  # with --listen-port 0 the real port is only known now
         for handler in logging.getLogger().handlers:
             if isinstance(handler.formatter, JsonFormatter):
@@ -42,15 +48,6 @@ async def run(config: NamesrvConfig) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await controller.shutdown()
-
-
-def _run_loop(config: NamesrvConfig) -> None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay runnable without it
-        asyncio.run(run(config))
-    else:
-        uvloop.run(run(config))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,12 +76,16 @@ def main(config_path: str | None, **overrides: Any) -> None:
         raise click.UsageError(str(exc)) from None
     setup_logging(config.log_level, node=config.node_name or f"namesrv-{config.listen_port}")
     try:
-        _run_loop(config)
+        run_main(run(config))
     except OSError as exc:
         log.error(
             "namesrv failed to start: %s", exc, extra={"host": config.listen_host, "port": config.listen_port}
         )
         click.echo(f"namesrv: cannot start on {config.listen_host}:{config.listen_port}: {exc}", err=True)
+        sys.exit(1)
+    except (ConfigError, KVConfigError) as exc:  # accounts or KV file: one line naming the file
+        log.error("namesrv failed to start: %s", exc)
+        click.echo(f"namesrv: cannot start: {exc}", err=True)
         sys.exit(1)
     except Exception as exc:
         log.exception("namesrv failed")

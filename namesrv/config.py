@@ -1,17 +1,17 @@
 """Nameserver settings: defaults < TOML file < NAMESRV_* environment < command line.
 
-Loaded through ledger.settings.load_settings so errors name the key and where it came from;
+Loaded through common.settings.load_settings so errors name the key and where it came from;
 ``validate`` refuses combinations that would make the nameserver misbehave quietly (a scan
 interval longer than the expiry, for instance, would keep dead brokers routable).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ledger.settings import ConfigError, load_settings
+from common.settings import ConfigError, load_settings
 from remoting.config import RemotingConfig
 from remoting.protocol import MAX_HEADER_WIRE_BYTES
 
@@ -44,6 +44,22 @@ class NamesrvConfig:
     max_header_bytes: int = 16 * 1024
     max_register_body_bytes: int = 64 * 1024 * 1024
     """Limit on a decompressed (compressed=true) registration body."""
+    max_connections: int = 4096
+    """Open client/broker connections at most; more are closed on accept (fit the open-file limit)."""
+    handshake_timeout_s: float = 10.0
+    """A connection must deliver one complete frame within this long."""
+    idle_timeout_s: float = 120.0
+    """A connection silent (no complete frame) this long is closed; 0 turns it off."""
+    max_buffered_frame_bytes: int = 256 * 1024 * 1024
+    """Unfinished frames held over all connections at most; the connection passing it is closed."""
+    acl_enable: bool = False
+    """Admin operations (KV put/delete, topic delete, broker write permission) and broker
+    registration then need a request signed by an admin account of ``acl_file``."""
+    acl_file: str = ""
+    """TOML file of ACL accounts (see remoting/acl.py and the README's security section)."""
+    acl_admin_access_key: str = ""
+    """A superuser account given in settings/env instead of (or besides) ``acl_file``."""
+    acl_admin_secret_key: str = field(default="", repr=False)
     log_level: str = "info"
     node_name: str = ""
     """Name put in every log line; defaults to namesrv-<port>."""
@@ -72,11 +88,26 @@ class NamesrvConfig:
             )
         if self.max_register_body_bytes < self.max_body_bytes:
             raise ConfigError("key 'max_register_body_bytes' must be at least 'max_body_bytes'")
+        if self.acl_enable and not (self.acl_file or self.acl_admin_access_key):
+            raise ConfigError(
+                "key 'acl_enable' is true but neither 'acl_file' nor 'acl_admin_access_key' is set"
+            )
+        try:
+            self.remoting_config()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.log_level.lower() not in _LEVELS:
             raise ConfigError(f"key 'log_level' must be one of {', '.join(_LEVELS)}, got {self.log_level!r}")
 
     def remoting_config(self) -> RemotingConfig:
-        return RemotingConfig(max_body_bytes=self.max_body_bytes, max_header_bytes=self.max_header_bytes)
+        return RemotingConfig(
+            max_body_bytes=self.max_body_bytes,
+            max_header_bytes=self.max_header_bytes,
+            max_connections=self.max_connections,
+            handshake_timeout_s=self.handshake_timeout_s,
+            idle_timeout_s=self.idle_timeout_s,
+            max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+        )
 
 
 def load_config(

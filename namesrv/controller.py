@@ -18,6 +18,7 @@ from namesrv.kvconfig import KVConfigManager
 from namesrv.metrics import MetricsEndpoint
 from namesrv.processor import NamesrvProcessor
 from namesrv.routeinfo import RouteInfoManager
+from remoting.acl import AccessValidator, server_accounts
 from remoting.connection import RemotingConnection
 from remoting.server import RemotingServer
 
@@ -49,6 +50,11 @@ class NamesrvController:
         if self._initialized:
             return
         self.kv.load()
+        if self.config.acl_enable:
+            cfg = self.config
+            accounts = server_accounts(cfg.acl_file, cfg.acl_admin_access_key, cfg.acl_admin_secret_key)
+            self.server.set_request_gate(AccessValidator(accounts, require_signature=False))
+            log.info("ACL on", extra={"accounts": len(accounts), "acl_file": self.config.acl_file})
         for code, handler in self.processor.handlers().items():
             self.server.register_processor(code, handler)
         self.server.add_connection_listener(on_closed=self._on_connection_closed)

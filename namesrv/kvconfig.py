@@ -24,6 +24,10 @@ class KVConfigError(ValueError):
     """The persisted file is unreadable, or a namespace/key/value is invalid."""
 
 
+class KVPersistError(KVConfigError):
+    """A change could not be written to disk; it was not applied (nothing unpersisted is served)."""
+
+
 class KVConfigManager:
     """In-memory table with optional JSON persistence at ``path`` (empty: memory only)."""
 
@@ -57,18 +61,30 @@ class KVConfigManager:
         self.generation += 1
         log.info("kv config loaded", extra={"path": str(self.path), "namespaces": len(loaded)})
 
-    def _persist(self) -> None:
+    def _persist(self, table: dict[str, dict[str, str]]) -> None:
+        """Write ``table`` durably, or raise KVPersistError; callers install it only afterwards."""
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"configTable": self.table}, indent=2, sort_keys=True)
-        fd, tmp = tempfile.mkstemp(prefix=".kvConfig.", dir=self.path.parent)
+        data = json.dumps({"configTable": table}, indent=2, sort_keys=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".kvConfig.", dir=self.path.parent)
+        except OSError as exc:
+            raise KVPersistError(f"kv config file {self.path}: cannot write: {exc.strerror or exc}") from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # the rename itself survives a crash
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise KVPersistError(f"kv config file {self.path}: cannot write: {exc.strerror or exc}") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -85,11 +101,11 @@ class KVConfigManager:
 
     def put(self, namespace: str, key: str, value: str) -> None:
         self._check(namespace, key, value)
-        ns = self.table.setdefault(namespace, {})
-        old = ns.get(key)
-        ns[key] = value
+        old = self.table.get(namespace, {}).get(key)
+        table = {**self.table, namespace: {**self.table.get(namespace, {}), key: value}}
+        self._persist(table)  # raises before anything changes: an unpersisted value is never served
+        self.table = table
         self.generation += 1
-        self._persist()
         log.info(
             "kv config %s" % ("created" if old is None else "updated"),
             extra={"namespace": namespace, "key": key, "value": value},
@@ -102,11 +118,15 @@ class KVConfigManager:
         ns = self.table.get(namespace)
         if ns is None or key not in ns:
             return False
-        del ns[key]
-        if not ns:
-            del self.table[namespace]
+        table = dict(self.table)
+        rest = {k: v for k, v in ns.items() if k != key}
+        if rest:
+            table[namespace] = rest
+        else:
+            del table[namespace]
+        self._persist(table)  # raises before anything changes
+        self.table = table
         self.generation += 1
-        self._persist()
         log.info("kv config deleted", extra={"namespace": namespace, "key": key})
         return True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,13 +19,25 @@ from prometheus_client.registry import Collector
 from remoting.codes import request_code_name
 
 if TYPE_CHECKING:
-    from namesrv.controller import NamesrvController
+    from namesrv.processor import NamesrvProcessor
+    from namesrv.routeinfo import RouteInfoManager
+    from remoting.server import RemotingServer
 
 log = logging.getLogger("namesrv.metrics")
 
 
+class Observed(Protocol):
+    """What the collector reads of a nameserver (its controller), without importing it."""
+
+    server: RemotingServer
+    processor: NamesrvProcessor
+    routes: RouteInfoManager
+    brokers_expired: int
+    brokers_disconnected: int
+
+
 class NamesrvCollector(Collector):
-    def __init__(self, controller: NamesrvController) -> None:
+    def __init__(self, controller: Observed) -> None:
         self.controller = controller
 
     def collect(self) -> Iterator[Metric]:
@@ -87,7 +99,7 @@ class NamesrvCollector(Collector):
 class MetricsEndpoint:
     """The /metrics HTTP server of one controller; port 0 means disabled."""
 
-    def __init__(self, controller: NamesrvController, host: str, port: int) -> None:
+    def __init__(self, controller: Observed, host: str, port: int) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(NamesrvCollector(controller))
         self.host = host

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ledger.settings import ConfigError, parse_host_port
+from common.settings import ConfigError, parse_host_port
 from namesrv.config import NamesrvConfig
-from namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigError, KVConfigManager
+from namesrv.kvconfig import ORDER_TOPIC_CONFIG, KVConfigError, KVConfigManager, KVPersistError
 from namesrv.routeinfo import RouteInfoManager, TopicConfigSource
 from remoting import headers as H
 from remoting.codes import RequestCode, ResponseCode
@@ -99,6 +99,8 @@ class NamesrvProcessor:
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_all_topic_list,
             RequestCode.GET_TOPICS_BY_CLUSTER: self.get_topics_by_cluster,
             RequestCode.DELETE_TOPIC_IN_NAMESRV: self.delete_topic_in_namesrv,
+            RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS: self.get_system_topic_list,
+            RequestCode.GET_NAMESRV_CONFIG: self.get_namesrv_config,
         }
 
     # --- brokers --------------------------------------------------------------------------
@@ -194,6 +196,25 @@ class NamesrvProcessor:
             return request.make_response(ResponseCode.QUERY_NOT_FOUND, f"cluster {cluster} has no brokers")
         return request.make_response(body=dump_body({"topicList": topics}))
 
+    def get_system_topic_list(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """RocketMQ counts every cluster name and broker name as a system topic (brokers create
+        topics so named); ``brokerAddr`` is a master that can say more, as mqadmin expects."""
+        info = self.routes.get_all_cluster_info()
+        topics = sorted(set(info.cluster_addr_table) | set(info.broker_addr_table))
+        master = next((bd.master_addr for bd in info.broker_addr_table.values() if bd.master_addr), None)
+        doc: dict[str, Any] = {"topicList": topics}
+        if master:
+            doc["brokerAddr"] = master
+        return request.make_response(body=dump_body(doc))
+
+    def get_namesrv_config(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """The settings as Java properties text (``key=value`` lines), as mqadmin getNamesrvConfig prints them."""
+        lines = [
+            f"{name}={'******' if 'secret' in name and value else value}"  # never hand out a secret
+            for name, value in sorted(vars(self.config).items())
+        ]
+        return request.make_response(body=("\n".join(lines) + "\n").encode())
+
     def delete_topic_in_namesrv(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
         topic = _topic(request)
         cluster = request.header_str(H.CLUSTER_NAME, None)
@@ -220,6 +241,9 @@ class NamesrvProcessor:
             self.kv.put(
                 request.header_str(H.NAMESPACE), request.header_str(H.KEY), request.header_str(H.VALUE)
             )
+        except KVPersistError as exc:
+            log.error("kv put not persisted", extra={"error": str(exc)})
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"{exc}; the value was not stored")
         except KVConfigError as exc:
             raise RemotingCommandError(str(exc)) from None
         return request.make_response()
@@ -235,7 +259,12 @@ class NamesrvProcessor:
 
     def delete_kv_config(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
         namespace, key = request.header_str(H.NAMESPACE), request.header_str(H.KEY)
-        if not self.kv.delete(namespace, key):
+        try:
+            deleted = self.kv.delete(namespace, key)
+        except KVPersistError as exc:
+            log.error("kv delete not persisted", extra={"error": str(exc)})
+            return request.make_response(ResponseCode.SYSTEM_ERROR, f"{exc}; the item was not deleted")
+        if not deleted:
             return request.make_response(
                 ResponseCode.QUERY_NOT_FOUND, f"No config item, Namespace: {namespace} Key: {key}"
             )

@@ -16,7 +16,7 @@ from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode, request_code_name, response_code_name
 from remoting.config import RemotingConfig
 from remoting.connection import RemotingConnection, RemotingStats, ResponseCallback
-from remoting.dispatcher import Processor, ProcessorPool, RequestDispatcher
+from remoting.dispatcher import Processor, RequestDispatcher
 from remoting.exceptions import (
     FrameEncodeError,
     ProtocolError,
@@ -37,7 +37,6 @@ __all__ = [
     "FrameDecoder",
     "FrameEncodeError",
     "Processor",
-    "ProcessorPool",
     "ProtocolError",
     "RemotingClient",
     "RemotingCommand",

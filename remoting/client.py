@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-from ledger.settings import ConfigError, parse_host_port
+from common.settings import ConfigError, parse_host_port
 from remoting.codes import request_code_name
 from remoting.config import RemotingConfig
 from remoting.connection import RemotingConnection, RemotingStats, ResponseCallback
@@ -26,8 +27,15 @@ log = logging.getLogger("remoting.client")
 class RemotingClient:
     """Client side of the protocol; also serves requests a server sends back (register_processor)."""
 
-    def __init__(self, config: RemotingConfig | None = None, *, name: str = "remoting-client") -> None:
+    def __init__(
+        self,
+        config: RemotingConfig | None = None,
+        *,
+        name: str = "remoting-client",
+        rpc_hook: Callable[[RemotingCommand], None] | None = None,
+    ) -> None:
         self.config = config or RemotingConfig()
+        self.rpc_hook = rpc_hook  # e.g. remoting.acl.RequestSigner: runs on every request sent
         self.name = name
         self.dispatcher = RequestDispatcher(name)
         self.stats = RemotingStats()
@@ -89,7 +97,9 @@ class RemotingClient:
         return conn
 
     def _make_connection(self) -> RemotingConnection:
-        return RemotingConnection(self.config, self.dispatcher, self.stats, side="client", on_lost=self._lost)
+        conn = RemotingConnection(self.config, self.dispatcher, self.stats, side="client", on_lost=self._lost)
+        conn.rpc_hook = self.rpc_hook
+        return conn
 
     def _lost(self, conn: RemotingConnection) -> None:
         for addr, cached in list(self._conns.items()):

@@ -1,8 +1,8 @@
-"""Request and response codes of the ledgermq wire protocol.
+"""Request and response codes of RocketMQ's remoting protocol, which ledgermq speaks.
 
-The numbers follow RocketMQ's ``RequestCode`` and ``ResponseCode`` wherever RocketMQ has the
-same operation, so that people who know RocketMQ can read our logs and metrics without a
-lookup table. Codes that only ledgermq has live at 1000 and above, well clear of RocketMQ's
+The numbers are RocketMQ's ``RequestCode`` and ``ResponseCode`` for every operation RocketMQ
+has, so RocketMQ clients and tools work unchanged (a code we do not serve is answered
+REQUEST_CODE_NOT_SUPPORTED, as RocketMQ's broker does). Codes that only ledgermq has live at 1000 and above, well clear of RocketMQ's
 ranges, so a future RocketMQ code never collides with one of ours.
 """
 
@@ -72,9 +72,12 @@ class RequestCode(IntEnum):
     GET_CONSUMER_STATUS_FROM_CLIENT = 221
     INVOKE_BROKER_TO_RESET_OFFSET = 222
     GET_TOPICS_BY_CLUSTER = 224
+    GET_SYSTEM_TOPIC_LIST_FROM_NS = 304
     GET_CONSUMER_RUNNING_INFO = 307
     CONSUME_MESSAGE_DIRECTLY = 309
     SEND_MESSAGE_V2 = 310
+    UPDATE_NAMESRV_CONFIG = 318
+    GET_NAMESRV_CONFIG = 319
     SEND_BATCH_MESSAGE = 320
     QUERY_DATA_VERSION = 322
     ADD_WRITE_PERM_OF_BROKER = 327

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remoting.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, MAX_HEADER_WIRE_BYTES
+from remoting.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+    MAX_HEADER_WIRE_BYTES,
+    SERIALIZE_NAMES,
+    SERIALIZE_ROCKETMQ,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,11 +25,25 @@ class RemotingConfig:
     """Bodies above this are refused (FRAME_TOO_LARGE) before they are buffered."""
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     send_crc: bool = True
-    """Put a CRC32 of every non-empty body in the frame (costs ~1 ms per 4 MiB)."""
+    """Put a CRC32 of every non-empty body in the extField ``lmqBodyCrc32`` (costs ~1 ms per 4 MiB)."""
     verify_crc: bool = True
     connect_timeout_s: float = 3.0
+    serialize_type: int = SERIALIZE_ROCKETMQ
+    """Header serialisation of the requests this endpoint sends (responses follow their request's)."""
     write_buffer_high_bytes: int = 8 * 1024 * 1024
     """Above this much unsent output a server stops reading that peer and a client's callers wait."""
+    max_connections: int = 4096
+    """A server refuses (closes at once) connections beyond this many open ones, so a flood
+    cannot take every file descriptor; it must fit the process's open-file limit."""
+    handshake_timeout_s: float = 10.0
+    """A server closes a connection that has not delivered one complete frame within this long
+    (slowloris: a peer that connects and trickles half a frame)."""
+    idle_timeout_s: float = 120.0
+    """A server closes a connection that delivered no complete frame for this long (RocketMQ's
+    serverChannelMaxIdleTimeSeconds; clients heartbeat every 30 s). 0 turns it off."""
+    max_buffered_frame_bytes: int = 256 * 1024 * 1024
+    """Bytes of unfinished frames a server holds over all its connections; a connection that
+    would push the total past it is closed, so half-sent frames cannot grow memory without end."""
 
     def __post_init__(self) -> None:
         if not 0 < self.max_body_bytes <= 1 << 31:
@@ -32,8 +52,22 @@ class RemotingConfig:
             raise ValueError(
                 f"max_header_bytes must be in 1..{MAX_HEADER_WIRE_BYTES}, got {self.max_header_bytes}"
             )
+        if self.serialize_type not in SERIALIZE_NAMES:
+            raise ValueError(
+                f"serialize_type must be one of {sorted(SERIALIZE_NAMES)}, got {self.serialize_type}"
+            )
         if self.connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be positive, got {self.connect_timeout_s}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.handshake_timeout_s <= 0:
+            raise ValueError(f"handshake_timeout_s must be positive, got {self.handshake_timeout_s}")
+        if self.idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s must be 0 (off) or positive, got {self.idle_timeout_s}")
+        if self.max_buffered_frame_bytes < 64 * 1024:
+            raise ValueError(
+                f"max_buffered_frame_bytes must be at least 65536, got {self.max_buffered_frame_bytes}"
+            )
         if self.write_buffer_high_bytes < 64 * 1024:
             raise ValueError(
                 f"write_buffer_high_bytes must be at least 65536, got {self.write_buffer_high_bytes}"

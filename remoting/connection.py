@@ -18,9 +18,9 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from remoting.codes import request_code_name
+from remoting.codes import ResponseCode, request_code_name
 from remoting.config import RemotingConfig
 from remoting.exceptions import (
     FrameEncodeError,
@@ -39,15 +39,26 @@ from remoting.protocol import (
     encode_parts,
 )
 
-if TYPE_CHECKING:
-    from remoting.dispatcher import RequestDispatcher
-
 log = logging.getLogger("remoting.connection")
+
+
+class RequestDispatcher(Protocol):
+    """Where a server-side connection hands each request (remoting.dispatcher implements it)."""
+
+    def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> None: ...
+
+
+def not_supported(request: RemotingCommand) -> RemotingCommand:
+    return request.make_response(
+        ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+        f"request code {request.code} ({request_code_name(request.code)}) not supported",
+    )
+
 
 ResponseCallback = Callable[[RemotingCommand | None, BaseException | None], None]
 """Called with (response, None) or (None, error) exactly once per async invoke."""
 
-_OPAQUE_MASK = 0xFFFFFFFF
+_OPAQUE_MASK = 0x7FFFFFFF  # RocketMQ's opaque is a Java int
 _LOG_FIRST_BAD = 10  # per connection; then every 1000th, so a hostile peer cannot flood the log
 
 
@@ -144,6 +155,8 @@ class RemotingConnection(asyncio.Protocol):
         self.remote_addr = "?"
         self.local_addr = "?"
         self.close_reason: str | None = None
+        # RocketMQ's RPCHook: called on each request before it is sent (remoting.acl signs with it)
+        self.rpc_hook: Callable[[RemotingCommand], None] | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -191,8 +204,6 @@ class RemotingConnection(asyncio.Protocol):
                 elif self.dispatcher is not None:
                     self.dispatcher.dispatch(self, ev)
                 else:
-                    from remoting.dispatcher import not_supported
-
                     if not ev.flags & FLAG_ONEWAY:
                         self.send(not_supported(ev))
             else:
@@ -283,7 +294,7 @@ class RemotingConnection(asyncio.Protocol):
                 f"{request_code_name(cmd.code)} body of {len(cmd.body)} bytes exceeds max_body_bytes="
                 f"{self.config.max_body_bytes}"
             )
-        head, body = encode_parts(cmd, crc=self.config.send_crc)
+        head, body = encode_parts(cmd, crc=self.config.send_crc, serialize_type=self.config.serialize_type)
         out = self._out
         out.append(head)
         if body:
@@ -338,6 +349,8 @@ class RemotingConnection(asyncio.Protocol):
         entry = _Pending(
             future, callback, request.code, timeout_s if call_timeout_s is None else call_timeout_s
         )
+        if self.rpc_hook is not None:
+            self.rpc_hook(request)
         self.send(request)  # raises before registering: nothing to clean up
         entry.timer = self._loop.call_later(timeout_s, self._on_timeout, opaque)
         self._pending[opaque] = entry
@@ -346,6 +359,8 @@ class RemotingConnection(asyncio.Protocol):
     def invoke_oneway(self, request: RemotingCommand) -> None:
         request.opaque = self._allocate_opaque()
         request.flags = (request.flags | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        if self.rpc_hook is not None:
+            self.rpc_hook(request)
         self.send(request)
 
     def _on_timeout(self, opaque: int) -> None:
@@ -386,7 +401,9 @@ class RemotingConnection(asyncio.Protocol):
                     None, RemotingFrameError(f"response from {self.remote_addr} refused: {bad.reason}")
                 )
         elif not bad.is_oneway and not self.closing:
-            self.send(RemotingCommand.response(bad.response_code, bad.reason, opaque=bad.opaque))
+            response = RemotingCommand.response(bad.response_code, bad.reason, opaque=bad.opaque)
+            response.serialize_type = bad.serialize_type
+            self.send(response)
 
 
 def _format_addr(addr: object) -> str:

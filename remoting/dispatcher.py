@@ -4,12 +4,11 @@ A processor is any callable ``(connection, request) -> response``. It may return
 - a RemotingCommand or None: sent at once, with no task created (the nameserver's case);
 - an ``asyncio.Future``: answered from its done-callback, still no task (a broker can hand
   back the future of a ledger append and let the commit complete it);
+- a ``Deferred``: answered when the processor calls its ``answer`` from some callback,
+  with no future, task or loop turn in between (a broker answers a send from the ledger's
+  commit callback this way: it is on the path of every message);
 - a coroutine or other awaitable: run as a task.
 None means "no response" (the processor answered itself, or will later via ``conn.send``).
-
-A processor may be given its own ProcessorPool, RocketMQ's per-processor executor: a bound
-on concurrency plus a bounded queue, beyond which requests are answered SYSTEM_BUSY instead of
-piling up, and optionally a thread executor for processors that block.
 """
 
 from __future__ import annotations
@@ -18,27 +17,14 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from remoting.codes import ResponseCode, request_code_name
+from remoting.connection import RemotingConnection, not_supported
 from remoting.exceptions import RemotingCommandError, RemotingError
 from remoting.protocol import FLAG_ONEWAY, FLAG_RESPONSE, RemotingCommand
 
-if TYPE_CHECKING:
-    from remoting.connection import RemotingConnection
-
 log = logging.getLogger("remoting.dispatcher")
-
-ProcessorResult = RemotingCommand | None | Awaitable[RemotingCommand | None]
-Processor = Callable[["RemotingConnection", RemotingCommand], ProcessorResult]
-
-
-def not_supported(request: RemotingCommand) -> RemotingCommand:
-    return request.make_response(
-        ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-        f"request code {request.code} ({request_code_name(request.code)}) not supported",
-    )
 
 
 def error_response(request: RemotingCommand, exc: BaseException) -> RemotingCommand:
@@ -50,52 +36,48 @@ def error_response(request: RemotingCommand, exc: BaseException) -> RemotingComm
     )
 
 
-class ProcessorPool:
-    """Concurrency limit plus bounded queue for one or more processors (RocketMQ's executor per processor)."""
+class Deferred:
+    """A response a processor gives later: ``answer(response)`` sends it exactly as a returned
+    one would be sent (the request's opaque and serialisation; nothing for a oneway request
+    or a closed connection). Only the first answer counts; one given before the processor
+    has returned is sent when the dispatcher takes the Deferred back."""
 
-    def __init__(
-        self,
-        name: str,
-        max_concurrency: int = 16,
-        max_queue: int = 10_000,
-        executor: Executor | None = None,
+    __slots__ = ("_dispatcher", "_conn", "_request", "_early", "answered")
+
+    def __init__(self) -> None:
+        self._dispatcher: RequestDispatcher | None = None
+        self._conn: RemotingConnection | None = None
+        self._request: RemotingCommand | None = None
+        self._early: RemotingCommand | None = None
+        self.answered = False
+
+    def answer(self, response: RemotingCommand) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        if self._dispatcher is None:
+            self._early = response
+        else:
+            self._dispatcher._reply(self._conn, self._request, response)  # type: ignore[arg-type]
+
+    def _bind(
+        self, dispatcher: RequestDispatcher, conn: RemotingConnection, request: RemotingCommand
     ) -> None:
-        if max_concurrency < 1 or max_queue < 0:
-            raise ValueError(f"pool {name}: max_concurrency must be >= 1 and max_queue >= 0")
-        self.name = name
-        self.max_concurrency = max_concurrency
-        self.max_queue = max_queue
-        self.executor = executor
-        self._sem: asyncio.Semaphore | None = None
-        self.admitted = 0  # running + queued
-        self.rejected = 0
+        self._dispatcher, self._conn, self._request = dispatcher, conn, request
+        early, self._early = self._early, None
+        if early is not None:
+            dispatcher._reply(conn, request, early)
 
-    @property
-    def full(self) -> bool:
-        return self.admitted >= self.max_concurrency + self.max_queue
 
-    async def run(self, processor: Processor, conn: RemotingConnection, request: RemotingCommand) -> Any:
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.max_concurrency)
-        async with self._sem:
-            if self.executor is not None:
-                # Blocking processors run in threads; they must not touch ``conn`` (not thread-safe).
-                result = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, processor, conn, request
-                )
-            else:
-                result = processor(conn, request)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+ProcessorResult = RemotingCommand | None | Deferred | Awaitable[RemotingCommand | None]
+Processor = Callable[["RemotingConnection", RemotingCommand], ProcessorResult]
 
 
 class _Entry:
-    __slots__ = ("processor", "pool", "reject")
+    __slots__ = ("processor", "reject")
 
-    def __init__(self, processor: Processor, pool: ProcessorPool | None) -> None:
+    def __init__(self, processor: Processor) -> None:
         self.processor = processor
-        self.pool = pool
         reject = getattr(processor, "reject_request", None)
         self.reject: Callable[[], bool] | None = reject if callable(reject) else None
 
@@ -113,13 +95,13 @@ class RequestDispatcher:
         self.busy = 0
         self.unsupported = 0
 
-    def register(self, code: int, processor: Processor, pool: ProcessorPool | None = None) -> None:
+    def register(self, code: int, processor: Processor) -> None:
         """Handle ``code`` with ``processor``; a later registration for the same code replaces it."""
-        self._table[int(code)] = _Entry(processor, pool)
+        self._table[int(code)] = _Entry(processor)
 
-    def register_default(self, processor: Processor, pool: ProcessorPool | None = None) -> None:
+    def register_default(self, processor: Processor) -> None:
         """Handle every code without its own processor (instead of REQUEST_CODE_NOT_SUPPORTED)."""
-        self._default = _Entry(processor, pool)
+        self._default = _Entry(processor)
 
     def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> None:
         code = request.code
@@ -152,23 +134,6 @@ class RequestDispatcher:
                 ),
             )
             return
-        pool = entry.pool
-        if pool is not None:
-            if pool.full:
-                pool.rejected += 1
-                self.busy += 1
-                self._reply(
-                    conn,
-                    request,
-                    request.make_response(
-                        ResponseCode.SYSTEM_BUSY,
-                        f"[OVERLOAD] pool {pool.name} has {pool.admitted} requests in progress or queued, try again later",
-                    ),
-                )
-                return
-            pool.admitted += 1
-            self._spawn(conn, request, pool.run(entry.processor, conn, request), pool)
-            return
         try:
             result = entry.processor(conn, request)
         except Exception as exc:
@@ -176,10 +141,12 @@ class RequestDispatcher:
             return
         if result is None or type(result) is RemotingCommand:
             self._reply(conn, request, result)  # type: ignore[arg-type]
+        elif type(result) is Deferred:
+            result._bind(self, conn, request)
         elif isinstance(result, asyncio.Future):
             result.add_done_callback(lambda fut: self._future_done(conn, request, fut))
         elif inspect.isawaitable(result):
-            self._spawn(conn, request, result, None)
+            self._spawn(conn, request, result)
         else:
             self._failed(
                 conn, request, TypeError(f"processor returned {type(result).__name__}, not a RemotingCommand")
@@ -191,9 +158,8 @@ class RequestDispatcher:
         conn: RemotingConnection,
         request: RemotingCommand,
         awaitable: Awaitable[Any],
-        pool: ProcessorPool | None,
     ) -> None:
-        task = asyncio.ensure_future(self._await(conn, request, awaitable, pool))
+        task = asyncio.ensure_future(self._await(conn, request, awaitable))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -202,7 +168,6 @@ class RequestDispatcher:
         conn: RemotingConnection,
         request: RemotingCommand,
         awaitable: Awaitable[Any],
-        pool: ProcessorPool | None,
     ) -> None:
         try:
             result = await awaitable
@@ -211,9 +176,6 @@ class RequestDispatcher:
         except Exception as exc:
             self._failed(conn, request, exc)
             return
-        finally:
-            if pool is not None:
-                pool.admitted -= 1
         self._reply(conn, request, result)
 
     def _future_done(
@@ -252,6 +214,7 @@ class RequestDispatcher:
             )
         response.opaque = request.opaque
         response.flags |= FLAG_RESPONSE
+        response.serialize_type = request.serialize_type  # answer in the request's serialisation
         try:
             conn.send(response)
         except RemotingError as exc:

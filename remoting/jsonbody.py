@@ -8,6 +8,7 @@ to fix, and the nameserver must never be left holding half-parsed state.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +29,25 @@ def load_body(body: bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return json.loads(bytes(body))
     except (ValueError, RecursionError) as exc:
+        try:  # Java RocketMQ (fastjson) writes integer map keys unquoted: {"brokerAddrs":{0:"..."}}
+            return json.loads(quote_numeric_keys(bytes(body).decode("utf-8")))
+        except (ValueError, RecursionError):
+            pass
         raise RemotingCommandError(f"{what}: body is not valid UTF-8 JSON: {exc}") from None
+
+
+_STRING_OR_NUMERIC_KEY = re.compile(r'"(?:[^"\\]|\\.)*"|([{,]\s*)(-?\d+)(\s*:)')
+
+
+def quote_numeric_keys(text: str) -> str:
+    """fastjson's ``{0:"a"}`` -> ``{"0":"a"}``; string contents are left alone."""
+
+    def fix(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group(0)
+        return f'{match.group(1)}"{match.group(2)}"{match.group(3)}'
+
+    return _STRING_OR_NUMERIC_KEY.sub(fix, text)
 
 
 def inflate(body: bytes | bytearray | memoryview, limit: int, what: str) -> bytes:

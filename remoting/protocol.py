@@ -1,25 +1,36 @@
-"""The frame codec: RemotingCommand and a sans-I/O decoder, testable byte for byte.
+"""The frame codec of Apache RocketMQ's remoting protocol: RemotingCommand and a sans-I/O decoder.
 
-A frame is a fixed 24-byte prelude followed by three variable parts::
+A frame, as RocketMQ's ``NettyEncoder``/``NettyDecoder`` put it on the wire (big endian)::
 
     offset size  field
-    0      2     magic  b"LM"         (refuses a stray HTTP request or a desynchronised stream)
-    2      1     version 1
-    3      1     flags  bit0 response, bit1 oneway, bit2 body CRC present
-    4      4     code   int32         (request code, or response code in a response)
-    8      4     opaque uint32        (request id; a response carries its request's)
-    12     2     remark length        uint16, UTF-8 text
-    14     2     header-map length    uint16, a flat JSON object of scalars
-    16     4     body length          uint32
-    20     4     body CRC32           (0 unless flag bit2)
-    24     ...   remark, header map, body
+    0      4     total length: everything after this field (4 + header length + body length)
+    4      4     header word: high byte = header serialisation (0 JSON, 1 ROCKETMQ binary),
+                 low 3 bytes = header length
+    8      H     header, in the serialisation the word names
+    8+H    ...   body (opaque bytes; its meaning depends on the request code)
 
-All lengths are known from the prelude, so a frame with an oversize body is skipped without
-ever being buffered and the stream stays in step: the decoder reports it as a ``BadFrame``
-(so the server can answer that request with FRAME_TOO_LARGE) and carries on. Only a bad
-magic or version (where we can no longer trust any length) is fatal for the connection.
+JSON header (what RocketMQ's fastjson writes; ``extFields`` values are always strings)::
 
-The header map is JSON, not pickle: nothing read from a socket is ever executed.
+    {"code":105,"extFields":{"topic":"T"},"flag":0,"language":"JAVA","opaque":7,
+     "remark":"...","serializeTypeCurrentRPC":"JSON","version":401}
+
+ROCKETMQ binary header (``RocketMQSerializable``)::
+
+    i16 code | u8 language | i16 version | i32 opaque | i32 flag |
+    i32 remark length | remark | i32 extFields length | (u16 key len, key, i32 value len, value)*
+
+``flag`` bit 0 marks a response, bit 1 a oneway request. A response is written in the
+serialisation its request used; our own clients send the binary one (cheaper to build and to
+parse than JSON, and every RocketMQ server understands it).
+
+Protections kept on top of RocketMQ's format: sizes are checked as soon as the 8-byte prefix
+is in, so an oversize body is skipped unread (the request is answered FRAME_TOO_LARGE and the
+stream stays in step), and a sender may put a CRC32 of the body in the extField
+``lmqBodyCrc32``, which the receiver verifies and removes (peers that do not know it ignore
+it, as RocketMQ ignores unknown extFields). Only a frame whose boundaries or header cannot be
+trusted (unknown serialisation, lengths that do not add up, an unreadable header) closes the
+connection. Nothing read from a socket is ever executed: headers are JSON or length-prefixed
+strings.
 """
 
 from __future__ import annotations
@@ -34,22 +45,54 @@ from typing import Any, Final
 from remoting.codes import ResponseCode, request_code_name, response_code_name
 from remoting.exceptions import FrameEncodeError, ProtocolError, RemotingCommandError, ResponseError
 
-MAGIC: Final = b"LM"
-VERSION: Final = 1
+SERIALIZE_JSON: Final = 0
+SERIALIZE_ROCKETMQ: Final = 1
+SERIALIZE_NAMES: Final = {SERIALIZE_JSON: "JSON", SERIALIZE_ROCKETMQ: "ROCKETMQ"}
+SERIALIZE_BY_NAME: Final = {name: code for code, name in SERIALIZE_NAMES.items()}
+
 FLAG_RESPONSE: Final = 0x01
 FLAG_ONEWAY: Final = 0x02
-FLAG_CRC: Final = 0x04
-_KNOWN_FLAGS: Final = FLAG_RESPONSE | FLAG_ONEWAY | FLAG_CRC
 
-PRELUDE: Final = struct.Struct("!2sBBiIHHII")
-PRELUDE_SIZE: Final = PRELUDE.size  # 24
-MAX_REMARK_BYTES: Final = 0xFFFF
-MAX_HEADER_WIRE_BYTES: Final = 0xFFFF
+LANGUAGE_CODES: Final = {
+    "JAVA": 0,
+    "CPP": 1,
+    "DOTNET": 2,
+    "PYTHON": 3,
+    "DELPHI": 4,
+    "ERLANG": 5,
+    "RUBY": 6,
+    "OTHER": 7,
+    "HTTP": 8,
+    "GO": 9,
+    "PHP": 10,
+    "OMS": 11,
+    "RUST": 12,
+    "NODE_JS": 13,
+}
+LANGUAGE_NAMES: Final = {code: name for name, code in LANGUAGE_CODES.items()}
+OUR_LANGUAGE: Final = "PYTHON"
+VERSION_V4_9_4: Final = 401
+"""``MQVersion.Version.V4_9_4.ordinal()``: we behave as a RocketMQ 4.9.4 peer."""
+
+CRC_EXT_FIELD: Final = "lmqBodyCrc32"
+
+PREFIX: Final = struct.Struct(">II")
+PREFIX_SIZE: Final = PREFIX.size  # 8
+_BIN_FIXED: Final = struct.Struct(">hBhii")
+_BIN_FIXED_SIZE: Final = _BIN_FIXED.size  # 13
+_BIN_FIXED_REMARK: Final = struct.Struct(">hBhiii")  # the fixed part and the remark length
+_I32: Final = struct.Struct(">i")
+_U16: Final = struct.Struct(">H")
+_BIN_MIN_HEADER: Final = _BIN_FIXED_SIZE + 8  # fixed part plus the two length fields
+
+MAX_HEADER_WIRE_BYTES: Final = 0xFFFFFF
+"""The header length has 3 bytes in the header word."""
+MAX_REMARK_BYTES: Final = 4096
+"""Longer remarks are cut (they are for humans) so a response always fits a peer's header limit."""
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES: Final = 16 * 1024
 
 HeaderValue = str | int | float | bool | None
-_SCALARS = (str, int, float, bool)
 _REQUIRED: Any = object()
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 _loads = json.JSONDecoder().decode
@@ -58,11 +101,27 @@ _loads = json.JSONDecoder().decode
 class RemotingCommand:
     """One request or response: code, opaque, flags, a small header map, a remark and a body.
 
+    ``headers`` are RocketMQ's ``extFields``. Callers may put ints and bools in; they cross the
+    wire as strings (RocketMQ's clients insist), so a decoded command holds strings and the
+    typed accessors (``header_int`` ...) convert, naming the header when a value is wrong.
+    ``serialize_type`` is the header serialisation the command arrived in (a response copies
+    its request's); None means "the connection's default" when sending.
+
     A plain slotted class rather than a dataclass so construction stays cheap on the hot path
     (the broker decodes tens of thousands of these a second).
     """
 
-    __slots__ = ("code", "opaque", "flags", "headers", "remark", "body")
+    __slots__ = (
+        "code",
+        "opaque",
+        "flags",
+        "headers",
+        "remark",
+        "body",
+        "serialize_type",
+        "language",
+        "version",
+    )
 
     def __init__(
         self,
@@ -72,6 +131,9 @@ class RemotingCommand:
         remark: str = "",
         opaque: int = 0,
         flags: int = 0,
+        serialize_type: int | None = None,
+        language: str = OUR_LANGUAGE,
+        version: int = VERSION_V4_9_4,
     ) -> None:
         self.code = code
         self.headers: dict[str, HeaderValue] = headers if headers is not None else {}
@@ -79,6 +141,9 @@ class RemotingCommand:
         self.remark = remark
         self.opaque = opaque
         self.flags = flags
+        self.serialize_type = serialize_type
+        self.language = language
+        self.version = version
 
     # --- construction ---------------------------------------------------------------
     @classmethod
@@ -111,9 +176,15 @@ class RemotingCommand:
         headers: Mapping[str, HeaderValue] | None = None,
         body: bytes | bytearray | memoryview = b"",
     ) -> RemotingCommand:
-        """The response to this request: same opaque so the sender can match it."""
+        """The response to this request: same opaque so the sender can match it, same serialisation."""
         return RemotingCommand(
-            int(code), dict(headers) if headers else {}, body, remark, self.opaque, FLAG_RESPONSE
+            int(code),
+            dict(headers) if headers else {},
+            body,
+            remark,
+            self.opaque,
+            FLAG_RESPONSE,
+            self.serialize_type,
         )
 
     # --- flags ----------------------------------------------------------------------
@@ -158,7 +229,7 @@ class RemotingCommand:
         min_value: int | None = None,
         max_value: int | None = None,
     ) -> int:
-        """Header as an int, range-checked; accepts "12" as RocketMQ's string headers do."""
+        """Header as an int, range-checked; the wire carries it as decimal text."""
         value = self.headers.get(name)
         if value is None:
             if default is _REQUIRED:
@@ -181,6 +252,7 @@ class RemotingCommand:
         return number
 
     def header_bool(self, name: str, default: Any = _REQUIRED) -> bool:
+        """Header as a bool; RocketMQ writes Java's ``true``/``false`` (any case accepted)."""
         value = self.headers.get(name)
         if value is None:
             if default is _REQUIRED:
@@ -220,10 +292,11 @@ class RemotingCommand:
 
 @dataclass(frozen=True, slots=True)
 class BadFrame:
-    """A frame whose boundaries were intact but whose content was refused.
+    """A frame whose boundaries and header were intact but whose content was refused.
 
-    The stream stays usable; the receiver answers a request with ``response_code`` and fails
-    the pending call of a response, instead of dropping the whole connection.
+    The stream stays usable; the receiver answers a request with ``response_code`` (in the
+    request's serialisation) and fails the pending call of a response, instead of dropping
+    the whole connection.
     """
 
     opaque: int
@@ -231,6 +304,7 @@ class BadFrame:
     flags: int
     response_code: ResponseCode
     reason: str
+    serialize_type: int = SERIALIZE_ROCKETMQ
 
     @property
     def is_response(self) -> bool:
@@ -244,82 +318,296 @@ class BadFrame:
 # --------------------------------------------------------------------------------------
 # encoding
 # --------------------------------------------------------------------------------------
-def encode_parts(cmd: RemotingCommand, *, crc: bool = True) -> tuple[bytes, bytes | bytearray | memoryview]:
-    """Prelude+remark+header map, and the body kept separate so a large body is not copied."""
-    headers = cmd.headers
-    if headers:
+_KEY_CACHE: dict[str, bytes] = {}
+_KEY_CACHE_MAX = 4096  # header names are a small fixed vocabulary; bound it against odd callers
+
+
+def _value_bytes(cmd: RemotingCommand, key: str, value: object) -> bytes:
+    if isinstance(value, bool):
+        return b"true" if value else b"false"
+    if isinstance(value, int):
+        return b"%d" % value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise FrameEncodeError(f"header '{key}' of {request_code_name(cmd.code)} is {value}")
+        return repr(value).encode()
+    raise FrameEncodeError(
+        f"header '{key}' of {request_code_name(cmd.code)} must be a string, number or boolean, "
+        f"got {type(value).__name__}"
+    )
+
+
+def _value_text(cmd: RemotingCommand, key: str, value: object) -> str:
+    if type(value) is str:
+        return value  # type: ignore[return-value]
+    return _value_bytes(cmd, key, value).decode()
+
+
+def _key_prefix(cmd: RemotingCommand, key: str) -> bytes:
+    """The length-prefixed name of an extField, cached while the cache has room."""
+    raw_key = key.encode()
+    if len(raw_key) > 0xFFFF:
+        raise FrameEncodeError(f"header name of {len(raw_key)} bytes in {request_code_name(cmd.code)}")
+    prefix = _U16.pack(len(raw_key)) + raw_key
+    if len(_KEY_CACHE) < _KEY_CACHE_MAX:
+        _KEY_CACHE[key] = prefix
+    return prefix
+
+
+def _binary_ext(cmd: RemotingCommand, extra: tuple[str, str] | None) -> bytes:
+    """The ROCKETMQ extFields of ``cmd``: run for every frame sent, so strings and ints (what
+    nearly every header holds) are converted inline, anything else by ``_value_bytes``."""
+    parts: list[bytes] = []
+    append = parts.append
+    pack_len = _I32.pack
+    cache = _KEY_CACHE
+    items: Any = cmd.headers.items()
+    if extra is not None:
+        items = [*items, extra]
+    for key, value in items:
+        kind = type(value)
+        if kind is str:
+            raw = value.encode()
+        elif kind is int:
+            raw = b"%d" % value
+        elif value is None:
+            continue
+        else:
+            raw = _value_bytes(cmd, key, value)
+        append(cache.get(key) or _key_prefix(cmd, key))
+        append(pack_len(len(raw)))
+        append(raw)
+    return b"".join(parts)
+
+
+def _remark_bytes(remark: str) -> bytes:
+    if not remark:
+        return b""
+    raw = remark.encode("utf-8", "replace")
+    if len(raw) > MAX_REMARK_BYTES:
+        raw = raw[: MAX_REMARK_BYTES - 3].decode("utf-8", "ignore").encode() + b"..."
+    return raw
+
+
+def encode_header(cmd: RemotingCommand, serialize_type: int, extra: tuple[str, str] | None = None) -> bytes:
+    """The header of ``cmd`` in the given serialisation (``extra`` is one more extField)."""
+    remark = _remark_bytes(cmd.remark)
+    if serialize_type == SERIALIZE_ROCKETMQ:
+        ext = _binary_ext(cmd, extra) if cmd.headers or extra else b""
         try:
-            header_bytes = _dumps(headers).encode()
-        except (TypeError, ValueError) as exc:
-            raise FrameEncodeError(
-                f"header map of {request_code_name(cmd.code)} is not JSON-encodable: {exc}"
-            ) from None
-        if len(header_bytes) > MAX_HEADER_WIRE_BYTES:
-            raise FrameEncodeError(
-                f"header map of {request_code_name(cmd.code)} is {len(header_bytes)} bytes, over {MAX_HEADER_WIRE_BYTES}"
+            fixed = _BIN_FIXED.pack(
+                cmd.code, LANGUAGE_CODES.get(cmd.language, 7), cmd.version, cmd.opaque, cmd.flags
             )
-    else:
-        header_bytes = b""
-    remark_bytes = cmd.remark.encode("utf-8", "replace") if cmd.remark else b""
-    if len(remark_bytes) > MAX_REMARK_BYTES:
-        # A remark is for humans; cutting it is better than refusing to answer at all.
-        remark_bytes = remark_bytes[: MAX_REMARK_BYTES - 3].decode("utf-8", "ignore").encode() + b"..."
+        except struct.error as exc:
+            raise FrameEncodeError(f"cannot encode {cmd!r}: {exc}") from None
+        return b"".join((fixed, _I32.pack(len(remark)), remark, _I32.pack(len(ext)), ext))
+    if serialize_type != SERIALIZE_JSON:
+        raise FrameEncodeError(f"unknown header serialisation {serialize_type}")
+    obj: dict[str, Any] = {"code": cmd.code}
+    # Always an object, even empty: RocketMQ's Java client reads a response's extFields unchecked.
+    ext_fields = {k: _value_text(cmd, k, v) for k, v in cmd.headers.items() if v is not None}
+    if extra is not None:
+        ext_fields[extra[0]] = extra[1]
+    obj["extFields"] = ext_fields
+    obj["flag"] = cmd.flags
+    obj["language"] = cmd.language
+    obj["opaque"] = cmd.opaque
+    if remark:
+        obj["remark"] = remark.decode("utf-8", "replace")
+    obj["serializeTypeCurrentRPC"] = "JSON"
+    obj["version"] = cmd.version
+    try:
+        return _dumps(obj).encode()
+    except (TypeError, ValueError) as exc:
+        raise FrameEncodeError(
+            f"header of {request_code_name(cmd.code)} is not JSON-encodable: {exc}"
+        ) from None
+
+
+def encode_parts(
+    cmd: RemotingCommand, *, crc: bool = True, serialize_type: int = SERIALIZE_ROCKETMQ
+) -> tuple[bytes, bytes | bytearray | memoryview]:
+    """Length prefix + header, and the body kept separate so a large body is not copied.
+
+    The command's own ``serialize_type`` wins over the ``serialize_type`` argument (a
+    response goes back in its request's serialisation).
+    """
     body = cmd.body
     body_len = len(body)
-    flags = cmd.flags & ~FLAG_CRC
-    body_crc = 0
-    if crc and body_len:
-        body_crc = zlib.crc32(body)
-        flags |= FLAG_CRC
-    try:
-        head = PRELUDE.pack(
-            MAGIC,
-            VERSION,
-            flags,
-            cmd.code,
-            cmd.opaque,
-            len(remark_bytes),
-            len(header_bytes),
-            body_len,
-            body_crc,
+    extra = (CRC_EXT_FIELD, str(zlib.crc32(body))) if crc and body_len else None
+    stype = cmd.serialize_type if cmd.serialize_type is not None else serialize_type
+    header = encode_header(cmd, stype, extra)
+    hlen = len(header)
+    if hlen > MAX_HEADER_WIRE_BYTES:
+        raise FrameEncodeError(
+            f"header of {request_code_name(cmd.code)} is {hlen} bytes, over {MAX_HEADER_WIRE_BYTES}"
         )
-    except struct.error as exc:
-        raise FrameEncodeError(f"cannot encode {cmd!r}: {exc}") from None
-    if remark_bytes or header_bytes:
-        head = b"".join((head, remark_bytes, header_bytes))
-    return head, body
+    total = 4 + hlen + body_len
+    if total > 0xFFFFFFFF:
+        raise FrameEncodeError(f"{request_code_name(cmd.code)} frame of {total} bytes is too large")
+    return PREFIX.pack(total, stype << 24 | hlen) + header, body
 
 
-def encode_command(cmd: RemotingCommand, *, crc: bool = True) -> bytes:
+def encode_command(
+    cmd: RemotingCommand, *, crc: bool = True, serialize_type: int = SERIALIZE_ROCKETMQ
+) -> bytes:
     """The whole frame as one bytes object."""
-    head, body = encode_parts(cmd, crc=crc)
+    head, body = encode_parts(cmd, crc=crc, serialize_type=serialize_type)
     return head + bytes(body) if body else head
 
 
 # --------------------------------------------------------------------------------------
 # decoding
 # --------------------------------------------------------------------------------------
-def _decode_headers(raw: bytes) -> dict[str, HeaderValue]:
-    """Parse the header map; ValueError says what is wrong with it."""
-    try:
-        value = _loads(raw.decode("utf-8"))  # str input skips json's encoding sniffing
-    except (ValueError, RecursionError) as exc:
-        raise ValueError(f"header map is not valid UTF-8 JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"header map must be a JSON object, got {type(value).__name__}")
-    for key, item in value.items():
-        if item is not None and not isinstance(item, _SCALARS):
-            raise ValueError(
-                f"header '{key}' must be a string, number, boolean or null, got {type(item).__name__}"
-            )
+class _HeaderError(ValueError):
+    """The header was read far enough to know the opaque, but its content is refused."""
+
+    def __init__(self, reason: str, code: int, opaque: int, flags: int) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.opaque = opaque
+        self.flags = flags
+
+
+def _as_int(obj: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if type(value) is not int:
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            return int(value)
+        raise ValueError(f"JSON header field '{key}' must be an integer, got {value!r}")
     return value
+
+
+def decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
+    """A JSON header -> command without body. ValueError when even the opaque is unreadable,
+    _HeaderError when only the content is refused."""
+    try:
+        obj = _loads(str(raw, "utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"JSON header is not valid UTF-8 JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"JSON header must be an object, got {type(obj).__name__}")
+    code = _as_int(obj, "code")
+    opaque = _as_int(obj, "opaque", 0)
+    flags = _as_int(obj, "flag", 0)
+    remark = obj.get("remark")
+    if remark is not None and not isinstance(remark, str):
+        raise _HeaderError(
+            f"JSON header field 'remark' must be a string, got {remark!r}", code, opaque, flags
+        )
+    ext = obj.get("extFields")
+    headers: dict[str, HeaderValue] = {}
+    if ext is not None:
+        if not isinstance(ext, dict):
+            raise _HeaderError("JSON header field 'extFields' must be an object", code, opaque, flags)
+        for key, value in ext.items():
+            if type(value) is str:
+                headers[key] = value
+            elif value is None:
+                continue
+            elif isinstance(value, bool):
+                headers[key] = "true" if value else "false"
+            elif isinstance(value, (int, float)):
+                headers[key] = str(value)  # tolerated from peers; we always send strings
+            else:
+                raise _HeaderError(
+                    f"extField '{key}' must be a string, got {type(value).__name__}", code, opaque, flags
+                )
+    language = obj.get("language", "OTHER")
+    if isinstance(language, int):
+        language = LANGUAGE_NAMES.get(language, "OTHER")
+    elif not isinstance(language, str):
+        language = "OTHER"
+    version = obj.get("version", 0)
+    if type(version) is not int:
+        version = 0
+    return RemotingCommand(code, headers, b"", remark or "", opaque, flags, SERIALIZE_JSON, language, version)
+
+
+_NAME_CACHE: dict[bytes, str] = {}  # extField names: a small vocabulary, decoded once
+
+
+def _name(raw_key: bytes) -> str:
+    """An extField name seen for the first time: decoded and, while the cache has room, kept."""
+    key = raw_key.decode()
+    if len(_NAME_CACHE) < _KEY_CACHE_MAX:
+        _NAME_CACHE[raw_key] = key
+    return key
+
+
+def decode_binary_header(raw: bytes | memoryview) -> RemotingCommand:
+    """A ROCKETMQ binary header -> command without body (errors as for decode_json_header).
+
+    Run for every frame a broker receives, so the extFields loop does the least per field:
+    a value length read unsigned (a negative one then runs past the header and is refused
+    as such), a name looked up in a cache of the small vocabulary before any decoding.
+    """
+    b = raw if type(raw) is bytes else bytes(raw)
+    n = len(b)
+    if n < _BIN_MIN_HEADER:
+        raise ValueError(f"ROCKETMQ header of {n} bytes is shorter than its {_BIN_MIN_HEADER}-byte minimum")
+    code, lang, version, opaque, flags, rlen = _BIN_FIXED_REMARK.unpack_from(b)
+    off = _BIN_FIXED_SIZE + 4
+    if rlen < 0 or off + rlen + 4 > n:
+        raise _HeaderError(
+            f"ROCKETMQ header: remark length {rlen} runs past the header of {n} bytes", code, opaque, flags
+        )
+    headers: dict[str, HeaderValue] = {}
+    try:
+        remark = b[off : off + rlen].decode("utf-8", "replace") if rlen else ""
+        off += rlen
+        elen = int.from_bytes(b[off : off + 4], "big", signed=True)
+        off += 4
+        if elen < 0 or off + elen != n:
+            raise _HeaderError(
+                f"ROCKETMQ header: extFields length {elen} does not match the header of {n} bytes",
+                code,
+                opaque,
+                flags,
+            )
+        names = _NAME_CACHE
+        from_bytes = int.from_bytes
+        while off < n:
+            end = off + 2 + (b[off] << 8 | b[off + 1]) if off + 1 < n else n + 1
+            at = end + 4
+            if at > n:
+                raise _HeaderError(
+                    f"ROCKETMQ header: extField name runs past the header at byte {off}", code, opaque, flags
+                )
+            raw_key = b[off + 2 : end]
+            key = names.get(raw_key) or _name(raw_key)
+            off = at + from_bytes(b[end:at], "big")
+            if off > n:
+                raise _HeaderError(
+                    f"ROCKETMQ header: value of extField '{key}' runs past the header", code, opaque, flags
+                )
+            headers[key] = b[at:off].decode()
+    except UnicodeDecodeError as exc:
+        raise _HeaderError(f"ROCKETMQ header: extField is not UTF-8: {exc}", code, opaque, flags) from None
+    return RemotingCommand(
+        code,
+        headers,
+        b"",
+        remark,
+        opaque,
+        flags,
+        SERIALIZE_ROCKETMQ,
+        LANGUAGE_NAMES.get(lang, "OTHER"),
+        version,
+    )
+
+
+_HEADER_DECODERS = {SERIALIZE_JSON: decode_json_header, SERIALIZE_ROCKETMQ: decode_binary_header}
 
 
 class FrameDecoder:
     """Feed bytes in, get RemotingCommand / BadFrame objects out; no I/O, no clocks.
 
-    Memory is bounded by one prelude plus the largest acceptable frame: sizes are checked as
-    soon as the 24-byte prelude is in, before any of the frame is buffered.
+    Memory is bounded by the largest acceptable header plus body: sizes are checked as soon
+    as the 8-byte prefix is in, before any of the frame is buffered. An oversize body is
+    skipped without being buffered (after reading the header, so the request can be answered).
     """
 
     __slots__ = (
@@ -345,8 +633,8 @@ class FrameDecoder:
         self.max_header_bytes = min(max_header_bytes, MAX_HEADER_WIRE_BYTES)
         self.verify_crc = verify_crc
         self._buf = bytearray()
-        self._need = PRELUDE_SIZE  # bytes the buffer must hold before parsing is worth trying
-        self._skip = 0  # bytes of an oversize frame still to discard
+        self._need = PREFIX_SIZE  # bytes the buffer must hold before parsing is worth trying
+        self._skip = 0  # bytes of an oversize body still to discard
         self._error: str | None = None
         self._offset = 0  # stream offset of the buffer's first byte, for error messages
 
@@ -366,108 +654,133 @@ class FrameDecoder:
             self._buf.clear()
             raise ProtocolError(self._error)
         out: list[RemotingCommand | BadFrame] = []
-        with memoryview(data) as view:
-            if self._skip:
-                n = min(self._skip, len(view))
-                self._skip -= n
-                self._offset += n
-                if self._skip or n == len(view):
-                    return out
-                view = view[n:]
-            buf = self._buf
-            if buf:
-                buf += view
-                if len(buf) < self._need:
-                    return out
-                consumed = self._parse(buf, out)
-                del buf[:consumed]
-            else:
-                if len(view) < PRELUDE_SIZE:
-                    buf += view
-                    return out
-                consumed = self._parse(view, out)
-                if consumed < len(view):
-                    buf += view[consumed:]
-            self._offset += consumed
+        if self._skip:
+            view = memoryview(data)
+            n = min(self._skip, len(view))
+            self._skip -= n
+            self._offset += n
+            if self._skip or n == len(view):
+                return out
+            data = view[n:]
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return out
+            consumed = self._parse(buf, out)
+            del buf[:consumed]
+        else:
+            size = len(data)
+            if size < PREFIX_SIZE:
+                buf += data
+                return out
+            consumed = self._parse(data, out)  # the usual case: whole frames, parsed in place
+            if consumed < size:
+                buf += memoryview(data)[consumed:]
+        self._offset += consumed
         return out
 
-    def _fail(self, reason: str) -> ProtocolError:
-        self._error = reason  # the buffer is still exported here; feed() drops it on the next call
-        return ProtocolError(reason)
+    def _fail(self, reason: str, pos: int) -> ProtocolError:
+        self._error = f"{reason} (frame at stream offset {self._offset + pos})"
+        return ProtocolError(self._error)
 
-    def _parse(self, src: bytearray | memoryview, out: list[RemotingCommand | BadFrame]) -> int:
-        """Parse whole frames from ``src``; return how many bytes were consumed."""
-        unpack = PRELUDE.unpack_from
+    def _header(self, mv: memoryview, pos: int, stype: int, hlen: int) -> RemotingCommand | BadFrame:
+        a = pos + PREFIX_SIZE
+        try:
+            return _HEADER_DECODERS[stype](mv[a : a + hlen])
+        except _HeaderError as exc:
+            return BadFrame(exc.opaque, exc.code, exc.flags, ResponseCode.BAD_REQUEST, str(exc), stype)
+        except (ValueError, struct.error) as exc:
+            raise self._fail(f"unreadable {SERIALIZE_NAMES[stype]} header: {exc}", pos) from None
+
+    def _refuse_prefix(self, pos: int, total: int, stype: int, hlen: int) -> ProtocolError:
+        """The error for a frame prefix whose sizes cannot be trusted (the stream is unusable)."""
+        if stype > SERIALIZE_ROCKETMQ:
+            return self._fail(
+                f"unknown header serialisation type {stype} (0 JSON, 1 ROCKETMQ): "
+                f"not a RocketMQ remoting peer or a desynchronised stream",
+                pos,
+            )
+        if hlen == 0:
+            return self._fail("frame without a header: not a RocketMQ remoting peer", pos)
+        if total < 4 + hlen:
+            return self._fail(f"frame length {total} is smaller than its {hlen}-byte header", pos)
+        return self._fail(f"header of {hlen} bytes exceeds the {self.max_header_bytes}-byte limit", pos)
+
+    def _parse(self, src: bytes | bytearray | memoryview, out: list[RemotingCommand | BadFrame]) -> int:
+        """Parse whole frames from ``src``; return how many bytes were consumed.
+
+        Run for every frame, so the usual frame costs one prefix unpack, one combined size
+        check, the header decode and the body copy; the rare cases have their own branches.
+        """
+        unpack = PREFIX.unpack_from
+        decoders = _HEADER_DECODERS
+        max_header = self.max_header_bytes
         end = len(src)
         pos = 0
         with memoryview(src) as mv:
             while True:
-                if end - pos < PRELUDE_SIZE:
-                    self._need = PRELUDE_SIZE
+                if end - pos < PREFIX_SIZE:
+                    self._need = PREFIX_SIZE
                     return pos
-                magic, version, flags, code, opaque, rlen, hlen, blen, crc = unpack(mv, pos)
-                if magic != MAGIC:
-                    raise self._fail(
-                        f"bad frame magic {bytes(magic)!r} at stream offset {self._offset + pos} "
-                        f"(expected {MAGIC!r}): not a ledgermq peer or a desynchronised stream"
-                    )
-                if version != VERSION:
-                    raise self._fail(
-                        f"unsupported protocol version {version} at stream offset {self._offset + pos} (we speak {VERSION})"
-                    )
-                rest = rlen + hlen + blen
-                if blen > self.max_body_bytes or hlen > self.max_header_bytes:
-                    what = (
-                        f"body of {blen} bytes exceeds the {self.max_body_bytes}-byte limit"
-                        if blen > self.max_body_bytes
-                        else f"header map of {hlen} bytes exceeds the {self.max_header_bytes}-byte limit"
+                total, word = unpack(mv, pos)
+                stype = word >> 24
+                hlen = word & 0xFFFFFF
+                blen = total - 4 - hlen
+                if stype > SERIALIZE_ROCKETMQ or hlen == 0 or blen < 0 or hlen > max_header:
+                    raise self._refuse_prefix(pos, total, stype, hlen)
+                if blen > self.max_body_bytes:
+                    head_end = pos + PREFIX_SIZE + hlen
+                    if end < head_end:
+                        self._need = PREFIX_SIZE + hlen
+                        return pos
+                    head = self._header(mv, pos, stype, hlen)
+                    reason = (
+                        f"frame refused: body of {blen} bytes exceeds the {self.max_body_bytes}-byte limit"
                     )
                     out.append(
-                        BadFrame(opaque, code, flags, ResponseCode.FRAME_TOO_LARGE, f"frame refused: {what}")
+                        BadFrame(
+                            head.opaque, head.code, head.flags, ResponseCode.FRAME_TOO_LARGE, reason, stype
+                        )
                     )
-                    avail = end - pos - PRELUDE_SIZE
-                    if avail >= rest:
-                        pos += PRELUDE_SIZE + rest
+                    avail = end - head_end
+                    if avail >= blen:
+                        pos = head_end + blen
                         continue
-                    self._skip = rest - avail
-                    self._need = PRELUDE_SIZE
+                    self._skip = blen - avail
+                    self._need = PREFIX_SIZE
                     return end
-                total = PRELUDE_SIZE + rest
-                if end - pos < total:
-                    self._need = total
+                frame_end = pos + 4 + total
+                if end < frame_end:
+                    self._need = 4 + total
                     return pos
-                a = pos + PRELUDE_SIZE
-                remark = str(mv[a : a + rlen], "utf-8", "replace") if rlen else ""
-                a += rlen
-                raw_headers = bytes(mv[a : a + hlen]) if hlen else b""
-                a += hlen
-                body = bytes(mv[a : pos + total]) if blen else b""
-                pos += total
-                if flags & ~_KNOWN_FLAGS:
+                body_at = pos + PREFIX_SIZE + hlen
+                try:
+                    cmd = decoders[stype](mv[pos + PREFIX_SIZE : body_at])
+                except _HeaderError as exc:
                     out.append(
-                        BadFrame(
-                            opaque, code, flags, ResponseCode.BAD_REQUEST, f"unknown flag bits 0x{flags:02x}"
-                        )
+                        BadFrame(exc.opaque, exc.code, exc.flags, ResponseCode.BAD_REQUEST, str(exc), stype)
                     )
+                    pos = frame_end
                     continue
-                if flags & FLAG_CRC and self.verify_crc and zlib.crc32(body) != crc:
-                    out.append(
-                        BadFrame(
-                            opaque,
-                            code,
-                            flags,
-                            ResponseCode.BODY_CRC_MISMATCH,
-                            f"body CRC32 mismatch: frame says {crc:#010x}, body of {blen} bytes has {zlib.crc32(body):#010x}",
+                except (ValueError, struct.error) as exc:
+                    raise self._fail(f"unreadable {SERIALIZE_NAMES[stype]} header: {exc}", pos) from None
+                pos = frame_end
+                body = bytes(mv[body_at:frame_end]) if blen else b""
+                headers = cmd.headers
+                if CRC_EXT_FIELD in headers:
+                    sent = headers.pop(CRC_EXT_FIELD)
+                    if self.verify_crc and str(zlib.crc32(body)) != sent:
+                        out.append(
+                            BadFrame(
+                                cmd.opaque,
+                                cmd.code,
+                                cmd.flags,
+                                ResponseCode.BODY_CRC_MISMATCH,
+                                f"body CRC32 mismatch: frame says {sent}, body of {blen} bytes has {zlib.crc32(body)}",
+                                stype,
+                            )
                         )
-                    )
-                    continue
-                headers: dict[str, HeaderValue]
-                if raw_headers:
-                    try:
-                        headers = _decode_headers(raw_headers)
-                    except ValueError as exc:
-                        out.append(BadFrame(opaque, code, flags, ResponseCode.BAD_REQUEST, str(exc)))
                         continue
-                else:
-                    headers = {}
-                out.append(RemotingCommand(code, headers, body, remark, opaque, flags))
+                cmd.body = body
+                out.append(cmd)

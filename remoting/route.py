@@ -1,7 +1,11 @@
 """Route data as the nameserver hands it out: which brokers serve a topic, and where they are.
 
 Shared by the nameserver (producing it), producers and consumers (reading it) and admin
-tools; wire names are RocketMQ's (``queueDatas``, ``brokerDatas``, ``brokerAddrs``).
+tools; wire names are RocketMQ's (``queueDatas``, ``brokerDatas``, ``brokerAddrs``,
+``enableActingMaster``, ``filterServerTable``: clients written for RocketMQ 5 fail without the
+last two). ``brokerAddrs`` keys are written as quoted JSON strings (``{"0": ...}``), which
+every RocketMQ client parses; Java's fastjson writes them unquoted (``{0: ...}``), and
+``load_body`` accepts that too, so our clients can read a real RocketMQ nameserver.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ class BrokerData:
             "cluster": self.cluster,
             "brokerName": self.broker_name,
             "brokerAddrs": {str(k): v for k, v in sorted(self.broker_addrs.items())},
+            "enableActingMaster": False,
         }
 
     @classmethod
@@ -103,6 +108,7 @@ class TopicRouteData:
         doc: dict[str, Any] = {
             "queueDatas": [q.to_json() for q in self.queue_datas],
             "brokerDatas": [b.to_json() for b in self.broker_datas],
+            "filterServerTable": {},
         }
         if self.order_topic_conf is not None:
             doc["orderTopicConf"] = self.order_topic_conf

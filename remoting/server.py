@@ -1,8 +1,15 @@
 """RemotingServer: listens where its config says and serves requests through processors.
 
-Mirrors RocketMQ's NettyRemotingServer: ``register_processor(code, processor, pool)``, a
+Mirrors RocketMQ's NettyRemotingServer: ``register_processor(code, processor)``, a
 default processor, and connection listeners (the nameserver drops a broker the moment its
 connection closes). A misbehaving peer only ever loses its own connection.
+
+Every listener is bounded (each limit a RemotingConfig setting): at most ``max_connections``
+open connections (more are closed as soon as they are accepted), a connection must deliver a
+complete frame within ``handshake_timeout_s`` and then at least one every ``idle_timeout_s``,
+and unfinished frames held over all connections never exceed ``max_buffered_frame_bytes``
+(the connection that would pass it is closed). An optional request gate (remoting.acl's
+AccessValidator) checks each request's signature and permissions before its processor runs.
 """
 
 from __future__ import annotations
@@ -10,14 +17,140 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from remoting.config import RemotingConfig
 from remoting.connection import RemotingConnection, RemotingStats
-from remoting.dispatcher import Processor, ProcessorPool, RequestDispatcher
+from remoting.dispatcher import Processor, RequestDispatcher
+from remoting.protocol import FLAG_ONEWAY, RemotingCommand
 
 log = logging.getLogger("remoting.server")
 
 ConnectionListener = Callable[[RemotingConnection], None]
+_LOG_FIRST = 10  # refusals logged per server before only every 1000th is: a flood must not flood the log
+
+
+class RequestGate(Protocol):
+    """Checks a request before its processor runs (remoting.acl.AccessValidator implements it)."""
+
+    def check(self, conn: RemotingConnection, request: RemotingCommand) -> RemotingCommand | None:
+        """None to let the request through, else the response that refuses it."""
+        ...
+
+
+class LimitStats:
+    """What the listener's bounds refused; read by tests and metrics."""
+
+    __slots__ = ("refused_connections", "handshake_timeouts", "idle_closed", "buffer_closed", "gated")
+
+    def __init__(self) -> None:
+        self.refused_connections = 0
+        self.handshake_timeouts = 0
+        self.idle_closed = 0
+        self.buffer_closed = 0
+        self.gated = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in self.__slots__)
+
+
+def _warn_if_over_fd_limit(name: str, max_connections: int) -> None:
+    """Say so at start-up when max_connections cannot be reached: the process would run out of
+    descriptors first and then refuse everyone, the failure the limit exists to prevent."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not on POSIX
+        return
+    if soft != resource.RLIM_INFINITY and max_connections > soft - 64:
+        log.warning(
+            "max_connections exceeds what the open-file limit allows; lower it or raise ulimit -n",
+            extra={"server": name, "max_connections": max_connections, "nofile_soft_limit": soft},
+        )
+
+
+class _GatedDispatcher:
+    """Runs the gate, then the real dispatcher; a refused request is answered at once."""
+
+    __slots__ = ("inner", "gate", "limits")
+
+    def __init__(self, inner: RequestDispatcher, gate: RequestGate, limits: LimitStats) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.limits = limits
+
+    def dispatch(self, conn: RemotingConnection, request: RemotingCommand) -> None:
+        refusal = self.gate.check(conn, request)
+        if refusal is None:
+            self.inner.dispatch(conn, request)
+            return
+        self.limits.gated += 1
+        if not request.flags & FLAG_ONEWAY and not conn.closing:
+            conn.send(refusal)
+
+
+class _ServerConnection(RemotingConnection):
+    """A server-side connection that keeps its listener's bounds."""
+
+    def __init__(self, server: RemotingServer, dispatcher: RequestDispatcher | _GatedDispatcher) -> None:
+        super().__init__(
+            server.config,
+            dispatcher,  # type: ignore[arg-type]  # both have dispatch(conn, request)
+            server.stats,
+            side="server",
+            on_open=server._opened,
+            on_lost=server._lost,
+        )
+        self._server = server
+        self.refused = False
+        self.opened_at = self.last_frame_at = self._loop.time()
+        self.framed = False  # delivered a complete frame
+        self._held = 0  # bytes of an unfinished frame this connection counts in the server's total
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server = self._server
+        if len(server._connections) >= server.config.max_connections:
+            self.refused = True
+            server.limits.refused_connections += 1
+            server._log_refusal(
+                "connection refused: max_connections reached",
+                transport.get_extra_info("peername"),
+                server.limits.refused_connections,
+            )
+            transport.abort()
+            return
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        stats = self.stats
+        before = stats.frames_in
+        super().data_received(data)
+        if stats.frames_in != before:
+            self.last_frame_at = self._loop.time()
+            self.framed = True
+        held = self._decoder.buffered
+        if held or self._held:
+            server = self._server
+            server.buffered_bytes += held - self._held
+            self._held = held
+            if held and server.buffered_bytes > server.config.max_buffered_frame_bytes:
+                server.limits.buffer_closed += 1
+                server._log_refusal(
+                    "closing connection: unfinished frames over max_buffered_frame_bytes",
+                    self.remote_addr,
+                    server.limits.buffer_closed,
+                )
+                self.abort("unfinished frames over the server's max_buffered_frame_bytes")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.buffered_bytes -= self._held
+        self._held = 0
+        if not self.refused:
+            super().connection_lost(exc)
 
 
 class RemotingServer:
@@ -37,18 +170,26 @@ class RemotingServer:
         self.name = name
         self.dispatcher = RequestDispatcher(name)
         self.stats = RemotingStats()
+        self.limits = LimitStats()
+        self.buffered_bytes = 0  # unfinished frames held over all connections
+        self._gate: _GatedDispatcher | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self._connections: set[RemotingConnection] = set()
         self._open_listeners: list[ConnectionListener] = []
         self._close_listeners: list[ConnectionListener] = []
         self._server: asyncio.base_events.Server | None = None
 
     # --- configuration ------------------------------------------------------------------
-    def register_processor(self, code: int, processor: Processor, pool: ProcessorPool | None = None) -> None:
+    def register_processor(self, code: int, processor: Processor) -> None:
         """Serve request ``code`` with ``processor`` (see remoting.dispatcher for what it may return)."""
-        self.dispatcher.register(code, processor, pool)
+        self.dispatcher.register(code, processor)
 
-    def register_default_processor(self, processor: Processor, pool: ProcessorPool | None = None) -> None:
-        self.dispatcher.register_default(processor, pool)
+    def register_default_processor(self, processor: Processor) -> None:
+        self.dispatcher.register_default(processor)
+
+    def set_request_gate(self, gate: RequestGate | None) -> None:
+        """Check every request with ``gate`` before its processor (None: no check, the default)."""
+        self._gate = None if gate is None else _GatedDispatcher(self.dispatcher, gate, self.limits)
 
     def add_connection_listener(
         self,
@@ -71,6 +212,8 @@ class RemotingServer:
         sockets = self._server.sockets or ()
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        self._sweeper = loop.create_task(self._sweep())
+        _warn_if_over_fd_limit(self.name, self.config.max_connections)
         log.info("listening", extra={"server": self.name, "host": self.host, "port": self.port})
 
     @property
@@ -91,6 +234,9 @@ class RemotingServer:
         """Stop accepting, cancel requests in progress, close every connection (flushing replies)."""
         if self._server is not None:
             self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         await self.dispatcher.shutdown()
         conns = list(self._connections)
         for conn in conns:
@@ -114,14 +260,44 @@ class RemotingServer:
 
     # --- connections ------------------------------------------------------------------------
     def _make_connection(self) -> RemotingConnection:
-        return RemotingConnection(
-            self.config,
-            self.dispatcher,
-            self.stats,
-            side="server",
-            on_open=self._opened,
-            on_lost=self._lost,
-        )
+        return _ServerConnection(self, self._gate or self.dispatcher)
+
+    async def _sweep(self) -> None:
+        """Close connections past the handshake or idle timeout; runs while the server listens."""
+        cfg = self.config
+        idle = cfg.idle_timeout_s
+        period = max(0.05, min(1.0, cfg.handshake_timeout_s / 4, idle / 4 if idle else 1.0))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self._sweep_once(loop.time())
+            except Exception:  # never let one bad pass stop the timeouts for good
+                log.exception("connection sweep failed", extra={"server": self.name})
+
+    def _sweep_once(self, now: float) -> None:
+        cfg = self.config
+        idle = cfg.idle_timeout_s
+        for conn in list(self._connections):
+            if not isinstance(conn, _ServerConnection) or conn.closing:
+                continue
+            if not conn.framed:
+                if now - conn.opened_at > cfg.handshake_timeout_s:
+                    self.limits.handshake_timeouts += 1
+                    self._log_refusal(
+                        "closing connection: no complete frame within handshake_timeout_s",
+                        conn.remote_addr,
+                        self.limits.handshake_timeouts,
+                    )
+                    conn.abort("no complete frame within handshake_timeout_s")
+            elif idle and now - conn.last_frame_at > idle:
+                self.limits.idle_closed += 1
+                log.info("closing idle connection", extra={"server": self.name, "peer": conn.remote_addr})
+                conn.close(f"idle for more than idle_timeout_s={idle:g}")
+
+    def _log_refusal(self, message: str, peer: object, count: int) -> None:
+        if count <= _LOG_FIRST or count % 1000 == 0:
+            log.warning(message, extra={"server": self.name, "peer": str(peer), "so_far": count})
 
     def _opened(self, conn: RemotingConnection) -> None:
         self._connections.add(conn)

@@ -25,14 +25,15 @@ from remoting import RemotingCommand, RemotingServer, RequestCode, ResponseCode
 from remoting.jsonbody import dump_body, load_body
 from remoting.message import (
     PROPERTY_KEYS,
-    PROPERTY_TAGS,
-    decode_batch,
-    decode_properties,
-    encode_pull_body,
-    encode_record,
-    make_msg_id,
-    parse_msg_id,
-    tag_hash,
+    PROPERTY_UNIQ_KEY,
+    build_stored_record,
+    decode_message_batch,
+    host_to_bytes,
+    offset_msg_id,
+    parse_offset_msg_id,
+    properties_from_bytes,
+    properties_to_bytes,
+    serve_records,
 )
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
 
@@ -81,7 +82,7 @@ class GroupState:
     queues: dict[tuple[str, int], list[Stored]] = field(default_factory=dict)
     by_index: dict[int, Stored] = field(default_factory=dict)
     next_index: int = 1
-    dedup: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+    dedup: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # UNIQ_KEY -> (qid, offset, index)
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
     consumers: dict[str, dict[str, float]] = field(default_factory=dict)
     version: DataVersion = field(default_factory=DataVersion)
@@ -163,37 +164,44 @@ class FakeNode:
         return req.make_response(ResponseCode.NOT_MASTER, f"{self.addr} is not master{where}", headers)
 
     def _store(
-        self, topic: str, qid: int, flag: int, born: int, seq: int, pid: str, props: bytes, body: bytes
+        self, topic: str, qid: int, flag: int, born: int, props: bytes, body: bytes
     ) -> tuple[int, int, bool]:
+        """Store a RocketMQ record; its UNIQ_KEY property is the de-duplication key."""
         st = self.state
-        if pid and seq:
-            hit = st.dedup.get((pid, seq))
+        p = properties_from_bytes(props)
+        uniq = p.get(PROPERTY_UNIQ_KEY)
+        if uniq:
+            hit = st.dedup.get(uniq)
             if hit is not None:
                 return hit[1], hit[2], True
-        p = decode_properties(props)
         index = st.next_index
         st.next_index += 1
-        rec = encode_record(
+        host = host_to_bytes(self.addr)
+        rec = build_stored_record(
             topic.encode(),
             qid,
             body,
-            props,
-            tag_hash(p.get(PROPERTY_TAGS)),
-            born,
-            int(time.time() * 1000),
-            pid.encode(),
-            seq,
+            properties_to_bytes(p),
             flag,
+            0,
+            born,
+            host,
+            int(time.time() * 1000),
+            host,
         )
         entries = st.queues.setdefault((topic, qid), [])
         stored = Stored(index, rec, p.get(PROPERTY_KEYS, "").split())
         entries.append(stored)
         st.by_index[index] = stored
         offset = len(entries) - 1
-        if pid and seq:
-            st.dedup[(pid, seq)] = (qid, offset, index)
+        if uniq:
+            st.dedup[uniq] = (qid, offset, index)
         self.group.notify()
         return offset, index, False
+
+    def _msg_id(self, index: int) -> str:
+        rec = self.state.by_index[index].record
+        return offset_msg_id(bytes(rec[64:72]), index)
 
     def _check_queue(self, req: RemotingCommand, topic: str, qid: int) -> RemotingCommand | None:
         tc = self.state.topics.get(topic)
@@ -240,8 +248,6 @@ class FakeNode:
             qid,
             req.header_int("flag", 0),
             req.header_int("bornTimestamp"),
-            req.header_int("seq", 0),
-            req.header_str("producerId", ""),
             req.header_str("properties", "").encode(),
             bytes(req.body),
         )
@@ -251,7 +257,7 @@ class FakeNode:
             conn,
             req.make_response(
                 headers={
-                    "msgId": make_msg_id(self.group.name, index),
+                    "msgId": self._msg_id(index),
                     "queueId": qid,
                     "queueOffset": offset,
                     "ledgerIndex": index,
@@ -290,13 +296,12 @@ class FakeNode:
         bad = self._check_queue(req, topic, qid)
         if bad is not None:
             return bad
-        pid = req.header_str("producerId", "")
-        items = decode_batch(req.body, 4 << 20)
+        born = req.header_int("bornTimestamp", 0)
         offsets, ids, dups = [], [], 0
-        for it in items:
-            offset, index, dup = self._store(topic, qid, it.flag, it.born_ms, it.seq, pid, it.props, it.body)
+        for flag, body, props in decode_message_batch(req.body, 4 << 20):
+            offset, index, dup = self._store(topic, qid, flag, born, bytes(props), bytes(body))
             offsets.append(offset)
-            ids.append(make_msg_id(self.group.name, index))
+            ids.append(self._msg_id(index))
             dups += dup
         body = dump_body({"queueId": qid, "offsets": offsets, "msgIds": ids, "duplicates": dups})
         return self._after_store(req, action, conn, req.make_response(body=body))
@@ -312,7 +317,7 @@ class FakeNode:
         offset, max_nums = req.header_int("queueOffset"), req.header_int("maxMsgNums")
         group = req.header_str("consumerGroup")
         commit = req.header_int("commitOffset", None)
-        if commit is not None and self.is_master:
+        if req.header_int("sysFlag", 1) & 1 and commit is not None and self.is_master:
             self.state.offsets[(group, topic, qid)] = commit
         deadline = time.monotonic() + req.header_int("suspendTimeoutMillis", 0) / 1000
         while True:
@@ -326,7 +331,7 @@ class FakeNode:
                 )
             if offset < hi:
                 entries = self.state.queues[(topic, qid)][offset : offset + max_nums]
-                body = encode_pull_body([(offset + i, e.index, e.record) for i, e in enumerate(entries)])
+                body = serve_records([(offset + i, e.index, e.record) for i, e in enumerate(entries)])
                 return req.make_response(
                     headers={**headers, "nextBeginOffset": offset + len(entries)}, body=body
                 )
@@ -361,8 +366,8 @@ class FakeNode:
 
     def heartbeat(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
         hb = load_body(req.body, "heartbeat")
-        group = hb.get("consumerGroup")
-        if group:
+        for consumer in hb.get("consumerDataSet") or []:
+            group = consumer["groupName"]
             members = self.state.consumers.setdefault(group, {})
             new = hb["clientID"] not in members
             members[hb["clientID"]] = time.monotonic()
@@ -414,14 +419,17 @@ class FakeNode:
         return req.make_response(body=dump_body(info))
 
     def view_message(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
-        _name, index = parse_msg_id(req.header_str("msgId"))
+        if "offset" in req.headers:
+            index = req.header_int("offset")
+        else:
+            _host, index = parse_offset_msg_id(req.header_str("msgId"))
         stored = self.state.by_index.get(index)
         if stored is None:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no such message")
         for (_t, _q), entries in self.state.queues.items():
             for off, e in enumerate(entries):
                 if e is stored:
-                    return req.make_response(body=encode_pull_body([(off, e.index, e.record)]))
+                    return req.make_response(body=serve_records([(off, e.index, e.record)]))
         return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no such message")
 
     def query_message(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
@@ -433,7 +441,7 @@ class FakeNode:
             found.extend((off, e.index, e.record) for off, e in enumerate(entries) if key in e.keys)
         if not found:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no message with that key")
-        return req.make_response(body=encode_pull_body(found[:max_num]))
+        return req.make_response(body=serve_records(found[:max_num]))
 
 
 class FakeGroup:

@@ -1,4 +1,5 @@
-"""The broker's message store over a real single-member ledger (in process, real files and fsync)."""
+"""The broker's message store (the shell around broker.state) over a real single-member embedded ledger
+(in process, real files and fsync). The state machine alone is tested in test_broker_state.py."""
 
 from __future__ import annotations
 
@@ -6,44 +7,63 @@ import asyncio
 
 import pytest
 
+from broker import codec
 from broker.consume_queue import ConsumeQueue
 from broker.message_store import MessageStore
 from broker.meta import offset_op, topic_op
+from common.process import free_port
 from ledger.config import NodeConfig
-from ledger.localcluster import free_port
-from ledger.node import LedgerNode
+from ledger.embed import EmbeddedLedger
 from remoting.message import (
-    RECORD_BATCH,
     MessageFormatError,
-    decode_record,
-    encode_batch_entry,
-    encode_record,
-    make_msg_id,
+    decode_stored_messages,
+    host_to_bytes,
     make_position,
-    parse_msg_id,
-    split_batch_entry,
+    offset_msg_id,
+    parse_offset_msg_id,
+    properties_to_bytes,
     split_position,
-    tag_hash,
 )
+
+
+def record(
+    body: bytes, queue_id: int = 0, pid: str = "", seq: int = 0, topic: bytes = b"T", **props: str
+) -> bytes:
+    """A RocketMQ stored record; ``pid``/``seq`` become its UNIQ_KEY (the de-duplication key)."""
+    if pid:
+        props["UNIQ_KEY"] = f"{pid}-{seq}"
+    raw = properties_to_bytes(props)
+    return codec.build_stored_record(topic, queue_id, body, raw, 0, 0, 1, b"\x00" * 8, 2, b"\x00" * 8)
+
+
+def encode_batch_entry(records: list[bytes]) -> bytes:
+    """A batch entry: the records back to back, as RocketMQ's commit log holds a batch."""
+    return b"".join(records)
+
+
+def broken_record(body: bytes) -> bytes:
+    """A record whose size is right but whose body length runs past its topic and properties."""
+    raw = bytearray(record(body))
+    raw[84:88] = (len(body) + 50).to_bytes(4, "big")
+    return bytes(raw)
 
 
 def node_config(tmp_path, **extra) -> NodeConfig:
     addr = f"127.0.0.1:{free_port()}"
-    cfg = NodeConfig(id="n1", listen=addr, peers=[f"n1={addr}"], data_dir=str(tmp_path / "n1"), tick_ms=5, **extra)
+    cfg = NodeConfig(
+        id="n1", listen=addr, peers=[f"n1={addr}"], data_dir=str(tmp_path / "n1"), tick_ms=5, **extra
+    )
     cfg.validate()
     return cfg
 
 
-def record(body: bytes, queue_id: int = 0, pid: str = "", seq: int = 0) -> bytes:
-    return encode_record(b"T", queue_id, body, b"", 0, 1, 2, pid.encode(), seq)
-
-
-async def started(cfg: NodeConfig) -> tuple[LedgerNode, MessageStore]:
-    node = LedgerNode(cfg)
+async def started(cfg: NodeConfig) -> tuple[EmbeddedLedger, MessageStore]:
+    node = EmbeddedLedger(cfg)
     store = MessageStore(node, "broker-a")
     await node.start()
     for _ in range(400):
         if node.leader_ready:
+            await store.caught_up()
             return node, store
         await asyncio.sleep(0.01)
     raise AssertionError("single-member group did not elect itself")
@@ -58,18 +78,24 @@ def test_dispatch_offsets_dedup_and_replay(tmp_path):
         r = await store.append_async([record(b"a"), record(b"b", 1), record(b"c"), record(b"p", 0, "pid", 7)])
         assert [(x.queue_offset, x.duplicate) for x in r] == [(0, False), (0, False), (1, False), (2, False)]
         again = await store.append_async([record(b"p-retry", 0, "pid", 7)])
-        assert again[0].duplicate and again[0].queue_offset == 2 and again[0].ledger_index == r[3].ledger_index
+        assert (
+            again[0].duplicate and again[0].queue_offset == 2 and again[0].ledger_index == r[3].ledger_index
+        )
         assert store.offsets_of("T", 0) == (0, 3)
         await node.stop()
 
     async def second_life() -> None:
         node, store = await started(cfg)
-        store.dispatch()
+        await store.caught_up()
         assert store.topics["T"].write_queue_nums == 2
         assert store.offsets[("g", "T", 1)] == 5
         cq = store.queue("T", 0)
-        assert cq is not None and cq.max_offset == 3, "the retried duplicate must not be replayed into the queue"
-        bodies = [bytes(rec[-1:]) for _, _, rec in store.read_records(cq.slice(0, 10), 1 << 20)]
+        assert cq is not None and cq.max_offset == 3, (
+            "the retried duplicate must not be replayed into the queue"
+        )
+        bodies = [
+            decode_stored_messages(rec)[0].body for _, _, rec in store.read_records(cq.slice(0, 10), 1 << 20)
+        ]
         assert bodies == [b"a", b"c", b"p"]
         await node.stop()
 
@@ -87,13 +113,13 @@ def test_metadata_checkpoint_survives_retention(tmp_path):
             await store.append_async([record(b"x" * 200 + str(i).encode())])
         await store.append_async([store.snapshot_record()])
         await store.append_async([record(b"last")])
-        first = node.store.apply_retention(node.commit_index)
+        first = node.run_retention()
         assert first > 3, "retention should have removed the segments holding the topic and offset records"
         await node.stop()
 
     async def second_life() -> None:
         node, store = await started(cfg)
-        store.dispatch()
+        await store.caught_up()
         assert "T" in store.topics and store.topics["T"].read_queue_nums == 4
         assert store.offsets[("g", "T", 3)] == 42
         await node.stop()
@@ -110,10 +136,10 @@ def test_batch_is_one_entry_and_each_message_has_its_own_position(tmp_path):
         await store.append_async([topic_op("T", 1, 1, 6)])
         recs = [record(f"m{i}".encode(), 0, "pid", i + 1) for i in range(5)]
         entries = store.batch_entries(recs)
-        assert len(entries) == 1 and entries[0][0] == RECORD_BATCH
-        before = node.store.last_index
+        assert len(entries) == 1 and len(codec.entry_records(entries[0])) == 5
+        before = node.commit_index
         r = await store.append_async(entries)
-        assert node.store.last_index == before + 1, "a producer batch must be one ledger entry"
+        assert node.commit_index == before + 1, "a producer batch must be one ledger entry"
         assert [x.queue_offset for x in r] == [0, 1, 2, 3, 4]
         assert [split_position(x.position) for x in r] == [(before + 1, s) for s in range(5)]
         # a resent batch (the producer's retry after an unknown outcome) is de-duplicated item by item
@@ -124,18 +150,24 @@ def test_batch_is_one_entry_and_each_message_has_its_own_position(tmp_path):
         assert cq is not None
         # a pull that starts mid-batch and crosses into the next entry
         got = store.read_records(cq.slice(2, 3), 1 << 20)
-        assert [(q, bytes(rec[-2:])) for q, _, rec in got] == [(2, b"m2"), (3, b"m3"), (4, b"m4")]
+        assert [(q, decode_stored_messages(rec)[0].body) for q, _, rec in got] == [
+            (2, b"m2"),
+            (3, b"m3"),
+            (4, b"m4"),
+        ]
         qoff, rec = store.record_at(r[4].position) or (None, b"")
-        assert qoff == 4 and bytes(rec).endswith(b"m4")
+        assert qoff == 4 and decode_stored_messages(rec)[0].body == b"m4"
         assert store.record_at(make_position(before + 1, 99)) is None, "a slot past the batch holds nothing"
         await node.stop()
 
     async def second_life() -> None:
         node, store = await started(cfg)
-        store.dispatch()
+        await store.caught_up()
         cq = store.queue("T", 0)
         assert cq is not None and cq.max_offset == 6
-        bodies = [bytes(rec[-2:]) for _, _, rec in store.read_records(cq.slice(0, 10), 1 << 20)]
+        bodies = [
+            decode_stored_messages(rec)[0].body for _, _, rec in store.read_records(cq.slice(0, 10), 1 << 20)
+        ]
         assert bodies == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
         await node.stop()
 
@@ -156,9 +188,9 @@ def test_batch_larger_than_an_entry_is_split(tmp_path):
         assert [x.queue_offset for x in r] == list(range(20))
         cq = store.queue("T", 0)
         assert cq is not None
-        assert [bytes(rec[-1:]) for _, _, rec in store.read_records(cq.slice(0, 20), 1 << 20)] == [
-            bytes([65 + i % 26]) for i in range(20)
-        ]
+        assert [
+            decode_stored_messages(rec)[0].body for _, _, rec in store.read_records(cq.slice(0, 20), 1 << 20)
+        ] == [bytes([65 + i % 26]) * 10_000 for i in range(20)]
         await node.stop()
 
     asyncio.run(run())
@@ -184,14 +216,20 @@ def test_corrupt_batch_entry_is_skipped_and_the_rest_dispatched(tmp_path):
 def test_batch_entry_codec_rejects_malformed_input():
     recs = [record(b"x"), record(b"yy")]
     entry = encode_batch_entry(recs)
-    assert [bytes(v) for v in split_batch_entry(entry)] == recs
-    for broken, what in ((entry[:3], "shorter than its header"), (entry + b"z", "stray bytes"),
-                         (entry[:-1], "runs past the end"), (b"\x01" + entry[1:], "not a batch entry")):
+    assert [bytes(v) for v in codec.entry_records(entry)] == recs
+    assert codec.entry_kind(entry) == codec.KIND_MESSAGE
+    for broken, what in (
+        (entry + b"z", "truncated record"),
+        (entry[:-1], "bad record of size"),
+        (entry[:4] + b"\x00" * 4 + entry[8:], "holds no message records"),
+    ):
         with pytest.raises(MessageFormatError, match=what):
-            split_batch_entry(broken)
-    with pytest.raises(ValueError):
-        encode_batch_entry([])
-    assert parse_msg_id(make_msg_id("broker-a", make_position(7, 3))) == ("broker-a", make_position(7, 3))
+            codec.entry_records(broken)
+    host = host_to_bytes("127.0.0.1:10911")
+    assert parse_offset_msg_id(offset_msg_id(host, make_position(7, 3))) == (
+        "127.0.0.1:10911",
+        make_position(7, 3),
+    )
 
 
 def test_a_long_dispatch_backlog_is_worked_off_in_slices(tmp_path):
@@ -202,10 +240,14 @@ def test_a_long_dispatch_backlog_is_worked_off_in_slices(tmp_path):
         node, store = await started(cfg)
         await store.append_async([topic_op("T", 1, 1, 6)])
         for i in range(8):  # 8 entries of ~512 KiB: several dispatch slices' worth
-            await store.append_async(store.batch_entries([record(bytes([65 + i]) * 4096) for _ in range(128)]))
+            await store.append_async(
+                store.batch_entries([record(bytes([65 + i]) * 4096) for _ in range(128)])
+            )
         replay = MessageStore(node, "broker-a")  # derived state from scratch, as after a restart
         replay._on_commit(node.commit_index)
-        assert replay.applied < node.commit_index, "one commit notification must not replay everything at once"
+        assert replay.applied < node.commit_index, (
+            "one commit notification must not replay everything at once"
+        )
         for _ in range(100):
             if replay.applied >= node.commit_index:
                 break
@@ -221,11 +263,20 @@ def test_a_long_dispatch_backlog_is_worked_off_in_slices(tmp_path):
 
 def test_consume_queue_scan_filters_by_tag_hash_and_bounds_its_work():
     cq = ConsumeQueue("T", 0)
-    for i, tag in enumerate("ABABCAAB"):
-        cq.append(make_position(10 + i), 100 + i, tag_hash(tag))
-    a, c = tag_hash("A"), tag_hash("C")
-    assert cq.scan(0, 32, {a}, 100) == ([(0, make_position(10), 100), (2, make_position(12), 102),
-                                         (5, make_position(15), 105), (6, make_position(16), 106)], 8)
+    for i, tag in enumerate("ABABCAAB"):  # as the state machine fills it: position, size, tag hash
+        cq.positions.append(make_position(10 + i))
+        cq.sizes.append(100 + i)
+        cq.tags.append(codec.tag_code(tag.encode()))
+    a, c = codec.tag_code(b"A"), codec.tag_code(b"C")
+    assert cq.scan(0, 32, {a}, 100) == (
+        [
+            (0, make_position(10), 100),
+            (2, make_position(12), 102),
+            (5, make_position(15), 105),
+            (6, make_position(16), 106),
+        ],
+        8,
+    )
     assert cq.scan(0, 2, {a, c}, 100)[1] == 3, "stops right after the last hit it returns"
     assert cq.scan(1, 32, {c}, 2) == ([], 3), "looks at no more than the scan limit"
     cq.trim_before(make_position(13))
@@ -242,17 +293,72 @@ def test_batch_entry_with_mixed_records_is_dispatched_record_by_record(tmp_path)
         node, store = await started(cfg)
         await store.append_async([topic_op("T", 2, 2, 6)])
         await store.append_async([record(b"p1", 0, "pid", 1)])
-        broken = record(b"zz")[:-1]  # lengths no longer add up
-        mixed = [record(b"a", 0, "pid", 2), record(b"b", 1), record(b"p1-again", 0, "pid", 1),
-                 broken, record(b"c", 1, "other", 1), record(b"p2-again", 0, "pid", 2)]
+        broken = broken_record(b"zz")  # lengths no longer add up
+        mixed = [
+            record(b"a", 0, "pid", 2),
+            record(b"b", 1),
+            record(b"p1-again", 0, "pid", 1),
+            broken,
+            record(b"c", 1, "other", 1),
+            record(b"p2-again", 0, "pid", 2),
+        ]
         r = await store.append_async([encode_batch_entry(mixed)])
         assert [(x.queue_offset, x.duplicate) for x in r] == [
-            (1, False), (0, False), (0, True), (-1, False), (1, False), (1, True)]
+            (1, False),
+            (0, False),
+            (0, True),
+            (-1, False),
+            (1, False),
+            (1, True),
+        ]
         q0, q1 = store.queue("T", 0), store.queue("T", 1)
         assert q0 is not None and q1 is not None
-        assert [decode_record(rec).body for _, _, rec in store.read_records(q0.slice(0, 9), 1 << 20)] == [b"p1", b"a"]
-        assert [decode_record(rec).body for _, _, rec in store.read_records(q1.slice(0, 9), 1 << 20)] == [b"b", b"c"]
+        assert [
+            decode_stored_messages(rec)[0].body for _, _, rec in store.read_records(q0.slice(0, 9), 1 << 20)
+        ] == [
+            b"p1",
+            b"a",
+        ]
+        assert [
+            decode_stored_messages(rec)[0].body for _, _, rec in store.read_records(q1.slice(0, 9), 1 << 20)
+        ] == [
+            b"b",
+            b"c",
+        ]
         assert store.dispatched_messages == 4
+        await node.stop()
+
+    asyncio.run(run())
+
+
+def test_waiting_for_a_backlog_to_be_applied_lets_the_event_loop_run(tmp_path):
+    """What a new master waits for (everything committed applied) arrives a slice per loop turn."""
+    cfg = node_config(tmp_path)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        for i in range(6):
+            await store.append_async(
+                store.batch_entries([record(bytes([65 + i]) * 4096) for _ in range(128)])
+            )
+        replay = MessageStore(node, "broker-a")  # derived state from scratch, as after a restart
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.get_running_loop().create_task(other_work())
+        ready: list[int] = []
+        replay.when_applied(node.commit_index, lambda: ready.append(replay.applied))
+        assert not ready, "a backlog is not applied in one go"
+        await asyncio.wait_for(replay.caught_up(), 10)
+        task.cancel()
+        assert ready == [node.commit_index] and turns >= 3, "other work ran between the slices"
+        assert replay.queue("T", 0).max_offset == 6 * 128
         await node.stop()
 
     asyncio.run(run())

@@ -40,23 +40,39 @@ def ops_of(*spec: tuple[Any, ...]) -> list[Op]:
     """Ops from (process, f, value, result, type, call, ret) tuples; ret None = never completed."""
     out = []
     for i, (p, f, value, result, typ, call, ret) in enumerate(spec):
-        out.append(Op(str(p), f, typ, call, ret if typ in ("ok", "fail") else None, call * 10 + i,
-                      None if ret is None else ret * 10 + i,
-                      value_text(value), value_text(result)))
+        out.append(
+            Op(
+                str(p),
+                f,
+                typ,
+                call,
+                ret if typ in ("ok", "fail") else None,
+                call * 10 + i,
+                None if ret is None else ret * 10 + i,
+                value_text(value),
+                value_text(result),
+            )
+        )
     return out
 
 
 # --- the pure search -----------------------------------------------------------------------------
 
+
 def test_sequential_register_is_linearizable() -> None:
-    ops = ops_of((0, "write", 1, None, "ok", 0, 1), (0, "read", None, 1, "ok", 2, 3),
-                 (1, "cas", [1, 2], None, "ok", 4, 5), (1, "read", None, 2, "ok", 6, 7))
+    ops = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (0, "read", None, 1, "ok", 2, 3),
+        (1, "cas", [1, 2], None, "ok", 4, 5),
+        (1, "read", None, 2, "ok", 6, 7),
+    )
     assert check_ops(ops, REGISTER).valid is True
 
 
 def test_stale_read_is_not_linearizable_and_names_the_read() -> None:
-    ops = ops_of((0, "write", 1, None, "ok", 0, 1), (0, "write", 2, None, "ok", 2, 3),
-                 (1, "read", None, 1, "ok", 4, 5))
+    ops = ops_of(
+        (0, "write", 1, None, "ok", 0, 1), (0, "write", 2, None, "ok", 2, 3), (1, "read", None, 1, "ok", 4, 5)
+    )
     r = check_ops(ops, REGISTER)
     assert r.valid is False
     assert r.failure is not None and r.failure["op"]["f"] == "read" and r.failure["op"]["result"] == 1
@@ -64,46 +80,73 @@ def test_stale_read_is_not_linearizable_and_names_the_read() -> None:
 
 
 def test_concurrent_ops_may_take_effect_in_either_order() -> None:
-    ops = ops_of((0, "write", 1, None, "ok", 0, 10), (1, "write", 2, None, "ok", 1, 9),
-                 (2, "read", None, 1, "ok", 11, 12))
+    ops = ops_of(
+        (0, "write", 1, None, "ok", 0, 10),
+        (1, "write", 2, None, "ok", 1, 9),
+        (2, "read", None, 1, "ok", 11, 12),
+    )
     assert check_ops(ops, REGISTER).valid is True
 
 
 def test_info_write_may_take_effect_late_or_never() -> None:
-    late = ops_of((0, "write", 1, None, "ok", 0, 1), (1, "write", 2, None, "info", 2, None),
-                  (2, "read", None, 1, "ok", 3, 4), (2, "read", None, 2, "ok", 5, 6))
+    late = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (1, "write", 2, None, "info", 2, None),
+        (2, "read", None, 1, "ok", 3, 4),
+        (2, "read", None, 2, "ok", 5, 6),
+    )
     assert check_ops(late, REGISTER).valid is True
-    never = ops_of((0, "write", 1, None, "ok", 0, 1), (1, "write", 2, None, "info", 2, None),
-                   (2, "read", None, 1, "ok", 30, 31))
+    never = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (1, "write", 2, None, "info", 2, None),
+        (2, "read", None, 1, "ok", 30, 31),
+    )
     assert check_ops(never, REGISTER).valid is True
     # but it cannot take effect twice, nor undo itself
-    back = ops_of((0, "write", 1, None, "ok", 0, 1), (1, "write", 2, None, "info", 2, None),
-                  (2, "read", None, 2, "ok", 3, 4), (2, "read", None, 1, "ok", 5, 6))
+    back = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (1, "write", 2, None, "info", 2, None),
+        (2, "read", None, 2, "ok", 3, 4),
+        (2, "read", None, 1, "ok", 5, 6),
+    )
     assert check_ops(back, REGISTER).valid is False
 
 
 def test_failed_ops_did_not_happen() -> None:
-    ops = ops_of((0, "write", 1, None, "ok", 0, 1), (1, "write", 2, None, "fail", 2, 3),
-                 (2, "read", None, 2, "ok", 4, 5))
+    ops = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (1, "write", 2, None, "fail", 2, 3),
+        (2, "read", None, 2, "ok", 4, 5),
+    )
     assert check_ops(ops, REGISTER).valid is False
     assert check_ops(ops[:2] + ops_of((2, "read", None, 1, "ok", 4, 5)), REGISTER).valid is True
 
 
 def test_cas_needs_the_old_value() -> None:
-    ok = ops_of((0, "write", 1, None, "ok", 0, 1), (0, "cas", [1, 3], None, "ok", 2, 3),
-                (0, "read", None, 3, "ok", 4, 5))
+    ok = ops_of(
+        (0, "write", 1, None, "ok", 0, 1),
+        (0, "cas", [1, 3], None, "ok", 2, 3),
+        (0, "read", None, 3, "ok", 4, 5),
+    )
     assert check_ops(ok, REGISTER).valid is True
     bad = ops_of((0, "write", 1, None, "ok", 0, 1), (0, "cas", [2, 3], None, "ok", 2, 3))
     assert check_ops(bad, REGISTER).valid is False
 
 
 def test_kv_appends_and_gets() -> None:
-    ok = ops_of((0, "append", "a", None, "ok", 0, 1), (1, "append", "b", None, "ok", 2, 3),
-                (2, "get", None, "ab", "ok", 4, 5), (0, "put", "x", None, "ok", 6, 7),
-                (1, "get", None, "x", "ok", 8, 9))
+    ok = ops_of(
+        (0, "append", "a", None, "ok", 0, 1),
+        (1, "append", "b", None, "ok", 2, 3),
+        (2, "get", None, "ab", "ok", 4, 5),
+        (0, "put", "x", None, "ok", 6, 7),
+        (1, "get", None, "x", "ok", 8, 9),
+    )
     assert check_ops(ok, KV).valid is True
-    lost = ops_of((0, "append", "a", None, "ok", 0, 1), (1, "append", "b", None, "ok", 2, 3),
-                  (2, "get", None, "b", "ok", 4, 5))
+    lost = ops_of(
+        (0, "append", "a", None, "ok", 0, 1),
+        (1, "append", "b", None, "ok", 2, 3),
+        (2, "get", None, "b", "ok", 4, 5),
+    )
     assert check_ops(lost, KV).valid is False
 
 
@@ -137,13 +180,19 @@ def test_malformed_cas_is_reported() -> None:
 
 
 def test_pair_events_treats_a_missing_completion_as_info() -> None:
-    ops = pair_events([("1", "invoke", "write", 0, 0, "3", None), ("2", "invoke", "read", 1, 1, None, None),
-                       ("2", "ok", "read", 2, 2, "3", None)])
+    ops = pair_events(
+        [
+            ("1", "invoke", "write", 0, 0, "3", None),
+            ("2", "invoke", "read", 1, 1, None, None),
+            ("2", "ok", "read", 2, 2, "3", None),
+        ]
+    )
     assert [o.type for o in ops] == ["info", "ok"]
     assert check_ops(ops, REGISTER).valid is True
 
 
 # --- the vectors ----------------------------------------------------------------------------------
+
 
 @needs_vectors
 def test_porcupine_vectors_pure_search() -> None:
@@ -156,12 +205,16 @@ def test_porcupine_vectors_pure_search() -> None:
             by_key[e.key].append((e.process, e.type, e.f, e.index, e.index, e.value, e.error))
         model = KV if name.startswith("kv/") else REGISTER
         verdicts = [check_ops(pair_events(rows), model, budget=20).valid for rows in by_key.values()]
-        got = linear.UNKNOWN if linear.UNKNOWN in verdicts and False not in verdicts else all(
-            v is True for v in verdicts)
+        got = (
+            linear.UNKNOWN
+            if linear.UNKNOWN in verdicts and False not in verdicts
+            else all(v is True for v in verdicts)
+        )
         assert got is want, name
 
 
 # --- the Spark path -------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def spark() -> Any:
@@ -179,15 +232,16 @@ def register_history(stale: bool) -> list[dict[str, Any]]:
     """Two keys; with ``stale`` key "b" has a read of an overwritten value."""
     ev = []
     for key in ("a", "b"):
-        ev += [{"process": 0, "type": "invoke", "f": "write", "key": key, "value": 1},
-               {"process": 0, "type": "ok", "f": "write", "key": key, "value": 1},
-               {"process": 1, "type": "invoke", "f": "write", "key": key, "value": 2},
-               {"process": 1, "type": "info", "f": "write", "key": key, "value": 2, "error": "timeout"},
-               {"process": 2, "type": "invoke", "f": "read", "key": key, "value": None},
-               {"process": 2, "type": "ok", "f": "read", "key": key, "value": 2},
-               {"process": 0, "type": "invoke", "f": "read", "key": key, "value": None},
-               {"process": 0, "type": "ok", "f": "read", "key": key,
-                "value": 1 if stale and key == "b" else 2}]
+        ev += [
+            {"process": 0, "type": "invoke", "f": "write", "key": key, "value": 1},
+            {"process": 0, "type": "ok", "f": "write", "key": key, "value": 1},
+            {"process": 1, "type": "invoke", "f": "write", "key": key, "value": 2},
+            {"process": 1, "type": "info", "f": "write", "key": key, "value": 2, "error": "timeout"},
+            {"process": 2, "type": "invoke", "f": "read", "key": key, "value": None},
+            {"process": 2, "type": "ok", "f": "read", "key": key, "value": 2},
+            {"process": 0, "type": "invoke", "f": "read", "key": key, "value": None},
+            {"process": 0, "type": "ok", "f": "read", "key": key, "value": 1 if stale and key == "b" else 2},
+        ]
     ev.append({"process": "nemesis", "type": "info", "f": "kill", "value": ["n1"]})
     return ev
 
@@ -198,11 +252,15 @@ def test_spark_path_matches_expected_and_hand_made(spark: Any, tmp_path: Path) -
     files = [str(VECTORS / name) for name in expected]
     ok = _jsonl(tmp_path / "register-ok.jsonl", register_history(stale=False))
     bad = _jsonl(tmp_path / "register-stale.jsonl", register_history(stale=True))
-    kv = _jsonl(tmp_path / "kv.jsonl", [
-        {"process": 0, "type": "invoke", "f": "append", "key": "k", "value": "x"},
-        {"process": 0, "type": "ok", "f": "append", "key": "k", "value": "x"},
-        {"process": 1, "type": "invoke", "f": "get", "key": "k", "value": None},
-        {"process": 1, "type": "ok", "f": "get", "key": "k", "value": "x"}])
+    kv = _jsonl(
+        tmp_path / "kv.jsonl",
+        [
+            {"process": 0, "type": "invoke", "f": "append", "key": "k", "value": "x"},
+            {"process": 0, "type": "ok", "f": "append", "key": "k", "value": "x"},
+            {"process": 1, "type": "invoke", "f": "get", "key": "k", "value": None},
+            {"process": 1, "type": "ok", "f": "get", "key": "k", "value": "x"},
+        ],
+    )
     res = analyze_files([*files, ok, bad, kv], out_dir=tmp_path / "out")
     by_path = {o.path: o for o in res["files"]}
     wrong = [name for name in expected if by_path[str(VECTORS / name)].valid is not expected[name]]
@@ -224,10 +282,26 @@ def test_spark_path_matches_expected_and_hand_made(spark: Any, tmp_path: Path) -
 def test_spark_path_reports_unknown(spark: Any, tmp_path: Path) -> None:
     events = []
     for op in hard_register_history():
-        events.append({"process": int(op.process), "type": "invoke", "f": op.f, "key": "r",
-                       "value": None if op.f == "read" else int(op.value or 0), "time": op.call})
-        events.append({"process": int(op.process), "type": op.type, "f": op.f, "key": "r",
-                       "value": int(op.result or op.value or 0), "time": op.ret})
+        events.append(
+            {
+                "process": int(op.process),
+                "type": "invoke",
+                "f": op.f,
+                "key": "r",
+                "value": None if op.f == "read" else int(op.value or 0),
+                "time": op.call,
+            }
+        )
+        events.append(
+            {
+                "process": int(op.process),
+                "type": op.type,
+                "f": op.f,
+                "key": "r",
+                "value": int(op.result or op.value or 0),
+                "time": op.ret,
+            }
+        )
     events.sort(key=lambda e: (e["time"], e["type"] != "invoke"))
     path = tmp_path / "hard.jsonl"
     with open(path, "w") as fh:

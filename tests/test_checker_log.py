@@ -30,16 +30,32 @@ class H:
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
 
-    def op(self, p: int | str, f: str, t0: float, t1: float | None, value: Any = None, *,
-           key: str | None = "q", typ: str = "ok", result: Any = None, offset: int | None = None,
-           error: str | None = None) -> H:
+    def op(
+        self,
+        p: int | str,
+        f: str,
+        t0: float,
+        t1: float | None,
+        value: Any = None,
+        *,
+        key: str | None = "q",
+        typ: str = "ok",
+        result: Any = None,
+        offset: int | None = None,
+        error: str | None = None,
+    ) -> H:
         inv: dict[str, Any] = {"time": int(t0 * MS), "process": p, "type": "invoke", "f": f, "value": value}
         if key is not None:
             inv["key"] = key
         self.events.append(inv)
         if t1 is not None:
-            done: dict[str, Any] = {"time": int(t1 * MS), "process": p, "type": typ, "f": f,
-                                    "value": result if result is not None else value}
+            done: dict[str, Any] = {
+                "time": int(t1 * MS),
+                "process": p,
+                "type": typ,
+                "f": f,
+                "value": result if result is not None else value,
+            }
             if key is not None:
                 done["key"] = key
             if offset is not None:
@@ -49,11 +65,27 @@ class H:
             self.events.append(done)
         return self
 
-    def send(self, p: int, v: int, off: int | None, t0: float, t1: float | None = None,
-             typ: str = "ok", key: str = "q") -> H:
-        return self.op(p, "send", t0, t0 + 1 if t1 is None else t1, v, key=key, typ=typ,
-                       offset=off if typ == "ok" else None,
-                       error={"info": "timeout", "fail": "not-leader"}.get(typ))
+    def send(
+        self,
+        p: int,
+        v: int,
+        off: int | None,
+        t0: float,
+        t1: float | None = None,
+        typ: str = "ok",
+        key: str = "q",
+    ) -> H:
+        return self.op(
+            p,
+            "send",
+            t0,
+            t0 + 1 if t1 is None else t1,
+            v,
+            key=key,
+            typ=typ,
+            offset=off if typ == "ok" else None,
+            error={"info": "timeout", "fail": "not-leader"}.get(typ),
+        )
 
     def poll(self, p: int, frm: int, mx: int, pairs: list[list[int]], t0: float, key: str = "q") -> H:
         return self.op(p, "poll", t0, t0 + 1, {"from": frm, "max": mx}, key=key, result=pairs)
@@ -63,8 +95,9 @@ class H:
 
     def nemesis(self, f: str, t0: float, t1: float, nodes: list[str]) -> H:
         for t in (t0, t1):
-            self.events.append({"time": int(t * MS), "process": "nemesis", "type": "info", "f": f,
-                                "value": nodes})
+            self.events.append(
+                {"time": int(t * MS), "process": "nemesis", "type": "info", "f": f, "value": nodes}
+            )
         return self
 
     def write(self, path: Path) -> Path:
@@ -78,8 +111,11 @@ class H:
 DRAIN = [[0, 1], [1, 2], [2, 3], [3, 5]]
 
 
-def clean(poll2: tuple[int, list[list[int]]] = (2, [[2, 3]]), poll3: tuple[int, list[list[int]]] = (3, [[3, 5]]),
-          drain: list[list[int]] | None = None) -> H:
+def clean(
+    poll2: tuple[int, list[list[int]]] = (2, [[2, 3]]),
+    poll3: tuple[int, list[list[int]]] = (3, [[3, 5]]),
+    drain: list[list[int]] | None = None,
+) -> H:
     """Two producers, a consumer, a fault, a drain; one info send lands, one does not.
 
     The anomaly cases below are this history with one thing changed.
@@ -88,10 +124,10 @@ def clean(poll2: tuple[int, list[list[int]]] = (2, [[2, 3]]), poll3: tuple[int, 
     h.send(0, 1, 0, 1).send(1, 2, 1, 3).send(0, 3, 2, 5)
     h.poll(5, 0, 2, [[0, 1], [1, 2]], 7).poll(5, poll2[0], 2, poll2[1], 9)
     h.nemesis("kill", 10, 10.5, ["n1"]).nemesis("restart", 14, 14.5, ["n1"])
-    h.send(2, 4, None, 11, None, typ="info")        # never seen: unseen-info
-    h.send(3, 5, None, 11.5, None, typ="info")      # lands at offset 3: recovered
-    h.send(4, 6, None, 12, typ="fail")              # certainly not in the log
-    h.send(1, 7, 0, 13, key="r")                    # a second key
+    h.send(2, 4, None, 11, None, typ="info")  # never seen: unseen-info
+    h.send(3, 5, None, 11.5, None, typ="info")  # lands at offset 3: recovered
+    h.send(4, 6, None, 12, typ="fail")  # certainly not in the log
+    h.send(1, 7, 0, 13, key="r")  # a second key
     h.poll(5, poll3[0], 2, poll3[1], 16)
     h.drain(9, DRAIN if drain is None else drain, 20).drain(9, [[0, 7]], 22, key="r")
     return h

@@ -105,4 +105,4 @@ def test_errors_are_one_line_and_exit_1(cluster: FakeCluster) -> None:
     r = cli(cluster, "query-msg-by-offset", "-t", "Missing", "-b", "broker-x", "-i", "0", "-o", "0")
     assert r.exit_code == 1
     r = cli(cluster, "query-msg-by-id", "-i", "not-an-id")
-    assert r.exit_code == 1 and "bad message id" in r.output
+    assert r.exit_code == 1 and "expected 32 or 56 hex digits" in r.output

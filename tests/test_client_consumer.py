@@ -21,6 +21,7 @@ from client import (
     PushConsumer,
     allocate_average,
 )
+from remoting.message import parse_offset_msg_id
 
 pytestmark = pytest.mark.timeout(60)
 T = TypeVar("T")
@@ -97,7 +98,9 @@ def test_pull_found_no_new_and_offset_moved(cluster: FakeCluster, topic: str) ->
             assert r.status is PullStatus.FOUND
             assert [m.body for m in r.messages] == [b"1-0", b"1-1", b"1-2"]
             assert [m.queue_offset for m in r.messages] == [0, 1, 2] and r.next_begin_offset == 3
-            assert r.messages[0].tags == "even" and r.messages[0].msg_id.startswith("broker-c:")
+            m = r.messages[0]
+            assert m.tags == "even" and m.msg_id == m.offset_msg_id and len(m.msg_id) == 32
+            assert parse_offset_msg_id(m.msg_id) == (m.store_host, m.physical_offset)
             r = await c.pull(q, 5, 3)
             assert r.status is PullStatus.NO_NEW_MSG and r.max_offset == 5
             r = await c.pull(q, 50, 3)

@@ -42,7 +42,7 @@ from jepsen.docker.compose import (  # noqa: E402
 )
 from jepsen.docker.images import build_image  # noqa: E402
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode  # noqa: E402
-from remoting.message import decode_pull_body, encode_properties  # noqa: E402
+from remoting.message import decode_stored_messages  # noqa: E402
 
 _REASON = docker_unavailable_reason()
 pytestmark = [
@@ -64,7 +64,7 @@ def send_req(body: bytes, queue_id: int) -> RemotingCommand:
             "queueId": queue_id,
             "bornTimestamp": int(time.time() * 1000),
             "flag": 0,
-            "properties": encode_properties({}).decode(),
+            "properties": "",
         },
         body,
     )
@@ -93,7 +93,7 @@ async def pull_all(client: RemotingClient, addr: str, queue_id: int) -> list:
         if resp.code == ResponseCode.PULL_NOT_FOUND:
             return out
         assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
-        out.extend(decode_pull_body(resp.body, BROKER_NAME))
+        out.extend(decode_stored_messages(resp.body))
         offset = resp.header_int("nextBeginOffset")
     raise AssertionError(f"queue {queue_id} on {addr}: pull loop did not reach the end")
 
@@ -140,9 +140,13 @@ def test_group_comes_up_healthy_on_its_fixed_addresses(group: ComposeGroup) -> N
         assert group.state(name) == "running/healthy", name
         assert group.container_ip(name) == group.ip(name)
     # Only the servers' run-time dependencies are in the image: no Spark, no matplotlib.
-    out = group.exec("broker1", "python", "-c",
-                     "import sys, importlib.util as u; print(sys.version_info[:2], u.find_spec('pyspark'), "
-                     "u.find_spec('matplotlib'), u.find_spec('uvloop') is not None)")
+    out = group.exec(
+        "broker1",
+        "python",
+        "-c",
+        "import sys, importlib.util as u; print(sys.version_info[:2], u.find_spec('pyspark'), "
+        "u.find_spec('matplotlib'), u.find_spec('uvloop') is not None)",
+    )
     assert out.strip() == "(3, 11) None None True", out
     assert "iptables" in group.exec("broker1", "iptables", "--version")
 
@@ -207,9 +211,13 @@ def test_produce_kill_leader_container_failover_through_nameserver_consume_all(g
                 await asyncio.sleep(0.1)
             stop = True
             await asyncio.gather(*tasks)
-            print(f"[docker] {old} killed; {new} routed as master after {failover_s:.1f}s; {len(acked)} acked")
+            print(
+                f"[docker] {old} killed; {new} routed as master after {failover_s:.1f}s; {len(acked)} acked"
+            )
             assert before >= 20, f"only {before} sends acknowledged before the kill"
-            assert len(acked) >= before + 50, f"the new master acknowledged too little: {before} -> {len(acked)}"
+            assert len(acked) >= before + 50, (
+                f"the new master acknowledged too little: {before} -> {len(acked)}"
+            )
 
             # Both nameservers route the topic to the new master, not the killed one.
             routes = await group.routed_master(client)
@@ -236,13 +244,19 @@ def test_produce_kill_leader_container_failover_through_nameserver_consume_all(g
             while time.monotonic() < deadline:
                 info = await group.runtime_info(client, old)
                 master_info = await group.runtime_info(client, new)
-                if (info and master_info and info["role"] == "SLAVE"
-                        and info["masterAddr"] == group.broker_addr(new)
-                        and info["ledger"]["commit_index"] >= master_info["ledger"]["commit_index"]):
+                if (
+                    info
+                    and master_info
+                    and info["role"] == "SLAVE"
+                    and info["masterAddr"] == group.broker_addr(new)
+                    and info["ledger"]["commit_index"] >= master_info["ledger"]["commit_index"]
+                ):
                     break
                 await asyncio.sleep(0.2)
             else:
-                raise AssertionError(f"{old} did not rejoin as a caught-up slave: {info} / master {master_info}")
+                raise AssertionError(
+                    f"{old} did not rejoin as a caught-up slave: {info} / master {master_info}"
+                )
             assert info["ledger"]["commit_index"] > 0
 
     asyncio.run(scenario())
@@ -301,7 +315,7 @@ def test_partition_and_pause_move_mastership_and_heal(group: ComposeGroup) -> No
 CLIENT_SCRIPT = r"""
 import asyncio, json, os, sys
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
-from remoting.message import decode_pull_body
+from remoting.message import decode_stored_messages
 
 async def main():
     async with RemotingClient() as c:
@@ -321,7 +335,7 @@ async def main():
         r = await c.invoke_sync(master, RemotingCommand.request(RequestCode.PULL_MESSAGE, {
             "consumerGroup": "in-net", "topic": "TopicTest", "queueId": 3, "queueOffset": offsets[0],
             "maxMsgNums": 5, "suspendTimeoutMillis": 0}), 5)
-        bodies = [m.body.decode() for m in decode_pull_body(r.body)]
+        bodies = [m.body.decode() for m in decode_stored_messages(r.body)]
         print(json.dumps({"master": master, "offsets": offsets, "bodies": bodies}))
 
 asyncio.run(main())
@@ -381,13 +395,18 @@ def test_compose_v2_via_testcontainers_kill_leader(monkeypatch: pytest.MonkeyPat
     """`docker compose up --wait` (v2) on docker-compose.yml through testcontainers' DockerCompose, then a failover."""
     from testcontainers.compose import DockerCompose
 
-    g = ComposeGroup(project=f"ledgermqv2test{os.getpid()}", net=free_net_prefix(start=80), image=image,
-                     published_ports={name: free_port() for name in LAYOUT})
+    g = ComposeGroup(
+        project=f"ledgermqv2test{os.getpid()}",
+        net=free_net_prefix(start=80),
+        image=image,
+        published_ports={name: free_port() for name in LAYOUT},
+    )
     for key, value in g.compose_env().items():
         if key.startswith(("LEDGERMQ_", "COMPOSE_")):
             monkeypatch.setenv(key, value)
-    compose = DockerCompose(context=str(Path(g.compose_file).parent), compose_file_name=g.compose_file.name,
-                            wait=True)
+    compose = DockerCompose(
+        context=str(Path(g.compose_file).parent), compose_file_name=g.compose_file.name, wait=True
+    )
     try:
         compose.start()
         for name in LAYOUT:

@@ -21,8 +21,17 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path: Path, **kw) -> RunResult:
-    settings = {"out": tmp_path, "progress": False, "time": 12, "interval": 2, "rate": 40, "clients": 4,
-                "seed": 11, "workload": "queue", **kw}
+    settings = {
+        "out": tmp_path,
+        "progress": False,
+        "time": 12,
+        "interval": 2,
+        "rate": 40,
+        "clients": 4,
+        "seed": 11,
+        "workload": "queue",
+        **kw,
+    }
     return run(RunConfig(**settings))
 
 
@@ -41,7 +50,9 @@ def test_queue_kill_and_partition_leader_is_valid(tmp_path):
     assert len(ok_sends) > 50 and len(drains) == 2
     drained = {v for d in drains for _, v in d["value"]}
     assert {e["value"] for e in ok_sends} <= drained, "an acknowledged send is missing from the drains"
-    assert result.valid is True, f"anomalies: {result.summary.get('check', {}).get('results', {}).get('anomalies')}"
+    assert result.valid is True, (
+        f"anomalies: {result.summary.get('check', {}).get('results', {}).get('anomalies')}"
+    )
     assert (result.run_dir / "cluster" / "broker-n1" / "broker.log").exists()
 
 
@@ -62,7 +73,9 @@ def test_queue_batched_sends_through_a_leader_kill_are_valid(tmp_path):
     assert len(ok_sends) > 200
     assert work["largest_send_batch"] > 1 and work["send_batches"] < len(ok_sends), work
     assert sum(1 for e in events if e["process"] == "nemesis" and e["f"] == "kill") >= 1
-    assert result.valid is True, f"anomalies: {result.summary.get('check', {}).get('results', {}).get('anomalies')}"
+    assert result.valid is True, (
+        f"anomalies: {result.summary.get('check', {}).get('results', {}).get('anomalies')}"
+    )
 
 
 def test_send_batch_is_refused_outside_the_queue_workload(tmp_path):

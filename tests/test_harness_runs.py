@@ -24,8 +24,16 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path: Path, **kw) -> RunResult:
-    settings = {"out": tmp_path, "progress": False, "time": 10, "interval": 2, "rate": 40, "clients": 4,
-                "seed": 7, **kw}
+    settings = {
+        "out": tmp_path,
+        "progress": False,
+        "time": 10,
+        "interval": 2,
+        "rate": 40,
+        "clients": 4,
+        "seed": 7,
+        **kw,
+    }
     return run(RunConfig(**settings))
 
 
@@ -99,16 +107,36 @@ def test_register_kill_leader(tmp_path):
 
 def test_pysyncobj_log_with_faults_through_the_cli(tmp_path):
     """The same harness and checker on a system no one here wrote, through ``jepsen run``'s command."""
-    args = ["--system", "pysyncobj", "--workload", "log", "--nemesis", "kill-leader,partition-leader",
-            "--time", "10", "--interval", "2", "--rate", "30", "--clients", "4", "--seed", "3",
-            "--out", str(tmp_path), "--no-progress"]
+    args = [
+        "--system",
+        "pysyncobj",
+        "--workload",
+        "log",
+        "--nemesis",
+        "kill-leader,partition-leader",
+        "--time",
+        "10",
+        "--interval",
+        "2",
+        "--rate",
+        "30",
+        "--clients",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+    ]
     res = CliRunner().invoke(run_command, args, catch_exceptions=False)
     out = res.output
     assert "verdict" in out and "report" in out, out
     run_dir = next((tmp_path / "pysyncobj-log-kill-leader+partition-leader").glob("2*"))
     summary = json.loads((run_dir / "run.json").read_text())
     assert summary["leaders"]["leader_changes"] >= 1, summary["leaders"]
-    assert summary["nemesis"]["ops"].get("kill") == 1 and summary["nemesis"]["ops"].get("start-partition") == 1
+    assert (
+        summary["nemesis"]["ops"].get("kill") == 1 and summary["nemesis"]["ops"].get("start-partition") == 1
+    )
     assert validate_history(read_history(run_dir / "history.jsonl")) == []
     assert summary["check"]["valid"] is not None, summary["check"]["output"]
     assert (run_dir / "report.html").exists()

@@ -27,8 +27,17 @@ def test_history_lines_follow_the_contract(tmp_path):
     events = read_history(path)
     assert [e["index"] for e in events] == list(range(6))
     assert all(isinstance(e["time"], int) for e in events)
-    assert events[1] == {"index": 1, "time": events[1]["time"], "process": 0, "type": "ok", "f": "send",
-                         "key": "0", "value": 7, "offset": 3, "node": "n1"}
+    assert events[1] == {
+        "index": 1,
+        "time": events[1]["time"],
+        "process": 0,
+        "type": "ok",
+        "f": "send",
+        "key": "0",
+        "value": 7,
+        "offset": 3,
+        "node": "n1",
+    }
     assert events[2]["process"] == "nemesis" and events[2]["type"] == "info"
     assert events[5]["error"] == "timed out" and "offset" not in events[5]
     assert validate_history(events) == []
@@ -158,3 +167,18 @@ def test_link_proxy_exits_with_its_controller(tmp_path):
     proxy.close()
     assert proxy.proc.returncode is not None, f"proxy {pid} still running"
     assert json.loads(json.dumps(list(proxy.addresses.values())))  # it had bound both links
+
+
+def test_the_default_run_stays_light_and_rate_max_loads_every_core():
+    import math
+    import os
+
+    from jepsen.harness.runner import RunConfig, resolve_load
+
+    light = resolve_load(RunConfig())
+    assert (light.workers, light.clients, light.send_batch) == (0, 5, 1)  # one process, history.jsonl
+    full = resolve_load(RunConfig(workload="queue", rate=math.inf))
+    assert full.workers == (os.cpu_count() or 1) and full.send_batch > 1
+    assert full.clients >= 64 * full.workers  # closed-loop clients enough to fill batches
+    explicit = resolve_load(RunConfig(workload="log", rate=math.inf, workers=3, clients=7))
+    assert (explicit.workers, explicit.clients, explicit.send_batch) == (3, 7, 1)

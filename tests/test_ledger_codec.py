@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from common.settings import ConfigError, load_settings
 from ledger.codec import (
     HEADER_SIZE,
     KIND_NOOP,
@@ -28,7 +29,6 @@ from ledger.messages import (
     decode_message,
     encode_message,
 )
-from ledger.settings import ConfigError, load_settings
 from ledger.wire import (
     OP_APPEND,
     TOO_LARGE,
@@ -152,7 +152,10 @@ def test_cli_refuses_bad_config_with_a_clear_message(tmp_path):
     path = tmp_path / "node.toml"
     path.write_text(GOOD + "max_inflight = 0\n")
     out = subprocess.run(
-        [sys.executable, "-m", "ledger", "start", "--config", str(path)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ledger", "start", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode != 0
     assert "bad configuration" in out.stderr and "max_inflight must be at least 1" in out.stderr

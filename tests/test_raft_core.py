@@ -611,3 +611,227 @@ def test_follower_echoes_only_its_current_leaders_read_seq() -> None:
     f.on_durable(2)
     (ack,) = of(f.ready(), AppendResponse)
     assert ack.dst == "n3" and ack.match_index == 2 and ack.seq == 3
+
+
+def test_invariants_refuse_to_truncate_committed_entries_or_go_back_in_term() -> None:
+    """The always-on edge checks: a bug that would break safety stops the node instead."""
+    from ledger.invariants import InvariantError
+
+    core = mkcore("n2", [1, 1, 1], term=1)
+    core.step(AppendRequest(1, "n1", "n2", 3, 1, 2, []))
+    assert core.commit == 2
+    with pytest.raises(InvariantError, match="committed"):
+        core._truncate(2)
+    core._truncate(3)  # above the commit index is fine
+    assert core.log.last_index == 2
+    with pytest.raises(InvariantError, match="term would go back"):
+        core._become_follower(0, None)
+
+
+# ---------------------------------------------------------------------- leader lost (OS notice)
+
+
+def follower_of(node_id: str, leader: str = "n1", term: int = 2) -> RaftCore:
+    """A follower in ``term`` that has just heard from ``leader``."""
+    core = mkcore(node_id, [1], term=term)
+    core.step(AppendRequest(term, leader, node_id, 1, 1, 1, [], 0))
+    core.ready()
+    assert core.role is Role.FOLLOWER and core.leader == leader
+    return core
+
+
+def test_leader_connection_lost_starts_a_prevote_at_once() -> None:
+    core = follower_of("n2")  # n2 is the first survivor of n1 by member order
+    core.peer_unreachable("n1")
+    rd = core.ready()
+    assert core.role is Role.PRE_CANDIDATE and core.term == 2  # a pre-vote never bumps the term
+    reqs = of(rd, VoteRequest)
+    assert {m.dst for m in reqs} == {"n1", "n3"} and all(m.pre_vote and m.term == 3 for m in reqs)
+
+
+def test_other_survivors_wait_a_few_ticks_then_campaign() -> None:
+    core = follower_of("n3")  # second survivor: must not split the vote with n2
+    core.peer_unreachable("n1")
+    assert core.role is Role.FOLLOWER and not of(core.ready(), VoteRequest)
+    assert core.leader is None
+    for _ in range(2):
+        core.tick()
+    assert core.role is Role.PRE_CANDIDATE  # well before the election timeout (E = 8 ticks)
+
+
+def test_a_survivor_that_lost_the_leader_grants_the_prevote() -> None:
+    voter = follower_of("n3")
+    voter.peer_unreachable("n1")
+    voter.ready()
+    voter.step(VoteRequest(3, "n2", "n3", 1, 1, True, False))
+    (resp,) = of(voter.ready(), VoteResponse)
+    assert resp.granted and resp.pre_vote
+
+
+def test_a_flaky_link_cannot_depose_a_healthy_leader() -> None:
+    """n2 lost its link to n1, but n3 still hears from n1: n3 refuses, no term is spent."""
+    n2 = follower_of("n2")
+    n3 = follower_of("n3")
+    n2.peer_unreachable("n1")
+    (req,) = of(n2.ready(), VoteRequest, "n3")
+    n3.step(req)
+    answers = of(n3.ready(), VoteResponse)
+    assert not any(r.granted for r in answers)  # ignored (leader stickiness) or refused
+    for r in answers:
+        n2.step(r)
+    n2.tick()
+    assert n2.role is not Role.CANDIDATE
+    assert n2.term == 2 and n3.term == 2 and n3.term == 2 and n3.leader == "n1"
+    # The leader's next heartbeat brings n2 back as its follower.
+    n2.step(AppendRequest(2, "n1", "n2", 1, 1, 1, [], 0))
+    assert n2.role is Role.FOLLOWER and n2.leader == "n1" and n2.term == 2
+
+
+def test_leader_lost_notice_about_a_non_leader_or_without_prevote_is_ignored() -> None:
+    core = follower_of("n2")
+    core.peer_unreachable("n3")
+    assert core.leader == "n1" and core.role is Role.FOLLOWER
+    plain = mkcore("n2", [1], term=2, pre_vote=False)
+    plain.step(AppendRequest(2, "n1", "n2", 1, 1, 1, [], 0))
+    plain.ready()
+    plain.peer_unreachable("n1")
+    assert plain.leader == "n1" and plain.role is Role.FOLLOWER and plain.term == 2
+
+
+def test_two_survivors_elect_a_leader_without_a_timeout() -> None:
+    n2, n3 = follower_of("n2"), follower_of("n3")
+    n3.peer_unreachable("n1")
+    n3.ready()
+    n2.peer_unreachable("n1")
+    cores = {"n2": n2, "n3": n3}
+    for _ in range(10):  # deliver messages between the survivors until quiet (n1 is dead)
+        msgs = [m for c in cores.values() for m in c.ready().messages if m.dst in cores]
+        if not msgs:
+            break
+        for m in msgs:
+            cores[m.dst].step(m)
+        for c in cores.values():
+            c.on_durable(c.log.last_index)
+    assert n2.role is Role.LEADER and n2.term == 3 and n3.leader == "n2"
+
+
+def test_a_prevote_ignored_under_the_lease_is_granted_once_the_leader_is_lost() -> None:
+    """n2 noticed first and asked n3 while n3 still heard from n1: n3 answers when it notices too."""
+    n3 = follower_of("n3")
+    n3.step(VoteRequest(3, "n2", "n3", 1, 1, True, False))
+    assert not of(n3.ready(), VoteResponse)  # leader stickiness: not answered yet
+    n3.peer_unreachable("n1")
+    rd = of(n3.ready(), VoteResponse, "n2")
+    assert len(rd) == 1 and rd[0].granted and rd[0].pre_vote and rd[0].term == 3
+    assert n3.role is Role.FOLLOWER and n3.term == 2  # it does not compete with n2
+
+
+def test_a_deferred_prevote_from_the_lost_leader_or_an_old_term_is_not_granted() -> None:
+    n3 = follower_of("n3", leader="n2", term=4)
+    n3.step(VoteRequest(4, "n1", "n3", 1, 1, True, False))  # older than term + 1: refused outright
+    n3.ready()
+    n3.step(VoteRequest(5, "n2", "n3", 1, 1, True, False))  # ignored under the lease, from n2 itself
+    n3.ready()
+    n3.peer_unreachable("n2")
+    assert not [m for m in of(n3.ready(), VoteResponse) if m.granted]
+
+
+# ---------------------------------------------------------------------- repairing a follower that lost data
+
+
+def exchange(cores: dict[str, RaftCore], rounds: int = 20) -> None:
+    """Deliver messages among ``cores`` (syncing every log) until they go quiet."""
+    for _ in range(rounds):
+        for c in cores.values():
+            c.log.sync()
+            c.on_durable(c.log.last_index)
+        msgs = [m for c in cores.values() for m in c.ready().messages if m.dst in cores]
+        if not msgs:
+            return
+        for m in msgs:
+            cores[m.dst].step(m)
+
+
+def test_leader_repairs_a_follower_whose_log_was_emptied() -> None:
+    """Before the fix the leader ignored rejections at or below the old match: stuck at commit 0."""
+    leader = mkcore("n1", [1, 1, 1], term=1)
+    n2 = mkcore("n2", [1, 1, 1], term=1)
+    n3 = mkcore("n3", [1, 1, 1], term=1)
+    cores = {"n1": leader, "n2": n2, "n3": n3}
+    rd = elect(leader)
+    for m in rd.messages:
+        cores[m.dst].step(m)
+    exchange(cores)
+    leader.propose([b"a", b"b"])
+    exchange(cores)
+    assert leader.commit == 6 and leader.progress["n2"].match == 6
+    # n2 restarts with an emptied log (its segment was wiped); it remembers its term.
+    n2 = mkcore("n2", [], term=leader.term)
+    cores["n2"] = n2
+    for _ in range(3):
+        for _ in range(leader.config.heartbeat_ticks):
+            leader.tick()  # a heartbeat reaches n2, which rejects it: it holds nothing
+        exchange(cores)
+    assert n2.log.last_index == 6 and n2.commit == 6
+    assert n2.log.entries(1, 6) == leader.log.entries(1, 6)
+    assert leader.progress["n2"].match == 6
+
+
+def test_a_stale_rejection_above_the_followers_match_is_still_ignored() -> None:
+    leader = mkcore("n1", [1, 1, 1], term=1)
+    rd = elect(leader)
+    commit_noop(leader, rd)
+    pr = leader.progress["n2"]
+    assert pr.match == 4
+    leader.step(AppendResponse(leader.term, "n2", "n1", False, 0, 4, 4, leader.term, 0))
+    assert pr.match == 4  # the follower's hint covers its match: nothing was lost
+
+
+def test_a_vote_request_is_resent_to_a_peer_that_just_came_up() -> None:
+    """The first copy went to a peer still restarting; the candidate must not wait a timeout."""
+    core = follower_of("n2")
+    core.peer_unreachable("n1")
+    (first,) = of(core.ready(), VoteRequest, "n3")
+    core.peer_reachable("n3")
+    (again,) = of(core.ready(), VoteRequest, "n3")
+    assert again == first
+    core.step(VoteResponse(3, "n3", "n2", True, True))  # n3 grants: now a real candidate
+    core.ready()
+    core.step(VoteResponse(3, "n1", "n2", False, False))  # (a late refusal of the real vote)
+    core.ready()
+    core.peer_reachable("n1")  # n1 answered the real vote already: nothing to resend
+    assert not of(core.ready(), VoteRequest)
+    core.peer_reachable("n3")  # n3 answered only the pre-vote: resend the real request
+    (real,) = of(core.ready(), VoteRequest, "n3")
+    assert core.role is Role.CANDIDATE and not real.pre_vote and real.term == core.term == 3
+
+
+def test_peer_reachable_does_nothing_for_a_follower_or_leader() -> None:
+    core = follower_of("n2")
+    core.peer_reachable("n3")
+    assert not core.ready().messages
+
+
+# ---------------------------------------------------------------------- lost hard state
+
+
+def test_a_recovering_node_refuses_votes_and_never_campaigns() -> None:
+    core = RaftCore("n2", MEMBERS, mklog([1, 1]), config=RaftConfig(election_ticks=E), recovering=True)
+    for _ in range(4 * E):
+        core.tick()
+    assert core.role is Role.FOLLOWER and core.term == 0
+    core.step(VoteRequest(3, "n1", "n2", 2, 1, True, False))
+    core.step(VoteRequest(3, "n1", "n2", 2, 1, False, False))
+    answers = of(core.ready(), VoteResponse)
+    assert len(answers) == 2 and not any(a.granted for a in answers)
+    assert core.voted_for is None and core.status()["recovering"]
+
+
+def test_a_recovering_node_votes_again_once_a_leader_caught_it_up() -> None:
+    core = RaftCore("n2", MEMBERS, mklog([1, 1]), config=RaftConfig(election_ticks=E), recovering=True)
+    core.step(AppendRequest(3, "n1", "n2", 4, 3, 4, [], 0))  # a heartbeat beyond its log: rejected
+    assert core.recovering and core.commit == 0
+    core.step(AppendRequest(3, "n1", "n2", 2, 1, 4, [Entry(3, 3, b"x"), Entry(4, 3, b"y")], 0))
+    assert core.commit == 4 and not core.recovering
+    core.step(VoteRequest(4, "n3", "n2", 4, 3, False, True))  # (a transfer: past the leader's lease)
+    assert any(m.granted for m in of(core.ready(), VoteResponse))

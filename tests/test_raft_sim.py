@@ -3,9 +3,10 @@
 Hundreds of seeded runs, each a cluster under crashes, partitions, lossy and reordering
 networks, slow disks, transfers and retention, checked for Raft's safety properties,
 linearizable reads and liveness after healing. A failure prints the seed and the command
-that replays it exactly. The checkers themselves are tested by mutation: a runtime that
-forgets its vote, acknowledges before fsync, serves reads locally and so on must be caught,
-or a green run would prove nothing.
+that replays it exactly. The checkers themselves are tested by mutation: faults injected into the
+production runtime, the simulated disk or the voters (a runtime that acknowledges before
+fsync, sends before persisting, serves reads locally; a disk that forgets the vote, and so
+on) must be caught, or a green run would prove nothing.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def test_the_runs_exercise_every_fault_and_feature(three_node_results: list[SimR
         "crashes": 4 * n,
         "elections": 2 * n,
         "acked_writes": 50 * n,
+        "acked_by_deposed": n // 10,  # a deposed leader acknowledging what the next one committed
+        "failed_writes": n // 5,  # definite failures: another entry committed at the index
+        "unknown_writes": n // 5,  # pending appends expired on the simulated clock
         "reads_ok": 10 * n,
         "reads_dropped": n,  # reads lost with leadership are reported, not silently kept
         "transfers": 2 * n,
@@ -66,6 +70,8 @@ def test_the_runs_exercise_every_fault_and_feature(three_node_results: list[SimR
         "install_base": n,  # retention pushed followers behind a leader's first index
         "truncations": n // 5,  # uncommitted suffixes overwritten by a later leader
         "compactions": 2 * n,
+        "peer_lost": n,  # connection-lost notices (crashes and cut links) drive fast elections
+        "disk_full": n,  # disks refusing writes: the node hands over, goes mute and resumes
     }
     low = {k: (total[k], floor) for k, floor in floors.items() if total[k] < floor}
     assert not low, f"the simulation stopped exercising: {low} (totals {total})"
@@ -124,6 +130,7 @@ MUTANTS = [
     ("local_reads", ("linearizability",), 60),
     ("no_durable_notice", ("liveness",), 10),
     ("naive_async_sync", ("durability", "acknowledged write"), 400),
+    ("send_before_persist", ("persisted",), 40),
 ]
 
 

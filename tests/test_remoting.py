@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import struct
 import time
@@ -15,7 +16,6 @@ import pytest
 from remoting import (
     FrameDecoder,
     FrameEncodeError,
-    ProcessorPool,
     ProtocolError,
     RemotingClient,
     RemotingCommand,
@@ -29,7 +29,8 @@ from remoting import (
     ResponseCode,
     encode_command,
 )
-from remoting.protocol import FLAG_CRC, FLAG_ONEWAY, FLAG_RESPONSE, MAGIC, PRELUDE, BadFrame
+from remoting.dispatcher import Deferred, RequestDispatcher
+from remoting.protocol import FLAG_ONEWAY, FLAG_RESPONSE, SERIALIZE_JSON, SERIALIZE_ROCKETMQ, BadFrame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,70 +46,131 @@ def run(coro: Awaitable[T], timeout: float = 20.0) -> T:
     return asyncio.run(bounded())
 
 
-def frame(
+def binary_header(
     code: int,
     opaque: int,
     *,
     flags: int = 0,
     remark: bytes = b"",
-    header: bytes = b"",
-    body: bytes = b"",
-    crc: int | None = None,
-    magic: bytes = MAGIC,
-    version: int = 1,
-    body_len: int | None = None,
+    ext: list[tuple[bytes, bytes]] | None = None,
+    language: int = 3,
+    version: int = 401,
 ) -> bytes:
-    """Hand-built frame, independent of the encoder, so the tests pin the wire format."""
-    if crc is None and body:
-        crc = zlib.crc32(body)
-        flags |= FLAG_CRC
-    return (
-        struct.pack(
-            "!2sBBiIHHII",
-            magic,
-            version,
-            flags,
-            code,
-            opaque,
-            len(remark),
-            len(header),
-            len(body) if body_len is None else body_len,
-            crc or 0,
-        )
-        + remark
-        + header
-        + body
+    """A ROCKETMQ binary header built by hand from RocketMQSerializable's layout."""
+    ext_bytes = b"".join(
+        struct.pack(">H", len(k)) + k + struct.pack(">i", len(v)) + v for k, v in (ext or [])
     )
+    return (
+        struct.pack(">hBhii", code, language, version, opaque, flags)
+        + struct.pack(">i", len(remark))
+        + remark
+        + struct.pack(">i", len(ext_bytes))
+        + ext_bytes
+    )
+
+
+def frame(header: bytes, body: bytes = b"", *, stype: int = 1, total: int | None = None) -> bytes:
+    """A RocketMQ frame: total length, (serialisation << 24 | header length), header, body."""
+    length = 4 + len(header) + len(body) if total is None else total
+    return struct.pack(">II", length, stype << 24 | len(header)) + header + body
+
+
+def json_frame(obj: dict[str, Any], body: bytes = b"") -> bytes:
+    return frame(json.dumps(obj, separators=(",", ":")).encode(), body, stype=0)
+
+
+def crc_ext(body: bytes) -> tuple[bytes, bytes]:
+    return (b"lmqBodyCrc32", str(zlib.crc32(body)).encode())
 
 
 # ---------------------------------------------------------------------------------------------
 # codec
 # ---------------------------------------------------------------------------------------------
-def test_encoding_is_the_documented_layout() -> None:
+def test_binary_encoding_is_rocketmqs_layout() -> None:
     cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}, b"xyz")
     cmd.opaque = 0x01020304
-    expected = (
-        b"LM"
-        + bytes([1, FLAG_CRC])
-        + (105).to_bytes(4, "big")
-        + bytes([1, 2, 3, 4])
-        + (0).to_bytes(2, "big")
-        + len(b'{"topic":"T"}').to_bytes(2, "big")
-        + (3).to_bytes(4, "big")
-        + zlib.crc32(b"xyz").to_bytes(4, "big")
-        + b'{"topic":"T"}'
+    header = (
+        (105).to_bytes(2, "big")  # code
+        + bytes([3])  # language PYTHON
+        + (401).to_bytes(2, "big")  # version V4_9_4
+        + bytes([1, 2, 3, 4])  # opaque
+        + (0).to_bytes(4, "big")  # flag
+        + (0).to_bytes(4, "big")  # remark length
+    )
+    ext = b"\x00\x05topic\x00\x00\x00\x01T"
+    assert encode_command(cmd, crc=False) == (
+        (4 + len(header) + 4 + len(ext) + 3).to_bytes(4, "big")
+        + (0x01000000 | len(header) + 4 + len(ext)).to_bytes(4, "big")
+        + header
+        + len(ext).to_bytes(4, "big")
+        + ext
         + b"xyz"
     )
-    assert encode_command(cmd) == expected
-    assert PRELUDE.size == 24
+    assert encode_command(cmd) == frame(
+        binary_header(105, 0x01020304, ext=[(b"topic", b"T"), crc_ext(b"xyz")]), b"xyz"
+    )
 
 
-def test_response_with_remark_and_no_crc() -> None:
-    cmd = RemotingCommand.response(ResponseCode.TOPIC_NOT_EXIST, "no route", opaque=9)
-    data = encode_command(cmd, crc=False)
-    assert data == frame(17, 9, flags=FLAG_RESPONSE, remark=b"no route")
-    (decoded,) = FrameDecoder().feed(data)
-    assert decoded == cmd and decoded.is_response and decoded.remark == "no route"
+def test_json_encoding_is_what_fastjson_writes() -> None:
+    cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"queueId": 3, "flag": True, "skip": None})
+    cmd.opaque = 7
+    data = encode_command(cmd, serialize_type=SERIALIZE_JSON)
+    header = (
+        b'{"code":10,"extFields":{"queueId":"3","flag":"true"},"flag":0,"language":"PYTHON",'
+        b'"opaque":7,"serializeTypeCurrentRPC":"JSON","version":401}'
+    )
+    assert data == struct.pack(">II", 4 + len(header), len(header)) + header
+
+
+def test_decodes_a_java_clients_json_request() -> None:
+    # What RocketMQ's Java client writes for a route lookup (fastjson, values as strings).
+    data = json_frame(
+        {
+            "code": 105,
+            "extFields": {"topic": "TopicTest"},
+            "flag": 0,
+            "language": "JAVA",
+            "opaque": 3,
+            "serializeTypeCurrentRPC": "JSON",
+            "version": 401,
+        }
+    )
+    (cmd,) = FrameDecoder().feed(data)
+    assert isinstance(cmd, RemotingCommand)
+    assert (cmd.code, cmd.opaque, cmd.flags, cmd.language, cmd.version) == (105, 3, 0, "JAVA", 401)
+    assert cmd.headers == {"topic": "TopicTest"} and cmd.serialize_type == SERIALIZE_JSON
+    # A response goes back in the request's serialisation, with every extField a string.
+    resp = cmd.make_response(ResponseCode.TOPIC_NOT_EXIST, "No topic route info", {"n": 1})
+    out = encode_command(resp, crc=False)
+    assert out[4] == 0  # JSON
+    body = json.loads(out[8:])
+    assert body == {
+        "code": 17,
+        "extFields": {"n": "1"},
+        "flag": 1,
+        "language": "PYTHON",
+        "opaque": 3,
+        "remark": "No topic route info",
+        "serializeTypeCurrentRPC": "JSON",
+        "version": 401,
+    }
+
+
+def test_decodes_a_hand_built_binary_request_and_response() -> None:
+    header = binary_header(
+        11,
+        99,
+        flags=2,
+        remark="r\u00e9".encode(),
+        ext=[(b"queueId", b"2"), (b"topic", b"orders")],
+        language=0,
+    )
+    (cmd,) = FrameDecoder().feed(frame(header, b"body"))
+    assert isinstance(cmd, RemotingCommand)
+    assert (cmd.code, cmd.opaque, cmd.flags, cmd.remark, cmd.body) == (11, 99, 2, "r\u00e9", b"body")
+    assert cmd.is_oneway and cmd.language == "JAVA" and cmd.serialize_type == SERIALIZE_ROCKETMQ
+    assert cmd.headers == {"queueId": "2", "topic": "orders"}
+    assert cmd.header_int("queueId") == 2
 
 
 def test_decoder_handles_every_split_point() -> None:
@@ -116,12 +178,23 @@ def test_decoder_handles_every_split_point() -> None:
         RemotingCommand(
             RequestCode.SEND_MESSAGE, {"topic": "orders", "queueId": 3, "flag": True}, b"m" * 300, "", 1, 0
         ),
-        RemotingCommand(ResponseCode.SUCCESS, {}, b"", "ok \u00e9", 1, FLAG_RESPONSE),
+        RemotingCommand(ResponseCode.SUCCESS, {}, b"", "ok \u00e9", 1, FLAG_RESPONSE, SERIALIZE_JSON),
         RemotingCommand(RequestCode.HEART_BEAT, {"x": None, "f": 1.5}, b"", "", 77, FLAG_ONEWAY),
     ]
     stream = b"".join(encode_command(c) for c in cmds)
     expected = [
-        RemotingCommand(c.code, c.headers, c.body, c.remark, c.opaque, c.flags | (FLAG_CRC if c.body else 0))
+        RemotingCommand(
+            c.code,
+            {
+                k: str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in c.headers.items()
+                if v is not None
+            },
+            c.body,
+            c.remark,
+            c.opaque,
+            c.flags,
+        )
         for c in cmds
     ]
     for cut in range(len(stream) + 1):
@@ -134,33 +207,37 @@ def test_decoder_handles_every_split_point() -> None:
     for i in range(len(stream)):
         got += dec.feed(stream[i : i + 1])
     assert got == expected
+    assert [c.serialize_type for c in got] == [SERIALIZE_ROCKETMQ, SERIALIZE_JSON, SERIALIZE_ROCKETMQ]
 
 
-def test_bad_magic_is_fatal_and_stays_fatal() -> None:
+def test_unknown_serialisation_is_fatal_and_stays_fatal() -> None:
     dec = FrameDecoder()
-    with pytest.raises(ProtocolError, match="bad frame magic b'GE' at stream offset 0"):
+    with pytest.raises(ProtocolError, match="unknown header serialisation type 47 .* stream offset 0"):
         dec.feed(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     with pytest.raises(ProtocolError):
-        dec.feed(frame(10, 1))
+        dec.feed(frame(binary_header(10, 1)))
 
 
-def test_bad_magic_after_good_frames_reports_offset() -> None:
-    good = frame(10, 1, body=b"abc")
+def test_bad_frame_after_good_frames_reports_offset() -> None:
+    good = frame(binary_header(10, 1), b"abc")
     dec = FrameDecoder()
     assert len(dec.feed(good)) == 1
     with pytest.raises(ProtocolError, match=f"stream offset {len(good)}"):
-        dec.feed(b"\x00" * 30)
+        dec.feed(struct.pack(">II", 10, 50) + b"\x00" * 30)  # header longer than the frame
 
 
-def test_unsupported_version_is_fatal() -> None:
-    with pytest.raises(ProtocolError, match="unsupported protocol version 9"):
-        FrameDecoder().feed(frame(10, 1, version=9))
+def test_unreadable_json_header_closes_the_connection() -> None:
+    with pytest.raises(ProtocolError, match="unreadable JSON header"):
+        FrameDecoder().feed(frame(b"{nope", stype=0))
+    with pytest.raises(ProtocolError, match="shorter than its 21-byte minimum"):
+        FrameDecoder().feed(frame(b"\x00\x0a\x00", stype=1))
 
 
 def test_oversize_body_is_refused_before_it_is_buffered() -> None:
     dec = FrameDecoder(max_body_bytes=1024)
-    # Only the prelude of a frame announcing a 1 GiB body: refused at once, nothing buffered.
-    (bad,) = dec.feed(frame(10, 42, body_len=1 << 30, crc=0))
+    header = binary_header(10, 42)
+    # Only the prefix and header of a frame announcing a 1 GiB body: refused at once, nothing buffered.
+    (bad,) = dec.feed(frame(header, total=4 + len(header) + (1 << 30)))
     assert isinstance(bad, BadFrame)
     assert bad.opaque == 42 and bad.response_code == ResponseCode.FRAME_TOO_LARGE
     assert "1073741824 bytes exceeds the 1024-byte limit" in bad.reason
@@ -169,68 +246,74 @@ def test_oversize_body_is_refused_before_it_is_buffered() -> None:
 
 def test_oversize_frame_is_skipped_and_the_stream_continues() -> None:
     dec = FrameDecoder(max_body_bytes=1024)
-    stream = frame(10, 1, body=b"x" * 5000) + frame(11, 2, body=b"ok")
+    stream = frame(binary_header(10, 1), b"x" * 5000) + frame(binary_header(11, 2), b"ok")
     out: list[Any] = []
     for i in range(0, len(stream), 700):
         out += dec.feed(stream[i : i + 700])
-        assert dec.buffered <= 700 + 24
+        assert dec.buffered <= 700 + 64
     assert isinstance(out[0], BadFrame) and out[0].opaque == 1
     assert isinstance(out[1], RemotingCommand) and out[1].opaque == 2 and out[1].body == b"ok"
 
 
-def test_oversize_header_map_is_refused() -> None:
+def test_oversize_header_closes_the_connection() -> None:
     dec = FrameDecoder(max_header_bytes=100)
-    header = b'{"k":"' + b"v" * 200 + b'"}'
-    out = dec.feed(frame(10, 5, header=header) + frame(10, 6))
-    assert isinstance(out[0], BadFrame) and "header map of 208 bytes" in out[0].reason
-    assert isinstance(out[1], RemotingCommand) and out[1].opaque == 6
+    header = binary_header(10, 5, ext=[(b"k", b"v" * 200)])
+    with pytest.raises(ProtocolError, match="header of 228 bytes exceeds the 100-byte limit"):
+        dec.feed(frame(header))
 
 
 def test_crc_mismatch_is_refused_unless_verification_is_off() -> None:
-    data = bytearray(frame(10, 3, body=b"hello world"))
+    data = bytearray(frame(binary_header(10, 3, ext=[crc_ext(b"hello world")]), b"hello world"))
     data[-1] ^= 0xFF
     (bad,) = FrameDecoder().feed(bytes(data))
     assert isinstance(bad, BadFrame) and bad.response_code == ResponseCode.BODY_CRC_MISMATCH
     assert "CRC32 mismatch" in bad.reason
     (cmd,) = FrameDecoder(verify_crc=False).feed(bytes(data))
-    assert isinstance(cmd, RemotingCommand)
+    assert isinstance(cmd, RemotingCommand) and "lmqBodyCrc32" not in cmd.headers
 
 
 @pytest.mark.parametrize(
-    ("header", "reason"),
+    ("data", "reason"),
     [
-        (b"{bad", "not valid UTF-8 JSON"),
-        (b"[1,2]", "must be a JSON object, got list"),
-        (b'{"a":{"b":1}}', "header 'a' must be a string, number, boolean or null"),
-        (b"\xff\xfe", "not valid UTF-8 JSON"),
-        (b"[" * 5000 + b"]" * 5000, "not valid UTF-8 JSON"),
+        (json_frame({"code": 10, "opaque": 8, "extFields": [1]}), "'extFields' must be an object"),
+        (
+            json_frame({"code": 10, "opaque": 8, "extFields": {"a": {"b": 1}}}),
+            "extField 'a' must be a string",
+        ),
+        (json_frame({"code": 10, "opaque": 8, "remark": 5}), "'remark' must be a string"),
+        (frame(binary_header(10, 8, ext=[(b"\xff", b"v")])), "not UTF-8"),
+        (frame(binary_header(10, 8)[:-4] + struct.pack(">i", 50) + b"\x00" * 50), "extField name runs past"),
+        (frame(binary_header(10, 8)[:13] + struct.pack(">i", 999) + b"\x00" * 8), "remark length 999"),
     ],
 )
-def test_malformed_header_map_is_a_bad_request(header: bytes, reason: str) -> None:
-    dec = FrameDecoder(max_header_bytes=60000)
-    out = dec.feed(frame(10, 8, header=header) + frame(10, 9))
+def test_malformed_header_content_is_a_bad_request(data: bytes, reason: str) -> None:
+    out = FrameDecoder().feed(data + frame(binary_header(10, 9)))
     assert isinstance(out[0], BadFrame) and out[0].response_code == ResponseCode.BAD_REQUEST
-    assert reason in out[0].reason
-    assert isinstance(out[1], RemotingCommand)
+    assert out[0].opaque == 8 and reason in out[0].reason
+    assert isinstance(out[1], RemotingCommand) and out[1].opaque == 9
 
 
-def test_unknown_flag_bits_are_refused() -> None:
-    (bad,) = FrameDecoder().feed(frame(10, 1, flags=0x40))
-    assert isinstance(bad, BadFrame) and "unknown flag bits 0x40" in bad.reason
+def test_numbers_in_json_extfields_are_tolerated_as_text() -> None:
+    (cmd,) = FrameDecoder().feed(
+        json_frame({"code": 10, "opaque": 1, "extFields": {"queueId": 4, "b": False}})
+    )
+    assert isinstance(cmd, RemotingCommand) and cmd.headers == {"queueId": "4", "b": "false"}
 
 
 def test_encoder_refuses_what_it_cannot_send() -> None:
-    with pytest.raises(FrameEncodeError, match="not JSON-encodable"):
+    with pytest.raises(FrameEncodeError, match="header 'x' of SEND_MESSAGE must be a string"):
         encode_command(RemotingCommand.request(10, {"x": object()}))  # type: ignore[dict-item]
-    with pytest.raises(FrameEncodeError, match="over 65535"):
-        encode_command(RemotingCommand.request(10, {"x": "y" * 70000}))
+    with pytest.raises(FrameEncodeError, match="header 'x' of SEND_MESSAGE must be a string"):
+        encode_command(RemotingCommand.request(10, {"x": [1]}), serialize_type=SERIALIZE_JSON)  # type: ignore[dict-item]
+    with pytest.raises(FrameEncodeError, match="cannot encode"):
+        encode_command(RemotingCommand.request(70000))
     long_remark = RemotingCommand.response(1, "e" * 100_000)
     (decoded,) = FrameDecoder().feed(encode_command(long_remark))
-    assert decoded.remark.endswith("...") and len(decoded.remark) == 65535
+    assert decoded.remark.endswith("...") and len(decoded.remark) == 4096
 
 
 def test_typed_header_access_names_the_field() -> None:
-    cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, {"brokerId": "2", "n": 1.5, "b": "true"})
+    cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, {"brokerId": "2", "n": "1.5", "b": "true"})
     assert cmd.header_int("brokerId") == 2
     assert cmd.header_bool("b") is True
     with pytest.raises(
@@ -285,7 +368,30 @@ def test_sync_invoke_round_trip() -> None:
                 3.0,
             )
             assert resp.is_response and resp.code == ResponseCode.SUCCESS
-            assert resp.headers == {"a": "b", "n": 3} and resp.body == b"body" and resp.remark == "echo"
+            assert resp.headers == {"a": "b", "n": "3"} and resp.body == b"body" and resp.remark == "echo"
+        await server.stop()
+
+    run(main())
+
+
+def test_json_client_gets_json_answers_from_a_server_speaking_binary() -> None:
+    async def main() -> None:
+        server = await start_server()
+        async with RemotingClient(RemotingConfig(serialize_type=SERIALIZE_JSON)) as client:
+            resp = await client.invoke_sync(
+                server.address,
+                RemotingCommand.request(RequestCode.HEART_BEAT, {"n": 7, "ok": True}, b"body"),
+                3.0,
+            )
+            assert resp.serialize_type == SERIALIZE_JSON and resp.language == "PYTHON"
+            assert resp.headers == {"n": "7", "ok": "true"} and resp.body == b"body"
+        async with RemotingClient() as client:
+            resp = await client.invoke_sync(
+                server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 3.0
+            )
+            assert resp.serialize_type == SERIALIZE_ROCKETMQ
+        with pytest.raises(ValueError, match="serialize_type"):
+            RemotingConfig(serialize_type=7)
         await server.stop()
 
     run(main())
@@ -470,39 +576,6 @@ def test_timeout_then_connection_still_usable() -> None:
     run(main())
 
 
-def test_pool_overflow_is_answered_system_busy() -> None:
-    async def main() -> None:
-        release = asyncio.Event()
-
-        async def gated(conn: Any, req: RemotingCommand) -> RemotingCommand:
-            await release.wait()
-            return req.make_response()
-
-        server = await start_server()
-        pool = ProcessorPool("send", max_concurrency=1, max_queue=1)
-        server.register_processor(RequestCode.SEND_MESSAGE, gated, pool)
-        async with RemotingClient() as client:
-            calls = [
-                asyncio.ensure_future(
-                    client.invoke_sync(server.address, RemotingCommand.request(RequestCode.SEND_MESSAGE), 5.0)
-                )
-                for _ in range(5)
-            ]
-            deadline = time.monotonic() + 3
-            while sum(c.done() for c in calls) < 3 and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            busy = [c.result() for c in calls if c.done()]
-            assert len(busy) == 3 and all(r.code == ResponseCode.SYSTEM_BUSY for r in busy)
-            assert "[OVERLOAD] pool send" in busy[0].remark
-            release.set()
-            rest = await asyncio.gather(*(c for c in calls if not c.done()))
-            assert [r.code for r in rest] == [ResponseCode.SUCCESS] * 2
-            assert pool.rejected == 3 and pool.admitted == 0
-        await server.stop()
-
-    run(main())
-
-
 def test_malformed_stream_drops_only_that_connection() -> None:
     async def main() -> None:
         server = await start_server()
@@ -523,8 +596,8 @@ def test_malformed_stream_drops_only_that_connection() -> None:
 def test_oversize_body_is_answered_and_the_connection_goes_on() -> None:
     async def main() -> None:
         server = await start_server(config=RemotingConfig(max_body_bytes=64 * 1024))
-        data = frame(RequestCode.HEART_BEAT, 11, body=b"z" * 100_000) + frame(
-            RequestCode.HEART_BEAT, 12, body=b"fine"
+        data = frame(binary_header(RequestCode.HEART_BEAT, 11), b"z" * 100_000) + frame(
+            binary_header(RequestCode.HEART_BEAT, 12), b"fine"
         )
         out = await raw_exchange(server.port, data, expect=2)
         assert [r.opaque for r in out] == [11, 12]
@@ -540,8 +613,10 @@ def test_oversize_body_is_answered_and_the_connection_goes_on() -> None:
 def test_crc_mismatch_and_bad_header_are_answered() -> None:
     async def main() -> None:
         server = await start_server()
-        corrupt = frame(RequestCode.HEART_BEAT, 21, body=b"payload", crc=1234, flags=FLAG_CRC)
-        bad_header = frame(RequestCode.HEART_BEAT, 22, header=b"{nope")
+        corrupt = frame(
+            binary_header(RequestCode.HEART_BEAT, 21, ext=[(b"lmqBodyCrc32", b"1234")]), b"payload"
+        )
+        bad_header = json_frame({"code": RequestCode.HEART_BEAT, "opaque": 22, "extFields": "nope"})
         out = await raw_exchange(server.port, corrupt + bad_header, expect=2)
         assert [(r.opaque, r.code) for r in out] == [
             (21, ResponseCode.BODY_CRC_MISMATCH),
@@ -723,7 +798,11 @@ def test_processor_closing_its_connection_mid_batch_is_harmless() -> None:
 
         server = await start_server()
         server.register_processor(1, hang_up)
-        bye = frame(1, 1) + frame(RequestCode.HEART_BEAT, 2) + frame(RequestCode.HEART_BEAT, 3)
+        bye = (
+            frame(binary_header(1, 1))
+            + frame(binary_header(RequestCode.HEART_BEAT, 2))
+            + frame(binary_header(RequestCode.HEART_BEAT, 3))
+        )
         out = await raw_exchange(server.port, bye, expect=3, timeout=2.0)
         assert out == []  # closed before any answer was flushed; nothing raised on the way
         assert server.dispatcher.errors == 0
@@ -734,3 +813,47 @@ def test_processor_closing_its_connection_mid_batch_is_harmless() -> None:
         await server.stop()
 
     run(main())
+
+
+class _Conn:
+    """Just what the dispatcher needs of a connection: where replies go."""
+
+    remote_addr = "127.0.0.1:1"
+    closing = False
+
+    def __init__(self) -> None:
+        self.sent: list[RemotingCommand] = []
+
+    def send(self, cmd: RemotingCommand) -> None:
+        self.sent.append(cmd)
+
+
+def test_a_deferred_response_is_sent_once_as_a_returned_one_would_be() -> None:
+    later: list[Deferred] = []
+
+    def deferring(conn: Any, req: RemotingCommand) -> Deferred:
+        d = Deferred()
+        if req.headers.get("early"):
+            d.answer(req.make_response(remark="early"))  # answered before the processor returns
+        later.append(d)
+        return d
+
+    dispatcher = RequestDispatcher("test")
+    dispatcher.register(10, deferring)
+    conn = _Conn()
+    req = RemotingCommand(10, {}, opaque=41, serialize_type=SERIALIZE_JSON)
+    dispatcher.dispatch(conn, req)  # type: ignore[arg-type]
+    assert conn.sent == [], "nothing is sent before the processor answers"
+    later[0].answer(RemotingCommand(0, remark="done"))
+    later[0].answer(RemotingCommand(0, remark="again"))
+    (resp,) = conn.sent
+    assert resp.remark == "done" and resp.opaque == 41 and resp.is_response
+    assert resp.serialize_type == SERIALIZE_JSON, "answered in the request's serialisation"
+
+    dispatcher.dispatch(conn, RemotingCommand(10, {"early": "1"}, opaque=42))  # type: ignore[arg-type]
+    assert [r.remark for r in conn.sent[1:]] == ["early"] and conn.sent[1].opaque == 42
+
+    oneway = RemotingCommand(10, {}, opaque=43, flags=FLAG_ONEWAY)
+    dispatcher.dispatch(conn, oneway)  # type: ignore[arg-type]
+    later[-1].answer(RemotingCommand(0))
+    assert len(conn.sent) == 2, "a oneway request gets no answer"

@@ -552,6 +552,40 @@ def test_failed_fsync_poisons_the_store(tmp_path: Path, monkeypatch) -> None:
     s.close()
 
 
+@pytest.mark.parametrize("fail_at", [1, 2, 3])
+def test_a_failed_write_leaves_the_log_as_it_was_and_writable(
+    tmp_path: Path, monkeypatch, fail_at: int
+) -> None:
+    """A full disk (ENOSPC) mid-batch, also across a segment roll: the partial batch is cut off,
+    the store takes writes once space is back, and a restart reads exactly the good entries.
+    (Before: the first failed write poisoned the store until a restart.)"""
+    s = open_store(tmp_path, segment_bytes=600)
+    fill(s, 3)
+    s.sync()
+    real = os.pwrite
+    calls = {"n": 0}
+
+    def full(fd: int, data, offset: int) -> int:  # noqa: ANN001 - bytes or memoryview
+        calls["n"] += 1
+        if calls["n"] >= fail_at:
+            raise OSError(28, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(store_mod.os, "pwrite", full)
+    with pytest.raises(OSError, match="No space"):
+        s.append([make(4 + i, 1, size=200) for i in range(4)])
+    monkeypatch.setattr(store_mod.os, "pwrite", real)
+    assert s.last_index == 3
+    more = [make(4 + i, 2, size=150) for i in range(5)]
+    s.append(more)
+    s.sync()
+    assert [e.data for e in s.entries(4, 8)] == [e.data for e in more]
+    s.close()
+    s = open_store(tmp_path, segment_bytes=600)
+    assert s.last_index == 8 and [e.term for e in s.entries(1, 8)] == [1, 1, 1, 2, 2, 2, 2, 2]
+    s.close()
+
+
 # ---------------------------------------------------------------------- hard state
 
 

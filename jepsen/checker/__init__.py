@@ -5,5 +5,8 @@ Modules: ``parse`` and ``edn`` read the formats, ``frames`` loads them into Spar
 pairs operations, ``log_checker`` judges the log workload, ``linear`` (with
 ``linear_spark``) the register and kv workloads, ``results`` writes results.json,
 ``plotdata`` gathers what the report draws, ``synth`` makes large test histories,
-``spark`` holds the one Spark session. Importing this package does not start Spark.
+``spark`` holds the one Spark session. Small histories skip Spark: ``inprocess`` pairs
+and judges them in this process, with ``linear.check_rows`` (the function Spark's groups
+call) and ``log_rules`` (the log rules per key, tested to agree with ``log_checker``).
+Importing this package does not start Spark.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from jepsen.checker import parse
+from jepsen.checker import parse, recovery, shards
 from jepsen.checker.frames import Source
 from jepsen.checker.results import error_result, linear_result, log_result, write_json
 
@@ -37,6 +37,7 @@ class FileOutcome:
     error: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
     ops: int = 0
+    engine: str | None = None  # "in-process" or "spark <master>": which path judged it
 
     @property
     def verdict(self) -> str:
@@ -68,17 +69,12 @@ def _out_dirs(paths: list[str], out_dir: Path) -> list[Path]:
     return dirs
 
 
+SPARK_READS = ("jsonl", "parquet")  # formats Spark reads itself (the others are parsed in Python)
 SMALL_INPUT_BYTES = 512 << 20  # below this (about 2M operations) the checks cut lineage (spark.materialize)
 
 
 def input_bytes(sources: list[Source]) -> int:
-    size = 0
-    for s in sources:
-        try:
-            size += Path(s.path).stat().st_size
-        except OSError:
-            pass
-    return size
+    return sum(shards.size_bytes(s.path) for s in sources)
 
 
 def partitions_for(sources: list[Source]) -> int:
@@ -100,20 +96,43 @@ def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
     from pyspark.sql import functions as F
 
     # fixed-width aggregates only (hash aggregation); the bad rows' text comes separately
-    rows = (ops.groupBy("src", "kind", "f", "type")
-            .agg(F.count("*").alias("n"), F.min("inv_time").alias("t0"),
-                 F.max(F.greatest("inv_time", "cmp_time")).alias("t1"),
-                 F.max(F.col("timed").cast("int")).alias("timed"))
-            .collect())
+    rows = (
+        ops.groupBy("src", "kind", "f", "type")
+        .agg(
+            F.count("*").alias("n"),
+            F.min("inv_time").alias("t0"),
+            F.max(F.greatest("inv_time", "cmp_time")).alias("t1"),
+            F.max(F.col("timed").cast("int")).alias("timed"),
+        )
+        .collect()
+    )
     bad_srcs = sorted({r["src"] for r in rows if r["kind"] == "bad"})
-    bad_rows = (ops.filter((F.col("kind") == "bad") & F.col("src").isin(bad_srcs)).groupBy("src")
-                .agg(F.min(F.struct(F.coalesce("inv_index", F.lit(-1)).alias("i"), "problem")).alias("bad"))
-                .collect()) if bad_srcs else []
+    bad_rows = (
+        (
+            ops.filter((F.col("kind") == "bad") & F.col("src").isin(bad_srcs))
+            .groupBy("src")
+            .agg(F.min(F.struct(F.coalesce("inv_index", F.lit(-1)).alias("i"), "problem")).alias("bad"))
+            .collect()
+        )
+        if bad_srcs
+        else []
+    )
     first_bad = {r["src"]: (r["bad"]["i"], r["bad"]["problem"]) for r in bad_rows}
     out: dict[int, dict[str, Any]] = {}
     for r in rows:
-        o = out.setdefault(r["src"], {"ops": {}, "fs": set(), "t0": None, "t1": None, "bad": None,
-                                      "timed": False, "nemesis": 0, "n": 0})
+        o = out.setdefault(
+            r["src"],
+            {
+                "ops": {},
+                "fs": set(),
+                "t0": None,
+                "t1": None,
+                "bad": None,
+                "timed": False,
+                "nemesis": 0,
+                "n": 0,
+            },
+        )
         if r["kind"] == "bad":
             o["bad"] = first_bad.get(r["src"], (-1, "malformed event"))
             continue
@@ -133,7 +152,8 @@ def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
 def _locate_problem(src: Source, spark_problem: tuple[int, str], shown: str) -> str:
     """Spark knows a row is bad but not its line; re-read the file to name the line."""
     try:
-        parse.read_events(src.path, src.fmt)
+        for f in shards.shard_files(src.path):
+            parse.read_events(f, src.fmt)
     except parse.HistoryError as exc:
         return str(parse.HistoryError(shown, exc.line, exc.message))
     index, problem = spark_problem
@@ -146,24 +166,49 @@ def _choose_workload(requested: str | None, fs: set[str], path: str) -> str:
         known = {"log": parse.LOG_FS, "register": parse.REGISTER_FS, "kv": parse.KV_FS}[requested]
         stray = sorted(fs - known)
         if stray:
-            raise parse.HistoryError(path, None, f"operation(s) {', '.join(stray)} are not part of the "
-                                     f"{requested} workload ({', '.join(sorted(known))})")
+            raise parse.HistoryError(
+                path,
+                None,
+                f"operation(s) {', '.join(stray)} are not part of the "
+                f"{requested} workload ({', '.join(sorted(known))})",
+            )
         return requested
     found = parse.infer_workload(fs)
     if found is None:
-        raise parse.HistoryError(path, None, f"cannot tell the workload from operations "
-                                 f"{', '.join(sorted(fs)) or '(none)'}; pass --workload")
+        raise parse.HistoryError(
+            path,
+            None,
+            f"cannot tell the workload from operations {', '.join(sorted(fs)) or '(none)'}; pass --workload",
+        )
     return found
 
 
-def analyze_files(paths: list[str | Path], workload: str | None = None,
-                  out_dir: str | Path = "store/analysis", master: str | None = None,
-                  budget: float = DEFAULT_BUDGET, report: bool = True) -> dict[str, Any]:
+def analyze_files(
+    paths: list[str | Path],
+    workload: str | None = None,
+    out_dir: str | Path = "store/analysis",
+    master: str | None = None,
+    budget: float = DEFAULT_BUDGET,
+    report: bool = True,
+    engine: str = "auto",
+    history_uris: list[str] | None = None,
+    ship: bool | None = None,
+) -> dict[str, Any]:
     """Check every history; write results.json/report.html per file and summary.json.
 
-    Returns ``{"files": [FileOutcome...], "summary": {path: valid}, "exit": code,
-    "seconds": s}`` where ``valid`` is null for an unreadable history.
+    ``engine``: ``auto`` judges files up to ``inprocess.FAST_PATH_MAX_BYTES`` in this
+    process (no JVM) and the rest on Spark; ``inprocess`` or ``spark`` forces one path
+    for all. Returns ``{"files": [FileOutcome...], "summary": {path: valid}, "exit":
+    code, "seconds": s}`` where ``valid`` is null for an unreadable history.
+
+    Histories checked on a cluster must be readable by its executors: ``history_uris``
+    (one per path) names where they can (a shared path or any Hadoop URI); otherwise a
+    master on another host (or ``ship=True``) gets the history sent through the session.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    if history_uris is not None and len(history_uris) != len(paths):
+        raise ValueError(f"{len(history_uris)} history URIs for {len(paths)} histories: give one per history")
     started = time.monotonic()
     out_root = Path(out_dir)
     str_paths = [str(p) for p in paths]
@@ -171,17 +216,26 @@ def analyze_files(paths: list[str | Path], workload: str | None = None,
     sources: list[Source] = []
     for i, o in enumerate(outcomes):
         try:
-            fmt = parse.detect_format(o.path)
-            events = None if fmt == "jsonl" else parse.read_events(o.path, fmt)
-            sources.append(Source(i, str(Path(o.path).resolve()), fmt, events))
+            path, fmt = shards.resolve(o.path)  # a file, a folder of shards or a run folder
+            events = None if fmt in SPARK_READS else parse.read_events(path, fmt)
+            sources.append(Source(i, str(Path(path).resolve()), fmt, events))
         except parse.HistoryError as exc:
             o.error = str(exc)
     plots: dict[int, dict[str, Any]] = {}
-    if sources:
-        _check_sources(sources, outcomes, workload, master, budget, plots, report)
+    if history_uris:
+        engine = "spark"  # the user named where the cluster reads them
+    small, large = split_by_engine(sources, engine)
+    if small:
+        _check_in_process(small, outcomes, workload, budget, plots, report)
+    if large:
+        large = _reach_cluster(large, outcomes, master, history_uris, ship)
+    if large:
+        _check_sources(large, outcomes, workload, master, budget, plots, report)
     for i, o in enumerate(outcomes):
         if o.error is not None:
             o.result = error_result(o.error, o.workload or workload)
+        if o.engine is not None:
+            o.result["engine"] = o.engine
         write_json(o.out_dir / "results.json", o.result)
         if report:
             from jepsen import report as rep
@@ -189,17 +243,153 @@ def analyze_files(paths: list[str | Path], workload: str | None = None,
             rep.write_report(o.out_dir / "report.html", o.path, o.result, plots.get(i))
     summary = {o.path: o.valid if o.error is None else None for o in outcomes}
     write_json(out_root / "summary.json", summary)
-    return {"files": outcomes, "summary": summary, "exit": exit_code(outcomes),
-            "seconds": time.monotonic() - started}
+    return {
+        "files": outcomes,
+        "summary": summary,
+        "exit": exit_code(outcomes),
+        "seconds": time.monotonic() - started,
+    }
 
 
-def _check_sources(sources: list[Source], outcomes: list[FileOutcome], workload: str | None,
-                   master: str | None, budget: float, plots: dict[int, dict[str, Any]],
-                   report: bool) -> None:
+ENGINES = ("auto", "inprocess", "spark")
+IN_PROCESS_FORMATS = ("jsonl", "edn", "etcd")  # what the Python readers parse
+
+
+def split_by_engine(sources: list[Source], engine: str) -> tuple[list[Source], list[Source]]:
+    """(judged in-process, judged on Spark): small regular files go in-process under ``auto``."""
+    from jepsen.checker.inprocess import FAST_PATH_MAX_BYTES, FAST_PATH_TOTAL_BYTES
+
+    if engine == "spark":
+        return [], list(sources)
+    if engine == "inprocess":
+        return list(sources), []
+    small, large, total = [], [], 0
+    for s in sources:
+        p = Path(s.path)
+        size = shards.size_bytes(p) if s.fmt in IN_PROCESS_FORMATS else None
+        if size is not None and size <= FAST_PATH_MAX_BYTES and total + size <= FAST_PATH_TOTAL_BYTES:
+            small.append(s)
+            total += size
+        else:
+            large.append(s)
+    return small, large
+
+
+SHIP_MAX_BYTES = 256 << 20  # larger histories must be put where the cluster reads them
+
+
+def _reach_cluster(
+    sources: list[Source],
+    outcomes: list[FileOutcome],
+    master: str | None,
+    history_uris: list[str] | None,
+    ship: bool | None,
+) -> list[Source]:
+    """Make each history readable by the cluster's executors; returns the sources still to check.
+
+    A named URI replaces the local path. Otherwise, when the master runs on another host
+    (or ``ship`` is set), the history is parsed here and goes to Spark as rows of the
+    session (Arrow batches on Spark Connect), never as a path the executors cannot open.
+    """
+    from jepsen.checker.spark import is_remote_master, resolve_master
+
+    m = resolve_master(master)
+    send = ship if ship is not None else is_remote_master(m)
+    out = []
+    for s in sources:
+        o = outcomes[s.src]
+        if history_uris:
+            s.path = history_uris[s.src]
+        elif send and s.events is None:
+            size = shards.size_bytes(s.path)
+            if s.fmt not in IN_PROCESS_FORMATS or size > SHIP_MAX_BYTES:
+                o.error = (
+                    f"{o.path}: cannot ship a {s.fmt} history of {size >> 20} MB to {m} (limit "
+                    f"{SHIP_MAX_BYTES >> 20} MB of JSON Lines): put it where the cluster can read it "
+                    "and pass --history-uri"
+                )
+                continue
+            try:
+                s.events = shards.read_events(s.path, s.fmt)
+            except parse.HistoryError as exc:
+                o.error = str(parse.HistoryError(o.path, exc.line, exc.message))
+                continue
+        out.append(s)
+    return out
+
+
+def _check_in_process(
+    sources: list[Source],
+    outcomes: list[FileOutcome],
+    workload: str | None,
+    budget: float,
+    plots: dict[int, dict[str, Any]],
+    report: bool,
+) -> None:
+    """The same checks as ``_check_sources``, in this process (see ``inprocess``)."""
+    from jepsen.checker import inprocess, log_rules
+    from jepsen.checker.plotdata import BINS
+
+    for s in sources:
+        o = outcomes[s.src]
+        o.engine = "in-process"
+        try:
+            events = s.events if s.events is not None else shards.read_events(s.path, s.fmt)
+        except parse.HistoryError as exc:
+            o.error = str(parse.HistoryError(o.path, exc.line, exc.message))
+            continue
+        rows = inprocess.pair(s.src, events)
+        ov = inprocess.overview(rows)
+        if ov["n"] == 0:
+            o.error = f"{o.path}: no operations found"
+            continue
+        try:
+            w = _choose_workload(workload, ov["fs"], o.path)
+        except parse.HistoryError as exc:
+            o.error = str(exc)
+            continue
+        o.workload, o.ops = w, ov["n"]
+        base = _base_stats(ov, s.fmt)
+        ops = [r for r in rows if r["kind"] == "op"]
+        if w == "log":
+            o.result = log_result(log_rules.check_history(ops), base)
+        else:
+            o.result = linear_result(w, inprocess.check_linear(ops, w, budget), base)
+        o.valid = o.result["valid"]
+        if ov["timed"]:
+            recovery.attach(o.result, recovery.faults_from_rows(rows))
+        if report and ov["timed"] and ov["t0"] is not None:
+            plots[s.src] = inprocess.plot_data(rows, ov, w, PLOT_POINTS, BINS)
+
+
+def _base_stats(ov: dict[str, Any], fmt: str) -> dict[str, Any]:
+    base = {
+        "ops": ov["n"],
+        "by-f": ov["ops"],
+        "nemesis-events": ov["nemesis"],
+        "format": fmt,
+        "timed": ov["timed"],
+    }
+    if ov["timed"] and ov["t0"] is not None and ov["t1"] is not None:
+        base["duration-s"] = round((ov["t1"] - ov["t0"]) / 1e9, 3)
+    return base
+
+
+def _check_sources(
+    sources: list[Source],
+    outcomes: list[FileOutcome],
+    workload: str | None,
+    master: str | None,
+    budget: float,
+    plots: dict[int, dict[str, Any]],
+    report: bool,
+) -> None:
     from jepsen.checker import frames
-    from jepsen.checker.spark import get_spark, materialize
+    from jepsen.checker.spark import get_spark, master_in_use, materialize
 
     spark = get_spark(master)
+    for s in sources:
+        outcomes[s.src].engine = f"spark {master_in_use()}"
     parts = partitions_for(sources)
     conf = analysis_conf(parts)
     excluded = spark.conf.get("spark.sql.optimizer.excludedRules", None)
@@ -228,15 +418,17 @@ def analysis_conf(parts: int) -> dict[str, str]:
     small stages cost more than it saved; partition counts are chosen from the input
     size instead.
     """
-    return {"spark.sql.shuffle.partitions": str(parts),
-            # With one input file `src` is a literal, and propagating it into the plans
-            # drops it from their partitioning: every (src, key) step would shuffle again.
-            "spark.sql.optimizer.excludedRules": EXCLUDED_RULE,
-            # several splits per core when reading big JSON files, not one per 128 MB
-            "spark.sql.files.maxPartitionBytes": str(32 << 20),
-            "spark.sql.requireAllClusterKeysForCoPartition": "false",
-            "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "false",
-            "spark.sql.adaptive.enabled": "false"}
+    return {
+        "spark.sql.shuffle.partitions": str(parts),
+        # With one input file `src` is a literal, and propagating it into the plans
+        # drops it from their partitioning: every (src, key) step would shuffle again.
+        "spark.sql.optimizer.excludedRules": EXCLUDED_RULE,
+        # several splits per core when reading big JSON files, not one per 128 MB
+        "spark.sql.files.maxPartitionBytes": str(32 << 20),
+        "spark.sql.requireAllClusterKeysForCoPartition": "false",
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "false",
+        "spark.sql.adaptive.enabled": "false",
+    }
 
 
 @contextmanager
@@ -255,9 +447,17 @@ def session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
                 spark.conf.set(k, v)
 
 
-def _check_ops(spark: Any, ops: DataFrame, sources: list[Source], outcomes: list[FileOutcome],
-               workload: str | None, budget: float, plots: dict[int, dict[str, Any]], report: bool,
-               small: bool) -> None:
+def _check_ops(
+    spark: Any,
+    ops: DataFrame,
+    sources: list[Source],
+    outcomes: list[FileOutcome],
+    workload: str | None,
+    budget: float,
+    plots: dict[int, dict[str, Any]],
+    report: bool,
+    small: bool,
+) -> None:
     from pyspark.sql import functions as F
 
     from jepsen.checker import linear_spark, log_checker
@@ -287,15 +487,20 @@ def _check_ops(spark: Any, ops: DataFrame, sources: list[Source], outcomes: list
     found_lin = linear_spark.check(spark, good, lin_srcs, budget) if lin_srcs and good is not None else {}
     for src, w in chosen.items():
         o, ov = outcomes[src], overview[src]
-        base = {"ops": ov["n"], "by-f": ov["ops"], "nemesis-events": ov["nemesis"],
-                "format": by_src[src].fmt, "timed": ov["timed"]}
-        if ov["timed"] and ov["t0"] is not None and ov["t1"] is not None:
-            base["duration-s"] = round((ov["t1"] - ov["t0"]) / 1e9, 3)
+        base = _base_stats(ov, by_src[src].fmt)
         if w == "log":
             o.result = log_result(found_log.get(src, {}), base)
         else:
             o.result = linear_result(w, found_lin.get(src, {}), base)
         o.valid = o.result["valid"]
+    timed = {
+        s: (overview[s]["t0"], overview[s]["t1"])
+        for s in chosen
+        if overview[s]["timed"] and overview[s]["t0"] is not None
+    }
+    found = recovery.spark_faults(ops, sorted(timed), timed)
+    for src in timed:  # an empty list for a timed history without faults, as in-process
+        recovery.attach(outcomes[src].result, found.get(src, []))
     if report and chosen:
         from jepsen.checker.plotdata import collect_plot_data
 

@@ -32,7 +32,7 @@ class EdnError(ValueError):
 
 
 _WS = " \t\r\n,"
-_DELIMS = _WS + "{}[]()\";"
+_DELIMS = _WS + '{}[]()";'
 _ESCAPES = {'"': '"', "\\": "\\", "n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f"}
 
 

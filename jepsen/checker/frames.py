@@ -11,6 +11,7 @@ Jepsen formats are parsed in Python and handed over as rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jepsen.checker.parse import NEMESIS, TYPES, Event
@@ -21,9 +22,16 @@ if TYPE_CHECKING:
 CORRUPT = "_corrupt"
 
 FIELDS: list[tuple[str, str]] = [
-    ("index", "long"), ("time", "long"), ("process", "string"), ("type", "string"),
-    ("f", "string"), ("key", "string"), ("value", "string"), ("error", "string"),
-    ("node", "string"), ("offset", "long"),
+    ("index", "long"),
+    ("time", "long"),
+    ("process", "string"),
+    ("type", "string"),
+    ("f", "string"),
+    ("key", "string"),
+    ("value", "string"),
+    ("error", "string"),
+    ("node", "string"),
+    ("offset", "long"),
 ]
 
 
@@ -57,10 +65,14 @@ def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
     for s in sources:
         if s.events is not None:
             continue
-        df = (spark.read.schema(json_schema)
-              .option("mode", "PERMISSIVE")
-              .option("columnNameOfCorruptRecord", CORRUPT)
-              .json(s.path))
+        if s.fmt == "parquet":  # a folder of Parquet shards with the contract's columns
+            plain = _schema(with_src=False, with_corrupt=False)
+            df = spark.read.schema(plain).parquet(s.path).withColumn(CORRUPT, F.lit(None).cast("string"))
+        else:
+            reader = spark.read.schema(json_schema).option("mode", "PERMISSIVE")
+            if Path(s.path).is_dir():  # a folder of shards: every *.jsonl in it, nothing else
+                reader = reader.option("pathGlobFilter", "*.jsonl")
+            df = reader.option("columnNameOfCorruptRecord", CORRUPT).json(s.path)
         frames.append(df.withColumn("src", F.lit(s.src)))
     rows = [ev.as_row(s.src) for s in sources if s.events is not None for ev in s.events]
     if rows:
@@ -72,12 +84,16 @@ def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
     for other in frames[1:]:
         df = df.unionByName(other)
     types = F.array(*[F.lit(t) for t in TYPES])
-    problem = (F.when(F.col(CORRUPT).isNotNull(), F.lit("not a JSON object with the contract's field types"))
-               .when(F.col("index").isNull(), F.lit("missing 'index'"))
-               .when(~F.array_contains(types, F.col("type")) | F.col("type").isNull(),
-                     F.lit("'type' must be invoke, ok, fail or info"))
-               .when(F.col("f").isNull(), F.lit("missing 'f'"))
-               .when(F.col("process").isNull(), F.lit("missing 'process'")))
+    problem = (
+        F.when(F.col(CORRUPT).isNotNull(), F.lit("not a JSON object with the contract's field types"))
+        .when(F.col("index").isNull(), F.lit("missing 'index'"))
+        .when(
+            ~F.array_contains(types, F.col("type")) | F.col("type").isNull(),
+            F.lit("'type' must be invoke, ok, fail or info"),
+        )
+        .when(F.col("f").isNull(), F.lit("missing 'f'"))
+        .when(F.col("process").isNull(), F.lit("missing 'process'"))
+    )
     return df.withColumn("problem", problem).drop(CORRUPT)
 
 
@@ -98,41 +114,90 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
     nxt = {c: F.lead(c).over(w) for c in ("type", "f", "index", "time", "value", "error", "node", "offset")}
     t = F.coalesce(F.col("time"), F.col("index"))
     paired = df.select(
-        "src", "process", "f", "key", "index", "type", "value", "error", "node", "problem",
-        t.alias("t"), F.col("time").isNotNull().alias("timed"),
-        nxt["type"].alias("n_type"), nxt["f"].alias("n_f"), nxt["index"].alias("n_index"),
-        F.coalesce(nxt["time"], nxt["index"]).alias("n_t"), nxt["value"].alias("n_value"),
-        nxt["error"].alias("n_error"), nxt["node"].alias("n_node"), nxt["offset"].alias("n_offset"),
-        F.lag("type").over(w).alias("p_type"))
+        "src",
+        "process",
+        "f",
+        "key",
+        "index",
+        "type",
+        "value",
+        "error",
+        "node",
+        "problem",
+        t.alias("t"),
+        F.col("time").isNotNull().alias("timed"),
+        nxt["type"].alias("n_type"),
+        nxt["f"].alias("n_f"),
+        nxt["index"].alias("n_index"),
+        F.coalesce(nxt["time"], nxt["index"]).alias("n_t"),
+        nxt["value"].alias("n_value"),
+        nxt["error"].alias("n_error"),
+        nxt["node"].alias("n_node"),
+        nxt["offset"].alias("n_offset"),
+        F.lag("type").over(w).alias("p_type"),
+    )
     # Rows the reader already rejected sit in their own window partitions (their
     # process is usually null), so they never pair with good rows of a process.
     is_nem = F.col("process") == NEMESIS
     is_inv = (F.col("type") == "invoke") & ~is_nem
     completed = is_inv & F.col("n_type").isNotNull() & (F.col("n_type") != "invoke")
-    problem = (F.when(F.col("problem").isNotNull(), F.col("problem"))
-               .when(is_nem, F.lit(None))
-               .when(is_inv & (F.col("n_type") == "invoke"),
-                     F.concat(F.lit("process "), F.col("process"), F.lit(" invokes again (index "),
-                              F.col("n_index").cast("string"), F.lit(") while this operation is outstanding")))
-               .when(completed & (F.col("n_f") != F.col("f")),
-                     F.concat(F.lit("completion f '"), F.col("n_f"), F.lit("' does not match the invoke '"),
-                              F.col("f"), F.lit("'")))
-               .when(~is_inv & (F.col("p_type").isNull() | (F.col("p_type") != "invoke")),
-                     F.concat(F.col("type"), F.lit(" completion without an invoke by process "),
-                              F.col("process"))))
+    problem = (
+        F.when(F.col("problem").isNotNull(), F.col("problem"))
+        .when(is_nem, F.lit(None))
+        .when(
+            is_inv & (F.col("n_type") == "invoke"),
+            F.concat(
+                F.lit("process "),
+                F.col("process"),
+                F.lit(" invokes again (index "),
+                F.col("n_index").cast("string"),
+                F.lit(") while this operation is outstanding"),
+            ),
+        )
+        .when(
+            completed & (F.col("n_f") != F.col("f")),
+            F.concat(
+                F.lit("completion f '"),
+                F.col("n_f"),
+                F.lit("' does not match the invoke '"),
+                F.col("f"),
+                F.lit("'"),
+            ),
+        )
+        .when(
+            ~is_inv & (F.col("p_type").isNull() | (F.col("p_type") != "invoke")),
+            F.concat(F.col("type"), F.lit(" completion without an invoke by process "), F.col("process")),
+        )
+    )
     kind = F.when(problem.isNotNull(), F.lit("bad")).when(is_nem, F.lit("nemesis")).otherwise(F.lit("op"))
     return paired.filter(is_inv | is_nem | problem.isNotNull()).select(
-        "src", kind.alias("kind"), "process", "f", "key",
-        F.when(completed, F.col("n_type")).when(~is_inv, F.col("type")).otherwise(F.lit("info")).alias("type"),
-        F.col("index").alias("inv_index"), F.col("t").alias("inv_time"),
+        "src",
+        kind.alias("kind"),
+        "process",
+        "f",
+        "key",
+        F.when(completed, F.col("n_type"))
+        .when(~is_inv, F.col("type"))
+        .otherwise(F.lit("info"))
+        .alias("type"),
+        F.col("index").alias("inv_index"),
+        F.col("t").alias("inv_time"),
         F.when(completed, F.col("n_index")).alias("cmp_index"),
         F.when(completed, F.col("n_t")).alias("cmp_time"),
         F.col("value").alias("inv_value"),
         F.when(completed, F.col("n_value")).alias("cmp_value"),
         # a send's offset: the contract's top-level field, or inside an object value
-        F.when(completed, F.coalesce(F.col("n_offset"), F.when(
-            F.col("n_value").startswith("{"), F.get_json_object("n_value", "$.offset").cast("long"))))
-        .alias("offset"),
+        F.when(
+            completed,
+            F.coalesce(
+                F.col("n_offset"),
+                F.when(
+                    F.col("n_value").startswith("{"), F.get_json_object("n_value", "$.offset").cast("long")
+                ),
+            ),
+        ).alias("offset"),
         F.when(completed, F.col("n_error")).otherwise(F.col("error")).alias("error"),
         F.coalesce(F.when(completed, F.col("n_node")), F.col("node")).alias("node"),
-        problem.alias("problem"), "timed")
+        problem.alias("problem"),
+        "timed",
+    )

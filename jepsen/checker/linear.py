@@ -55,9 +55,14 @@ class Op:
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description used in results.json examples."""
-        out: dict[str, Any] = {"process": self.process, "f": self.f, "type": self.type,
-                               "value": _decode_json(self.value),
-                               "invoke-index": self.call_index, "invoke-time": self.call}
+        out: dict[str, Any] = {
+            "process": self.process,
+            "f": self.f,
+            "type": self.type,
+            "value": _decode_json(self.value),
+            "invoke-index": self.call_index,
+            "invoke-time": self.call,
+        }
         if self.type == "ok" and self.f in ("read", "get"):
             out["result"] = _decode_json(self.result)
         if self.ret_index is not None:
@@ -88,6 +93,7 @@ def _hashable(v: Any) -> Any:
 
 
 # --- models ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Model:
@@ -166,6 +172,7 @@ def _step(state: Any, kind: int, a: Any, b: Any) -> Any:
 
 
 # --- the search -----------------------------------------------------------------------------
+
 
 class _Timeout(Exception):
     pass
@@ -294,8 +301,9 @@ def _search(ops: list[Op], model: Model, deadline: float) -> tuple[bool, int]:
             e = nxt[e]
 
 
-def _obligations(compiled: list[tuple[int, Any, Any]], required: list[bool],
-                 grows: bool) -> list[tuple[int, Any, int]]:
+def _obligations(
+    compiled: list[tuple[int, Any, Any]], required: list[bool], grows: bool
+) -> list[tuple[int, Any, int]]:
     """For each required read (or cas), the value it needs and the ops that could supply it.
 
     This is a necessary condition, checked after every state change, that prunes the
@@ -315,8 +323,9 @@ def _obligations(compiled: list[tuple[int, Any, Any]], required: list[bool],
             if w == j:
                 continue
             written = wa if wkind == _WRITE else wb
-            if written == a or (grows and isinstance(a, str) and isinstance(written, str)
-                                and a.startswith(written)):
+            if written == a or (
+                grows and isinstance(a, str) and isinstance(written, str) and a.startswith(written)
+            ):
                 mask |= 1 << w
         out.append((j, a, mask))
     return out
@@ -339,8 +348,7 @@ def _prefix(ops: list[Op], last_index: int) -> list[Op]:
         if op.call_index > last_index:
             continue
         if op.ret_index is not None and op.ret_index > last_index:
-            out.append(Op(op.process, op.f, "info", op.call, None, op.call_index, None,
-                          op.value, None, None))
+            out.append(Op(op.process, op.f, "info", op.call, None, op.call_index, None, op.value, None, None))
         else:
             out.append(op)
     return out
@@ -359,8 +367,12 @@ class KeyResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"valid": self.valid, "ops": self.ops,
-                               "seconds": round(self.seconds, 4), "explored": self.explored}
+        out: dict[str, Any] = {
+            "valid": self.valid,
+            "ops": self.ops,
+            "seconds": round(self.seconds, 4),
+            "explored": self.explored,
+        }
         if self.failure is not None:
             out["failure"] = self.failure
         if self.error:
@@ -374,25 +386,46 @@ def _failure_detail(ops: list[Op], last_index: int, minimal: bool) -> dict[str, 
     """Describe the shortest failing prefix: the op whose completion breaks it and its peers."""
     culprit = next(op for op in ops if op.ret_index == last_index)
     events = sum(1 for op in ops if op.call_index <= last_index) + sum(
-        1 for op in ops if op.ret_index is not None and op.ret_index <= last_index)
+        1 for op in ops if op.ret_index is not None and op.ret_index <= last_index
+    )
     prefix = [op for op in ops if op.call_index <= last_index]
-    concurrent = [op for op in prefix if op is not culprit
-                  and (op.ret is None or op.ret_index is None or op.ret_index > last_index
-                       or op.ret >= culprit.call)]
+    concurrent = [
+        op
+        for op in prefix
+        if op is not culprit
+        and (op.ret is None or op.ret_index is None or op.ret_index > last_index or op.ret >= culprit.call)
+    ]
     # only the part of the story that had happened by the cut
-    concurrent = [op if op.ret_index is None or op.ret_index <= last_index else
-                  Op(op.process, op.f, "info", op.call, None, op.call_index, None, op.value)
-                  for op in concurrent]
-    before = sorted((op for op in prefix if op.ret is not None and op.ret_index is not None
-                     and op.ret_index <= last_index and op.ret < culprit.call),
-                    key=lambda o: o.ret_index or 0)[-6:]
+    concurrent = [
+        op
+        if op.ret_index is None or op.ret_index <= last_index
+        else Op(op.process, op.f, "info", op.call, None, op.call_index, None, op.value)
+        for op in concurrent
+    ]
+    before = sorted(
+        (
+            op
+            for op in prefix
+            if op.ret is not None
+            and op.ret_index is not None
+            and op.ret_index <= last_index
+            and op.ret < culprit.call
+        ),
+        key=lambda o: o.ret_index or 0,
+    )[-6:]
     shown = sorted(before + concurrent[:17], key=lambda o: o.call_index)
-    return {"prefix-events": events, "last-index": last_index, "minimal": minimal,
-            "op": culprit.describe(), "ops": [o.describe() for o in shown]}
+    return {
+        "prefix-events": events,
+        "last-index": last_index,
+        "minimal": minimal,
+        "op": culprit.describe(),
+        "ops": [o.describe() for o in shown],
+    }
 
 
-def check_ops(ops: list[Op], model: Model, budget: float = 10.0,
-              narrow_budget: float | None = None) -> KeyResult:
+def check_ops(
+    ops: list[Op], model: Model, budget: float = 10.0, narrow_budget: float | None = None
+) -> KeyResult:
     """Check one key's operations; a failure is narrowed to its shortest failing prefix.
 
     Linearizability is prefix-closed and only an ``ok`` completion can break it, so a
@@ -406,8 +439,9 @@ def check_ops(ops: list[Op], model: Model, budget: float = 10.0,
     try:
         ok, explored = _search(ops, model, start + budget)
     except _Timeout:
-        return KeyResult(UNKNOWN, len(ops), time.monotonic() - start,
-                         notes=[f"search ran out of its {budget:g} s budget"])
+        return KeyResult(
+            UNKNOWN, len(ops), time.monotonic() - start, notes=[f"search ran out of its {budget:g} s budget"]
+        )
     except ModelError as exc:
         return KeyResult(UNKNOWN, len(ops), time.monotonic() - start, error=str(exc))
     if ok:
@@ -432,8 +466,39 @@ def check_ops(ops: list[Op], model: Model, budget: float = 10.0,
         except _Timeout:
             minimal = False
             lo = mid + 1
-    return KeyResult(False, len(ops), time.monotonic() - start, explored,
-                     failure=_failure_detail(ops, cuts[hi], minimal))
+    return KeyResult(
+        False, len(ops), time.monotonic() - start, explored, failure=_failure_detail(ops, cuts[hi], minimal)
+    )
+
+
+def op_from_row(r: dict[str, Any]) -> Op:
+    """One paired operation row (the columns of ``frames.pair_ops``) as a search ``Op``.
+
+    Both checker paths build their ops here (Spark's per-key group function and the
+    in-process path for small histories), so they judge the same operations.
+    """
+    done = r["type"] in ("ok", "fail") and r["cmp_index"] is not None
+    return Op(
+        process=r["process"],
+        f=r["f"],
+        type=r["type"] if done else "info",
+        call=r["inv_time"],
+        ret=r["cmp_time"] if done else None,
+        call_index=r["inv_index"],
+        ret_index=r["cmp_index"],
+        value=r["inv_value"],
+        result=r["cmp_value"] if r["type"] == "ok" else None,
+        error=r["error"],
+    )
+
+
+def check_rows(rows: list[dict[str, Any]], model_name: str, budget: float) -> KeyResult:
+    """Check one key given as paired operation rows; a model error is ``unknown`` with the reason."""
+    ops = [op_from_row(r) for r in sorted(rows, key=lambda r: r["inv_index"])]
+    try:
+        return check_ops(ops, model_for(model_name), budget)
+    except ModelError as exc:
+        return KeyResult(UNKNOWN, len(ops), 0.0, error=str(exc))
 
 
 def pair_events(rows: list[tuple[str, str, str, int, int, str | None, str | None]]) -> list[Op]:

@@ -18,8 +18,21 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 RESULT_SCHEMA = "src int, key string, valid string, detail string"
-COLUMNS = ("src", "key", "model", "process", "f", "type", "inv_index", "inv_time",
-           "cmp_index", "cmp_time", "inv_value", "cmp_value", "error")
+COLUMNS = (
+    "src",
+    "key",
+    "model",
+    "process",
+    "f",
+    "type",
+    "inv_index",
+    "inv_time",
+    "cmp_index",
+    "cmp_time",
+    "inv_value",
+    "cmp_value",
+    "error",
+)
 
 
 def _group_checker(budget: float):
@@ -30,22 +43,16 @@ def _group_checker(budget: float):
 
         rows = table.to_pylist()
         first = rows[0]
-        ops = []
-        for r in sorted(rows, key=lambda r: r["inv_index"]):
-            done = r["type"] in ("ok", "fail") and r["cmp_index"] is not None
-            ops.append(linear.Op(
-                process=r["process"], f=r["f"], type=r["type"] if done else "info",
-                call=r["inv_time"], ret=r["cmp_time"] if done else None,
-                call_index=r["inv_index"], ret_index=r["cmp_index"],
-                value=r["inv_value"], result=r["cmp_value"] if r["type"] == "ok" else None,
-                error=r["error"]))
-        try:
-            res = linear.check_ops(ops, linear.model_for(first["model"]), budget)
-        except linear.ModelError as exc:
-            res = linear.KeyResult(linear.UNKNOWN, len(ops), 0.0, error=str(exc))
+        res = linear.check_rows(rows, first["model"], budget)
         valid = "true" if res.valid is True else "false" if res.valid is False else "unknown"
-        return pa.table({"src": pa.array([first["src"]], pa.int32()), "key": [first["key"]],
-                         "valid": [valid], "detail": [json.dumps(res.to_json())]})
+        return pa.table(
+            {
+                "src": pa.array([first["src"]], pa.int32()),
+                "key": [first["key"]],
+                "valid": [valid],
+                "detail": [json.dumps(res.to_json())],
+            }
+        )
 
     return check_group
 
@@ -68,8 +75,9 @@ def _ship_by_value() -> None:
         pass
 
 
-def check(spark: SparkSession, ops: DataFrame, models: dict[int, str],
-          budget: float) -> dict[int, dict[str, dict[str, Any]]]:
+def check(
+    spark: SparkSession, ops: DataFrame, models: dict[int, str], budget: float
+) -> dict[int, dict[str, dict[str, Any]]]:
     """Return {src: {key: KeyResult JSON}} for the given sources and their model names."""
     from pyspark.sql import functions as F
 
@@ -77,9 +85,11 @@ def check(spark: SparkSession, ops: DataFrame, models: dict[int, str],
         return {}
     _ship_by_value()
     model_map = F.create_map(*[x for src, m in models.items() for x in (F.lit(src), F.lit(m))])
-    df = (ops.filter((F.col("kind") == "op") & F.col("src").isin(list(models)))
-          .withColumn("model", model_map[F.col("src")])
-          .select(*COLUMNS))
+    df = (
+        ops.filter((F.col("kind") == "op") & F.col("src").isin(list(models)))
+        .withColumn("model", model_map[F.col("src")])
+        .select(*COLUMNS)
+    )
     # Tiny inputs would otherwise be coalesced into one partition: one worker, one core.
     conf_key = "spark.sql.adaptive.coalescePartitions.enabled"
     before = spark.conf.get(conf_key, "true")

@@ -31,8 +31,18 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 # Errors (any makes the history invalid) and informational findings, in report order.
-ERRORS = ("lost-write", "duplicate", "inconsistent-offsets", "G1a", "unexpected",
-          "nonmonotonic-send", "realtime-order", "stale-read", "poll-skip", "nonmonotonic-poll")
+ERRORS = (
+    "lost-write",
+    "duplicate",
+    "inconsistent-offsets",
+    "G1a",
+    "unexpected",
+    "nonmonotonic-send",
+    "realtime-order",
+    "stale-read",
+    "poll-skip",
+    "nonmonotonic-poll",
+)
 INFORMATIONAL = ("recovered", "unseen-info")
 EXAMPLES = 8
 
@@ -59,10 +69,17 @@ def send_desc(prefix: str = "") -> Column:
     def c(name: str) -> Column:
         return F.col(prefix + name)
 
-    return F.struct(c("process").alias("process"), c("f").alias("f"), c("type").alias("type"),
-                    c("v").alias("value"), c("off").alias("offset"),
-                    c("inv_index").alias("invoke-index"), c("inv_time").alias("invoke-time"),
-                    c("cmp_index").alias("complete-index"), c("cmp_time").alias("complete-time"))
+    return F.struct(
+        c("process").alias("process"),
+        c("f").alias("f"),
+        c("type").alias("type"),
+        c("v").alias("value"),
+        c("off").alias("offset"),
+        c("inv_index").alias("invoke-index"),
+        c("inv_time").alias("invoke-time"),
+        c("cmp_index").alias("complete-index"),
+        c("cmp_time").alias("complete-time"),
+    )
 
 
 def read_desc(prefix: str = "") -> Column:
@@ -72,11 +89,20 @@ def read_desc(prefix: str = "") -> Column:
     def c(name: str) -> Column:
         return F.col(prefix + name)
 
-    return F.struct(c("process").alias("process"), c("f").alias("f"), F.lit("ok").alias("type"),
-                    c("from_").alias("from"), c("max_").alias("max"), c("n").alias("returned"),
-                    c("first").alias("first-offset"), c("last").alias("last-offset"),
-                    c("inv_index").alias("invoke-index"), c("inv_time").alias("invoke-time"),
-                    c("cmp_index").alias("complete-index"), c("cmp_time").alias("complete-time"))
+    return F.struct(
+        c("process").alias("process"),
+        c("f").alias("f"),
+        F.lit("ok").alias("type"),
+        c("from_").alias("from"),
+        c("max_").alias("max"),
+        c("n").alias("returned"),
+        c("first").alias("first-offset"),
+        c("last").alias("last-offset"),
+        c("inv_index").alias("invoke-index"),
+        c("inv_time").alias("invoke-time"),
+        c("cmp_index").alias("complete-index"),
+        c("cmp_time").alias("complete-time"),
+    )
 
 
 def _prefixed(df: DataFrame, prefix: str, keep: tuple[str, ...] = ("src", "key")) -> DataFrame:
@@ -97,22 +123,47 @@ class LogFrames:
         # Simple projections of the cached operations; not cached again (a scan of the
         # cache reads only the columns it needs).
         self.sends = ops.filter(F.col("f") == "send").select(
-            *K, "process", "f", "type", F.col("inv_value").cast("long").alias("v"), F.col("offset").alias("off"),
-            "inv_index", "inv_time", "cmp_index", "cmp_time")
+            *K,
+            "process",
+            "f",
+            "type",
+            F.col("inv_value").cast("long").alias("v"),
+            F.col("offset").alias("off"),
+            "inv_index",
+            "inv_time",
+            "cmp_index",
+            "cmp_time",
+        )
         self.ok_sends = self.sends.filter((F.col("type") == "ok") & F.col("off").isNotNull())
         parsed = ops.filter(F.col("f").isin("poll", "drain") & (F.col("type") == "ok")).select(
-            *K, "process", "f", "inv_index", "inv_time", "cmp_index", "cmp_time",
+            *K,
+            "process",
+            "f",
+            "inv_index",
+            "inv_time",
+            "cmp_index",
+            "cmp_time",
             F.coalesce(F.get_json_object("inv_value", "$.from").cast("long"), F.lit(0)).alias("from_"),
             F.get_json_object("inv_value", "$.max").cast("long").alias("max_"),
-            F.coalesce(F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE)).alias("pairs"))
+            F.coalesce(F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE)).alias("pairs"),
+        )
         # Parsing the returned pairs is the expensive part: done once (this cache), and
         # both shapes derived from it are cached in turn.
         parsed = materialize(parsed, small)
         n = F.size("pairs")
         last = F.element_at("pairs", -1)[0]
         self.reads = parsed.select(
-            *K, "process", "f", "inv_index", "inv_time", "cmp_index", "cmp_time", "from_", "max_",
-            n.alias("n"), F.when(n > 0, F.col("pairs")[0][0]).alias("first"),
+            *K,
+            "process",
+            "f",
+            "inv_index",
+            "inv_time",
+            "cmp_index",
+            "cmp_time",
+            "from_",
+            "max_",
+            n.alias("n"),
+            F.when(n > 0, F.col("pairs")[0][0]).alias("first"),
             F.when(n > 0, last).alias("last"),
             # the highest offset the read covered: its last pair, or just below `from`
             F.when(n > 0, last).otherwise(F.col("from_") - 1).alias("reach"),
@@ -120,10 +171,18 @@ class LogFrames:
         )
         self.reads = materialize(self.reads, small)
         self.pairs = parsed.select(
-            *K, "process", "f", "inv_index", "inv_time", "from_",
-            F.posexplode("pairs").alias("pos", "pair")).select(
-            *K, "process", "f", "inv_index", "inv_time", "from_", "pos",
-            F.col("pair")[0].alias("off"), F.col("pair")[1].alias("v"))
+            *K, "process", "f", "inv_index", "inv_time", "from_", F.posexplode("pairs").alias("pos", "pair")
+        ).select(
+            *K,
+            "process",
+            "f",
+            "inv_index",
+            "inv_time",
+            "from_",
+            "pos",
+            F.col("pair")[0].alias("off"),
+            F.col("pair")[1].alias("v"),
+        )
         self.pairs = materialize(self.pairs, small)
         parsed.unpersist()
 
@@ -134,6 +193,7 @@ class LogFrames:
 
 # --- per value ----------------------------------------------------------------------------
 
+
 def value_facts(fr: LogFrames) -> DataFrame:
     """One row per (src, key, value): how it was sent, where it was seen, the last drain.
 
@@ -141,29 +201,57 @@ def value_facts(fr: LogFrames) -> DataFrame:
     hash aggregation instead of sorting every observation.
     """
     F = _F()
-    last_drain = (fr.reads.filter(F.col("f") == "drain").groupBy(*K)
-                  .agg(F.max(F.struct("inv_time", "inv_index")).alias("ld")))
+    last_drain = (
+        fr.reads.filter(F.col("f") == "drain")
+        .groupBy(*K)
+        .agg(F.max(F.struct("inv_time", "inv_index")).alias("ld"))
+    )
     null_long = F.lit(None).cast("long")
-    type_code = (F.when(F.col("type") == "ok", 3).when(F.col("type") == "info", 2)
-                 .when(F.col("type") == "fail", 1).otherwise(0))
+    type_code = (
+        F.when(F.col("type") == "ok", 3)
+        .when(F.col("type") == "info", 2)
+        .when(F.col("type") == "fail", 1)
+        .otherwise(0)
+    )
     sends = fr.sends.select(
-        *K, "v", F.lit(1).alias("is_send"), type_code.alias("tc"),
+        *K,
+        "v",
+        F.lit(1).alias("is_send"),
+        type_code.alias("tc"),
         F.when(F.col("type") == "ok", F.col("off")).alias("off"),
         F.when(F.col("type") == "ok", F.col("cmp_time")).alias("ack_t"),
-        F.col("inv_time").alias("t"), F.lit(0).alias("is_read"), F.lit(0).alias("in_last"))
+        F.col("inv_time").alias("t"),
+        F.lit(0).alias("is_read"),
+        F.lit(0).alias("in_last"),
+    )
     ld = F.broadcast(last_drain.select(*K, F.col("ld.inv_index").alias("ld_index")))
     reads = fr.pairs.join(ld, K, "left").select(
-        *K, "v", F.lit(0).alias("is_send"), F.lit(0).alias("tc"), "off",
-        null_long.alias("ack_t"), F.col("inv_time").alias("t"), F.lit(1).alias("is_read"),
-        ((F.col("f") == "drain") & (F.col("inv_index") == F.col("ld_index"))).cast("int").alias("in_last"))
-    facts = sends.unionByName(reads).groupBy(*K, "v").agg(
-        F.sum("is_send").alias("n_sends"), F.max("tc").alias("tc"),
-        F.max(F.when(F.col("is_send") == 1, F.col("off"))).alias("ack_off"),
-        F.max("ack_t").alias("ack_t"), F.min("t").alias("t"),
-        F.sum("is_read").alias("n_reads"),
-        F.min("off").alias("lo"), F.max("off").alias("hi"),
-        F.max("in_last").alias("in_last"))
-    s_type = (F.when(F.col("tc") == 3, "ok").when(F.col("tc") == 2, "info").when(F.col("tc") == 1, "fail"))
+        *K,
+        "v",
+        F.lit(0).alias("is_send"),
+        F.lit(0).alias("tc"),
+        "off",
+        null_long.alias("ack_t"),
+        F.col("inv_time").alias("t"),
+        F.lit(1).alias("is_read"),
+        ((F.col("f") == "drain") & (F.col("inv_index") == F.col("ld_index"))).cast("int").alias("in_last"),
+    )
+    facts = (
+        sends.unionByName(reads)
+        .groupBy(*K, "v")
+        .agg(
+            F.sum("is_send").alias("n_sends"),
+            F.max("tc").alias("tc"),
+            F.max(F.when(F.col("is_send") == 1, F.col("off"))).alias("ack_off"),
+            F.max("ack_t").alias("ack_t"),
+            F.min("t").alias("t"),
+            F.sum("is_read").alias("n_reads"),
+            F.min("off").alias("lo"),
+            F.max("off").alias("hi"),
+            F.max("in_last").alias("in_last"),
+        )
+    )
+    s_type = F.when(F.col("tc") == 3, "ok").when(F.col("tc") == 2, "info").when(F.col("tc") == 1, "fail")
     return facts.withColumn("s_type", s_type).drop("tc").join(F.broadcast(last_drain), K, "left")
 
 
@@ -176,28 +264,63 @@ def _sightings(fr: LogFrames, wanted: DataFrame, on: str) -> DataFrame:
     F = _F()
     w = F.broadcast(wanted.select(*K, on).distinct())
     sends = fr.sends if on == "v" else fr.ok_sends
-    a = sends.join(w, [*K, on]).select(*K, "v", "off", F.col("inv_time").alias("t"),
-                                        F.to_json(send_desc()).alias("op"))
-    b = fr.pairs.join(w, [*K, on]).select(*K, "v", "off", F.col("inv_time").alias("t"), F.to_json(F.struct(
-        "process", "f", F.lit("ok").alias("type"), F.col("v").alias("value"), F.col("off").alias("offset"),
-        F.col("inv_index").alias("invoke-index"), F.col("inv_time").alias("invoke-time"))).alias("op"))
-    return (a.unionByName(b).groupBy(*K, on).agg(
-        F.sort_array(F.collect_set("off" if on == "v" else "v")).alias("seen_at"),
-        F.slice(F.sort_array(F.collect_list(F.struct("t", "op"))), 1, EXAMPLES).alias("seen")))
+    a = sends.join(w, [*K, on]).select(
+        *K, "v", "off", F.col("inv_time").alias("t"), F.to_json(send_desc()).alias("op")
+    )
+    b = fr.pairs.join(w, [*K, on]).select(
+        *K,
+        "v",
+        "off",
+        F.col("inv_time").alias("t"),
+        F.to_json(
+            F.struct(
+                "process",
+                "f",
+                F.lit("ok").alias("type"),
+                F.col("v").alias("value"),
+                F.col("off").alias("offset"),
+                F.col("inv_index").alias("invoke-index"),
+                F.col("inv_time").alias("invoke-time"),
+            )
+        ).alias("op"),
+    )
+    return (
+        a.unionByName(b)
+        .groupBy(*K, on)
+        .agg(
+            F.sort_array(F.collect_set("off" if on == "v" else "v")).alias("seen_at"),
+            F.slice(F.sort_array(F.collect_list(F.struct("t", "op"))), 1, EXAMPLES).alias("seen"),
+        )
+    )
 
 
 # --- phase 1: candidates ---------------------------------------------------------------------
 
-def _cand(df: DataFrame, anomaly: Column | str, t: Column, i1: Column | None = None, i2: Column | None = None,
-          i3: Column | None = None, i4: Column | None = None, s1: Column | None = None) -> DataFrame:
+
+def _cand(
+    df: DataFrame,
+    anomaly: Column | str,
+    t: Column,
+    i1: Column | None = None,
+    i2: Column | None = None,
+    i3: Column | None = None,
+    i4: Column | None = None,
+    s1: Column | None = None,
+) -> DataFrame:
     """Candidates share one narrow shape; i1..i4 and s1 mean what each check says."""
     F = _F()
     none = F.lit(None).cast("long")
     name = F.lit(anomaly) if isinstance(anomaly, str) else anomaly
-    return df.select(*K, name.alias("anomaly"), t.cast("long").alias("t"),
-                     *[(c if c is not None else none).cast("long").alias(f"i{n}")
-                       for n, c in enumerate((i1, i2, i3, i4), 1)],
-                     (s1 if s1 is not None else F.lit(None)).cast("string").alias("s1"))
+    return df.select(
+        *K,
+        name.alias("anomaly"),
+        t.cast("long").alias("t"),
+        *[
+            (c if c is not None else none).cast("long").alias(f"i{n}")
+            for n, c in enumerate((i1, i2, i3, i4), 1)
+        ],
+        (s1 if s1 is not None else F.lit(None)).cast("string").alias("s1"),
+    )
 
 
 def value_candidates(facts: DataFrame) -> DataFrame:
@@ -212,14 +335,24 @@ def value_candidates(facts: DataFrame) -> DataFrame:
         F.when(F.col("lo") != F.col("hi"), F.lit("duplicate")),
         F.when(read & (F.col("n_sends") == 0), F.lit("unexpected")),
         F.when(read & (s_type == "fail"), F.lit("G1a")),
-        F.when((s_type == "ok") & (F.col("ld.inv_time") > F.col("ack_t")) & (F.col("in_last") == 0),
-               F.lit("lost-write")),
+        F.when(
+            (s_type == "ok") & (F.col("ld.inv_time") > F.col("ack_t")) & (F.col("in_last") == 0),
+            F.lit("lost-write"),
+        ),
         F.when(read & (s_type == "info"), F.lit("recovered")),
-        F.when(~read & (s_type == "info"), F.lit("unseen-info")))
+        F.when(~read & (s_type == "info"), F.lit("unseen-info")),
+    )
     flagged = facts.select("*", F.explode(F.filter(flags, lambda x: x.isNotNull())).alias("a"))
     lost = F.col("a") == "lost-write"
-    return _cand(flagged, F.col("a"), F.col("t"), i1=F.col("v"), i2=F.when(lost, F.col("ld.inv_index")),
-                 i3=F.when(lost, F.col("ld.inv_time")), s1=F.when(lost, F.lit("drain")))
+    return _cand(
+        flagged,
+        F.col("a"),
+        F.col("t"),
+        i1=F.col("v"),
+        i2=F.when(lost, F.col("ld.inv_index")),
+        i3=F.when(lost, F.col("ld.inv_time")),
+        s1=F.when(lost, F.lit("drain")),
+    )
 
 
 def lost_by_reach(fr: LogFrames, facts: DataFrame) -> DataFrame:
@@ -229,22 +362,51 @@ def lost_by_reach(fr: LogFrames, facts: DataFrame) -> DataFrame:
     """
     F = _F()
     Window = _W()
-    unread = facts.filter((F.col("s_type") == "ok") & (F.col("n_reads") == 0) & F.col("ack_off").isNotNull()
-                          & (F.col("ld").isNull() | (F.col("ld.inv_time") <= F.col("ack_t"))))
-    ev = unread.select(*K, F.col("ack_t").alias("t"), F.lit(0).alias("ord"), "v",
-                       F.col("ack_off").alias("off"), F.lit(None).cast("long").alias("reach"),
-                       F.lit(None).cast("long").alias("r_index"))
+    unread = facts.filter(
+        (F.col("s_type") == "ok")
+        & (F.col("n_reads") == 0)
+        & F.col("ack_off").isNotNull()
+        & (F.col("ld").isNull() | (F.col("ld.inv_time") <= F.col("ack_t")))
+    )
+    ev = unread.select(
+        *K,
+        F.col("ack_t").alias("t"),
+        F.lit(0).alias("ord"),
+        "v",
+        F.col("ack_off").alias("off"),
+        F.lit(None).cast("long").alias("reach"),
+        F.lit(None).cast("long").alias("r_index"),
+    )
     # Only the reads of keys with such sends enter the window (usually none at all).
     rd = fr.reads.join(unread.select(*K).distinct(), K, "left_semi").select(
-        *K, F.col("inv_time").alias("t"), F.lit(1).alias("ord"), F.lit(None).cast("long").alias("v"),
-        F.lit(None).cast("long").alias("off"), "reach", F.col("inv_index").alias("r_index"))
+        *K,
+        F.col("inv_time").alias("t"),
+        F.lit(1).alias("ord"),
+        F.lit(None).cast("long").alias("v"),
+        F.lit(None).cast("long").alias("off"),
+        "reach",
+        F.col("inv_index").alias("r_index"),
+    )
     # Descending time: the running max covers exactly the reads invoked after the ack.
-    w = (Window.partitionBy(*K).orderBy(F.col("t").desc(), F.col("ord").asc())
-         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    past = (ev.unionByName(rd).select("*", F.max(F.struct("reach", "r_index")).over(w).alias("best"))
-            .filter((F.col("ord") == 0) & (F.col("best.reach") >= F.col("off"))))
-    return _cand(past, "lost-write", F.col("t"), i1=F.col("v"), i2=F.col("best.r_index"),
-                 i3=F.col("best.reach"), s1=F.lit("reach"))
+    w = (
+        Window.partitionBy(*K)
+        .orderBy(F.col("t").desc(), F.col("ord").asc())
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    past = (
+        ev.unionByName(rd)
+        .select("*", F.max(F.struct("reach", "r_index")).over(w).alias("best"))
+        .filter((F.col("ord") == 0) & (F.col("best.reach") >= F.col("off")))
+    )
+    return _cand(
+        past,
+        "lost-write",
+        F.col("t"),
+        i1=F.col("v"),
+        i2=F.col("best.r_index"),
+        i3=F.col("best.reach"),
+        s1=F.lit("reach"),
+    )
 
 
 def inconsistent_offsets(fr: LogFrames, facts: DataFrame) -> DataFrame:
@@ -257,12 +419,17 @@ def inconsistent_offsets(fr: LogFrames, facts: DataFrame) -> DataFrame:
     F = _F()
     single = facts.filter(F.col("lo") == F.col("hi")).select(*K, F.col("lo").alias("off"), "v", "t")
     multi = facts.filter(F.col("lo") != F.col("hi")).select(*K, "v")
-    spread = (fr.ok_sends.select(*K, "off", "v", F.col("inv_time").alias("t"))
-              .unionByName(fr.pairs.select(*K, "off", "v", F.col("inv_time").alias("t")))
-              .join(F.broadcast(multi), [*K, "v"], "left_semi"))
-    bad = (single.unionByName(spread).groupBy(*K, "off")
-           .agg(F.min("v").alias("lo"), F.max("v").alias("hi"), F.min("t").alias("t"))
-           .filter(F.col("lo") != F.col("hi")))
+    spread = (
+        fr.ok_sends.select(*K, "off", "v", F.col("inv_time").alias("t"))
+        .unionByName(fr.pairs.select(*K, "off", "v", F.col("inv_time").alias("t")))
+        .join(F.broadcast(multi), [*K, "v"], "left_semi")
+    )
+    bad = (
+        single.unionByName(spread)
+        .groupBy(*K, "off")
+        .agg(F.min("v").alias("lo"), F.max("v").alias("hi"), F.min("t").alias("t"))
+        .filter(F.col("lo") != F.col("hi"))
+    )
     return _cand(bad, "inconsistent-offsets", F.col("t"), i1=F.col("off"))
 
 
@@ -279,19 +446,45 @@ def realtime_and_stale(fr: LogFrames) -> DataFrame:
     F = _F()
     Window = _W()
     null_long = F.lit(None).cast("long")
-    acks = fr.ok_sends.select(*K, "off", F.lit(1).alias("ord"), F.col("cmp_time").alias("ack_t"), "inv_time",
-                              F.col("inv_index").alias("idx"), "process")
+    acks = fr.ok_sends.select(
+        *K,
+        "off",
+        F.lit(1).alias("ord"),
+        F.col("cmp_time").alias("ack_t"),
+        "inv_time",
+        F.col("inv_index").alias("idx"),
+        "process",
+    )
     polls = fr.reads.filter(F.col("claims_end")).select(
-        *K, F.col("reach").alias("off"), F.lit(0).alias("ord"), null_long.alias("ack_t"), "inv_time",
-        F.col("inv_index").alias("idx"), "process")
+        *K,
+        F.col("reach").alias("off"),
+        F.lit(0).alias("ord"),
+        null_long.alias("ack_t"),
+        "inv_time",
+        F.col("inv_index").alias("idx"),
+        "process",
+    )
     # descending offsets; at equal offsets polls first, so a poll sees strictly higher acks
-    w = (Window.partitionBy(*K).orderBy(F.col("off").desc(), F.col("ord").asc())
-         .rowsBetween(Window.unboundedPreceding, -1))
-    viol = (acks.unionByName(polls).select("*", F.min("ack_t").over(w).alias("first_ack"))
-            .filter(F.col("first_ack") < F.col("inv_time")))
+    w = (
+        Window.partitionBy(*K)
+        .orderBy(F.col("off").desc(), F.col("ord").asc())
+        .rowsBetween(Window.unboundedPreceding, -1)
+    )
+    viol = (
+        acks.unionByName(polls)
+        .select("*", F.min("ack_t").over(w).alias("first_ack"))
+        .filter(F.col("first_ack") < F.col("inv_time"))
+    )
     name = F.when(F.col("ord") == 1, F.lit("realtime-order")).otherwise(F.lit("stale-read"))
-    return _cand(viol, name, F.col("inv_time"), i1=F.col("idx"), i2=F.col("first_ack"), i3=F.col("off"),
-                 s1=F.col("process"))
+    return _cand(
+        viol,
+        name,
+        F.col("inv_time"),
+        i1=F.col("idx"),
+        i2=F.col("first_ack"),
+        i3=F.col("off"),
+        s1=F.col("process"),
+    )
 
 
 def nonmonotonic_sends(fr: LogFrames) -> DataFrame:
@@ -299,9 +492,14 @@ def nonmonotonic_sends(fr: LogFrames) -> DataFrame:
     F = _F()
     Window = _W()
     w = Window.partitionBy(*K, "process").orderBy("inv_index")
-    viol = (fr.ok_sends.select(*K, "inv_index", "inv_time", "off", F.lag("off").over(w).alias("prev_off"),
-                               F.lag("inv_index").over(w).alias("prev_index"))
-            .filter(F.col("off") < F.col("prev_off")))
+    viol = fr.ok_sends.select(
+        *K,
+        "inv_index",
+        "inv_time",
+        "off",
+        F.lag("off").over(w).alias("prev_off"),
+        F.lag("inv_index").over(w).alias("prev_index"),
+    ).filter(F.col("off") < F.col("prev_off"))
     return _cand(viol, "nonmonotonic-send", F.col("inv_time"), i1=F.col("inv_index"), i2=F.col("prev_index"))
 
 
@@ -318,19 +516,40 @@ def poll_order(fr: LogFrames) -> DataFrame:
     Window = _W()
     w = Window.partitionBy(*K, "process").orderBy("inv_index", "pos")
     s = fr.pairs.filter(F.col("f") == "poll").select(
-        *K, "inv_index", "inv_time", "off", "from_",
-        F.lag("off").over(w).alias("prev_off"), F.lag("inv_index").over(w).alias("prev_index"))
+        *K,
+        "inv_index",
+        "inv_time",
+        "off",
+        "from_",
+        F.lag("off").over(w).alias("prev_off"),
+        F.lag("inv_index").over(w).alias("prev_index"),
+    )
     lb = F.when(F.col("prev_off").isNotNull(), F.col("prev_off") + 1).otherwise(F.col("from_"))
-    name = F.when(F.col("off") <= F.col("prev_off"), F.lit("nonmonotonic-poll")).otherwise(F.lit("poll-skip?"))
+    name = F.when(F.col("off") <= F.col("prev_off"), F.lit("nonmonotonic-poll")).otherwise(
+        F.lit("poll-skip?")
+    )
     viol = s.filter((F.col("off") <= F.col("prev_off")) | (F.col("off") > lb))
-    return _cand(viol, name, F.col("inv_time"), i1=F.col("inv_index"), i2=F.col("prev_index"),
-                 i3=F.col("off"), i4=F.when(F.col("off") <= F.col("prev_off"), F.col("prev_off")).otherwise(lb))
+    return _cand(
+        viol,
+        name,
+        F.col("inv_time"),
+        i1=F.col("inv_index"),
+        i2=F.col("prev_index"),
+        i3=F.col("off"),
+        i4=F.when(F.col("off") <= F.col("prev_off"), F.col("prev_off")).otherwise(lb),
+    )
 
 
 def candidates(fr: LogFrames, facts: DataFrame) -> DataFrame:
     """Every check's candidates in one frame (computed by one job once cached)."""
-    parts = [value_candidates(facts), lost_by_reach(fr, facts), inconsistent_offsets(fr, facts),
-             realtime_and_stale(fr), nonmonotonic_sends(fr), poll_order(fr)]
+    parts = [
+        value_candidates(facts),
+        lost_by_reach(fr, facts),
+        inconsistent_offsets(fr, facts),
+        realtime_and_stale(fr),
+        nonmonotonic_sends(fr),
+        poll_order(fr),
+    ]
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
@@ -347,8 +566,12 @@ def _first(c: DataFrame, *anomalies: str) -> DataFrame:
     F = _F()
     Window = _W()
     w = Window.partitionBy("src", "anomaly").orderBy("t", "key", "i1")
-    return (c.filter(F.col("anomaly").isin(*anomalies)).withColumn("rn", F.row_number().over(w))
-            .filter(F.col("rn") <= EXAMPLES).drop("rn"))
+    return (
+        c.filter(F.col("anomaly").isin(*anomalies))
+        .withColumn("rn", F.row_number().over(w))
+        .filter(F.col("rn") <= EXAMPLES)
+        .drop("rn")
+    )
 
 
 def describe_values(fr: LogFrames, c: DataFrame, anomalies: list[str]) -> DataFrame:
@@ -357,15 +580,20 @@ def describe_values(fr: LogFrames, c: DataFrame, anomalies: list[str]) -> DataFr
     One probe of the sends and reads serves all of them at once.
     """
     F = _F()
-    top = _first(c.filter(F.col("s1").isNull() | (F.col("s1") == "drain")), *anomalies).withColumnRenamed("i1", "v")
+    top = _first(c.filter(F.col("s1").isNull() | (F.col("s1") == "drain")), *anomalies).withColumnRenamed(
+        "i1", "v"
+    )
     ex = top.join(_sightings(fr, top, "v"), [*K, "v"])
     example = F.struct(
-        "key", F.col("v").alias("value"),
+        "key",
+        F.col("v").alias("value"),
         F.when(F.col("anomaly") == "duplicate", F.col("seen_at")).alias("offsets"),
-        F.when(F.col("anomaly") == "lost-write",
-               F.struct(F.col("i2").alias("invoke-index"), F.col("i3").alias("invoke-time")))
-        .alias("missing-from-drain"),
-        F.transform("seen", lambda s: s["op"]).alias("ops_json"))
+        F.when(
+            F.col("anomaly") == "lost-write",
+            F.struct(F.col("i2").alias("invoke-index"), F.col("i3").alias("invoke-time")),
+        ).alias("missing-from-drain"),
+        F.transform("seen", lambda s: s["op"]).alias("ops_json"),
+    )
     return ex.select("src", "anomaly", "t", F.to_json(example).alias("example"))
 
 
@@ -373,20 +601,36 @@ def describe_lost_by_reach(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
     top = _first(c.filter(F.col("s1") == "reach"), "lost-write")
     s, r = _prefixed(fr.sends, "s_"), _prefixed(fr.reads, "r_")
-    j = (top.withColumnRenamed("i1", "s_v").join(s, [*K, "s_v"])
-         .withColumnRenamed("i2", "r_inv_index").join(r, [*K, "r_inv_index"]))
-    return _row(j, "lost-write", F.col("t"), F.struct(
-        "key", F.col("s_v").alias("value"),
-        F.lit("never read, though a read invoked after the ack reached past its offset").alias("why"),
-        send_desc("s_").alias("send"), read_desc("r_").alias("read")))
+    j = (
+        top.withColumnRenamed("i1", "s_v")
+        .join(s, [*K, "s_v"])
+        .withColumnRenamed("i2", "r_inv_index")
+        .join(r, [*K, "r_inv_index"])
+    )
+    return _row(
+        j,
+        "lost-write",
+        F.col("t"),
+        F.struct(
+            "key",
+            F.col("s_v").alias("value"),
+            F.lit("never read, though a read invoked after the ack reached past its offset").alias("why"),
+            send_desc("s_").alias("send"),
+            read_desc("r_").alias("read"),
+        ),
+    )
 
 
 def describe_inconsistent(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
     top = _first(c, "inconsistent-offsets").withColumnRenamed("i1", "off")
     ex = top.join(_sightings(fr, top, "off"), [*K, "off"])
-    example = F.struct("key", F.col("off").alias("offset"), F.col("seen_at").alias("values"),
-                       F.transform("seen", lambda s: s["op"]).alias("ops_json"))
+    example = F.struct(
+        "key",
+        F.col("off").alias("offset"),
+        F.col("seen_at").alias("values"),
+        F.transform("seen", lambda s: s["op"]).alias("ops_json"),
+    )
     return ex.select("src", "anomaly", "t", F.to_json(example).alias("example"))
 
 
@@ -395,19 +639,33 @@ def _earliest_higher_ack(fr: LogFrames, rows: DataFrame) -> DataFrame:
     F = _F()
     Window = _W()
     acked = _prefixed(fr.ok_sends, "a_")
-    j = (rows.withColumnRenamed("i2", "a_cmp_time").join(acked, [*K, "a_cmp_time"])
-         .filter(F.col("a_off") > F.col("i3")))
+    j = (
+        rows.withColumnRenamed("i2", "a_cmp_time")
+        .join(acked, [*K, "a_cmp_time"])
+        .filter(F.col("a_off") > F.col("i3"))
+    )
     one = Window.partitionBy(*K, "anomaly", "i1").orderBy(F.col("a_off").desc(), "a_inv_index")
     return j.withColumn("rn", F.row_number().over(one)).filter(F.col("rn") == 1).drop("rn")
 
 
 def describe_stale(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
-    j = (_earliest_higher_ack(fr, _first(c, "stale-read")).withColumnRenamed("i1", "r_inv_index")
-         .join(_prefixed(fr.reads, "r_"), [*K, "r_inv_index"]))
-    return _row(j, "stale-read", F.col("t"), F.struct(
-        "key", F.col("i3").alias("reached"), read_desc("r_").alias("read"),
-        send_desc("a_").alias("acknowledged-before")))
+    j = (
+        _earliest_higher_ack(fr, _first(c, "stale-read"))
+        .withColumnRenamed("i1", "r_inv_index")
+        .join(_prefixed(fr.reads, "r_"), [*K, "r_inv_index"])
+    )
+    return _row(
+        j,
+        "stale-read",
+        F.col("t"),
+        F.struct(
+            "key",
+            F.col("i3").alias("reached"),
+            read_desc("r_").alias("read"),
+            send_desc("a_").alias("acknowledged-before"),
+        ),
+    )
 
 
 def confirm_realtime(fr: LogFrames, c: DataFrame) -> DataFrame:
@@ -424,40 +682,70 @@ def confirm_realtime(fr: LogFrames, c: DataFrame) -> DataFrame:
     j = _earliest_higher_ack(fr, cand).withColumnRenamed("i1", "b_inv_index").join(b, [*K, "b_inv_index"])
     other = j.filter(F.col("a_process") != F.col("b_process"))
     acked = _prefixed(fr.ok_sends, "a_")
-    own = j.filter(F.col("a_process") == F.col("b_process")).select(*K, "anomaly", *[x for x in b.columns if x not in K])
-    fallback = (own.join(acked, [*K])
-                .filter((F.col("a_process") != F.col("b_process")) & (F.col("a_cmp_time") < F.col("b_inv_time"))
-                        & (F.col("a_off") > F.col("b_off"))))
+    own = j.filter(F.col("a_process") == F.col("b_process")).select(
+        *K, "anomaly", *[x for x in b.columns if x not in K]
+    )
+    fallback = own.join(acked, [*K]).filter(
+        (F.col("a_process") != F.col("b_process"))
+        & (F.col("a_cmp_time") < F.col("b_inv_time"))
+        & (F.col("a_off") > F.col("b_off"))
+    )
     fw = Window.partitionBy(*K, "b_inv_index").orderBy(F.col("a_off").desc())
     fallback = fallback.withColumn("rn", F.row_number().over(fw)).filter(F.col("rn") == 1).drop("rn")
     cols = [*K, *[x for x in b.columns if x not in K], *[x for x in acked.columns if x not in K]]
     both = other.select(*cols).unionByName(fallback.select(*cols))
-    return _row(both, "realtime-order", F.col("b_inv_time"), F.struct(
-        "key", send_desc("a_").alias("completed-before"), send_desc("b_").alias("later-lower")))
+    return _row(
+        both,
+        "realtime-order",
+        F.col("b_inv_time"),
+        F.struct("key", send_desc("a_").alias("completed-before"), send_desc("b_").alias("later-lower")),
+    )
 
 
 def describe_nonmonotonic_sends(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
     e, later = _prefixed(fr.ok_sends, "e_"), _prefixed(fr.ok_sends, "l_")
-    j = (_first(c, "nonmonotonic-send").withColumnRenamed("i1", "l_inv_index").join(later, [*K, "l_inv_index"])
-         .withColumnRenamed("i2", "e_inv_index").join(e, [*K, "e_inv_index"]))
-    return _row(j, "nonmonotonic-send", F.col("t"), F.struct(
-        "key", send_desc("e_").alias("earlier"), send_desc("l_").alias("later")))
+    j = (
+        _first(c, "nonmonotonic-send")
+        .withColumnRenamed("i1", "l_inv_index")
+        .join(later, [*K, "l_inv_index"])
+        .withColumnRenamed("i2", "e_inv_index")
+        .join(e, [*K, "e_inv_index"])
+    )
+    return _row(
+        j,
+        "nonmonotonic-send",
+        F.col("t"),
+        F.struct("key", send_desc("e_").alias("earlier"), send_desc("l_").alias("later")),
+    )
 
 
 def _polls(fr: LogFrames, rows: DataFrame) -> DataFrame:
     """Attach the poll (i1) and the same process's previous poll (i2) to each row."""
     reads, prev = _prefixed(fr.reads, "r_"), _prefixed(fr.reads, "p_")
-    return (rows.withColumnRenamed("i1", "r_inv_index").join(reads, [*K, "r_inv_index"])
-            .withColumnRenamed("i2", "p_inv_index").join(prev, [*K, "p_inv_index"], "left"))
+    return (
+        rows.withColumnRenamed("i1", "r_inv_index")
+        .join(reads, [*K, "r_inv_index"])
+        .withColumnRenamed("i2", "p_inv_index")
+        .join(prev, [*K, "p_inv_index"], "left")
+    )
 
 
 def describe_nonmonotonic_polls(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
     j = _polls(fr, _first(c, "nonmonotonic-poll"))
-    return _row(j, "nonmonotonic-poll", F.col("t"), F.struct(
-        "key", F.col("i4").alias("previous-offset"), F.col("i3").alias("offset"),
-        read_desc("p_").alias("earlier-poll"), read_desc("r_").alias("poll")))
+    return _row(
+        j,
+        "nonmonotonic-poll",
+        F.col("t"),
+        F.struct(
+            "key",
+            F.col("i4").alias("previous-offset"),
+            F.col("i3").alias("offset"),
+            read_desc("p_").alias("earlier-poll"),
+            read_desc("r_").alias("poll"),
+        ),
+    )
 
 
 def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
@@ -470,26 +758,51 @@ def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
     Window = _W()
     # a candidate is one (poll, offset): (i1, i3) identifies it
     cand = c.filter(F.col("anomaly") == "poll-skip?").withColumn("cid", F.struct("i1", "i3"))
-    known = (fr.ok_sends.select(*K, "off").unionByName(fr.pairs.select(*K, "off")).distinct()
-             .select(*K, "off", F.lit(1).alias("known"),
-                     F.lit(None).cast("struct<i1:bigint,i3:bigint>").alias("cid"),
-                     F.lit(None).cast("string").alias("q")))
+    known = (
+        fr.ok_sends.select(*K, "off")
+        .unionByName(fr.pairs.select(*K, "off"))
+        .distinct()
+        .select(
+            *K,
+            "off",
+            F.lit(1).alias("known"),
+            F.lit(None).cast("struct<i1:bigint,i3:bigint>").alias("cid"),
+            F.lit(None).cast("string").alias("q"),
+        )
+    )
     q_lb = cand.select(*K, F.col("i4").alias("off"), F.lit(0).alias("known"), "cid", F.lit("lb").alias("q"))
     q_hi = cand.select(*K, F.col("i3").alias("off"), F.lit(0).alias("known"), "cid", F.lit("hi").alias("q"))
     # queries sort before known offsets at the same offset: the count is of offsets < q
-    w = (Window.partitionBy(*K).orderBy("off", "known")
-         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    counted = (known.unionByName(q_lb).unionByName(q_hi)
-               .withColumn("below", F.sum("known").over(w)).filter(F.col("q").isNotNull()))
+    w = (
+        Window.partitionBy(*K)
+        .orderBy("off", "known")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    counted = (
+        known.unionByName(q_lb)
+        .unionByName(q_hi)
+        .withColumn("below", F.sum("known").over(w))
+        .filter(F.col("q").isNotNull())
+    )
     per = counted.groupBy(*K, "cid").agg(
         F.max(F.when(F.col("q") == "lb", F.col("below"))).alias("below_lb"),
-        F.max(F.when(F.col("q") == "hi", F.col("below"))).alias("below_hi"))
+        F.max(F.when(F.col("q") == "hi", F.col("below"))).alias("below_hi"),
+    )
     skipped = cand.join(per, [*K, "cid"]).filter(F.col("below_hi") > F.col("below_lb"))
     j = _polls(fr, skipped)
-    return _row(j, "poll-skip", F.col("t"), F.struct(
-        "key", F.col("i4").alias("expected-from"), F.col("i3").alias("got"),
-        (F.col("below_hi") - F.col("below_lb")).alias("skipped-known-offsets"),
-        read_desc("p_").alias("earlier-poll"), read_desc("r_").alias("poll")))
+    return _row(
+        j,
+        "poll-skip",
+        F.col("t"),
+        F.struct(
+            "key",
+            F.col("i4").alias("expected-from"),
+            F.col("i3").alias("got"),
+            (F.col("below_hi") - F.col("below_lb")).alias("skipped-known-offsets"),
+            read_desc("p_").alias("earlier-poll"),
+            read_desc("r_").alias("poll"),
+        ),
+    )
 
 
 # --- assembly -------------------------------------------------------------------------------
@@ -524,9 +837,12 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
             jobs.append(describe_values(fr, cand, values))
         if "lost-write" in present:
             jobs.append(describe_lost_by_reach(fr, cand))
-        for name, fn in (("inconsistent-offsets", describe_inconsistent), ("stale-read", describe_stale),
-                         ("nonmonotonic-send", describe_nonmonotonic_sends),
-                         ("nonmonotonic-poll", describe_nonmonotonic_polls)):
+        for name, fn in (
+            ("inconsistent-offsets", describe_inconsistent),
+            ("stale-read", describe_stale),
+            ("nonmonotonic-send", describe_nonmonotonic_sends),
+            ("nonmonotonic-poll", describe_nonmonotonic_polls),
+        ):
             if name in present:
                 jobs.append(fn(fr, cand))
         # these are confirmed here, so they are counted here
@@ -534,9 +850,15 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
             if name in present:
                 confirmed = fn(fr, cand)
                 w = Window.partitionBy("src", "anomaly")
-                jobs.append(confirmed.select("*", F.count("*").over(w).alias("n"),
-                                             F.row_number().over(w.orderBy("t", "example")).alias("rn"))
-                            .filter(F.col("rn") <= EXAMPLES).drop("rn"))
+                jobs.append(
+                    confirmed.select(
+                        "*",
+                        F.count("*").over(w).alias("n"),
+                        F.row_number().over(w.orderBy("t", "example")).alias("rn"),
+                    )
+                    .filter(F.col("rn") <= EXAMPLES)
+                    .drop("rn")
+                )
                 for k in [k for k in counts if k[1] == name]:
                     del counts[k]
         for job in jobs:
@@ -549,8 +871,9 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
         for df in cached:
             df.unpersist()
         fr.unpersist()
-    out: dict[int, dict[str, Any]] = {src: {"anomalies": {}, "counts": {}, "stats": st}
-                                      for src, st in stats.items()}
+    out: dict[int, dict[str, Any]] = {
+        src: {"anomalies": {}, "counts": {}, "stats": st} for src, st in stats.items()
+    }
     for (src, anomaly), found in sorted(examples.items()):
         res = out.setdefault(src, {"anomalies": {}, "counts": {}, "stats": {}})
         res["counts"][anomaly] = counts.get((src, anomaly), len(found))
@@ -577,18 +900,30 @@ def _example(text: str) -> dict[str, Any]:
 def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
     """Per-history figures shown in the report (keys, drains, offsets, values read)."""
     F = _F()
-    s = fr.sends.groupBy("src").agg(
-        F.countDistinct("key").alias("keys"),
-        F.sum(F.when(F.col("type") == "ok", 1).otherwise(0)).alias("sends-ok"),
-        F.sum(F.when((F.col("type") == "ok") & F.col("off").isNull(), 1).otherwise(0)).alias("sends-ok-without-offset"),
-        F.sum(F.when(F.col("type") == "info", 1).otherwise(0)).alias("sends-info"),
-        F.sum(F.when(F.col("type") == "fail", 1).otherwise(0)).alias("sends-fail"),
-        F.max("off").alias("max-offset")).collect()
-    r = fr.reads.groupBy("src").agg(
-        F.sum(F.when(F.col("f") == "poll", 1).otherwise(0)).alias("polls-ok"),
-        F.sum(F.when(F.col("f") == "drain", 1).otherwise(0)).alias("drains-ok"),
-        F.countDistinct(F.when(F.col("f") == "drain", F.col("key"))).alias("keys-drained"),
-        F.sum("n").alias("pairs-read")).collect()
+    s = (
+        fr.sends.groupBy("src")
+        .agg(
+            F.countDistinct("key").alias("keys"),
+            F.sum(F.when(F.col("type") == "ok", 1).otherwise(0)).alias("sends-ok"),
+            F.sum(F.when((F.col("type") == "ok") & F.col("off").isNull(), 1).otherwise(0)).alias(
+                "sends-ok-without-offset"
+            ),
+            F.sum(F.when(F.col("type") == "info", 1).otherwise(0)).alias("sends-info"),
+            F.sum(F.when(F.col("type") == "fail", 1).otherwise(0)).alias("sends-fail"),
+            F.max("off").alias("max-offset"),
+        )
+        .collect()
+    )
+    r = (
+        fr.reads.groupBy("src")
+        .agg(
+            F.sum(F.when(F.col("f") == "poll", 1).otherwise(0)).alias("polls-ok"),
+            F.sum(F.when(F.col("f") == "drain", 1).otherwise(0)).alias("drains-ok"),
+            F.countDistinct(F.when(F.col("f") == "drain", F.col("key"))).alias("keys-drained"),
+            F.sum("n").alias("pairs-read"),
+        )
+        .collect()
+    )
     out: dict[int, dict[str, Any]] = {}
     for row in [*s, *r]:
         out.setdefault(row["src"], {}).update({k: v for k, v in row.asDict().items() if k != "src"})

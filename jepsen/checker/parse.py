@@ -62,8 +62,19 @@ class Event:
 
     def as_row(self, src: int) -> tuple[Any, ...]:
         """The tuple matching ``frames.EVENT_SCHEMA`` (with the source file id)."""
-        return (src, self.index, self.time, self.process, self.type, self.f, self.key,
-                self.value, self.error, self.node, self.offset)
+        return (
+            src,
+            self.index,
+            self.time,
+            self.process,
+            self.type,
+            self.f,
+            self.key,
+            self.value,
+            self.error,
+            self.node,
+            self.offset,
+        )
 
 
 def value_text(value: Any) -> str | None:
@@ -100,8 +111,9 @@ def detect_format(path: str | Path) -> str:
                     break
                 if re.match(r"^\S*\s*(INFO|WARN|DEBUG|ERROR|TRACE)\b", line):
                     continue  # other log lines before the first operation
-                raise HistoryError(path, lineno, "not a history: expected JSON Lines, EDN maps "
-                                   "or a Jepsen text log")
+                raise HistoryError(
+                    path, lineno, "not a history: expected JSON Lines, EDN maps or a Jepsen text log"
+                )
     except UnicodeDecodeError as exc:
         raise HistoryError(path, None, f"not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
@@ -143,20 +155,31 @@ def check_structure(events: list[Event], path: str | Path) -> None:
         if ev.type == "invoke":
             if ev.process in pending:
                 first = pending[ev.process]
-                raise HistoryError(path, ev.line, f"process {ev.process} invokes {ev.f!r} while its "
-                                   f"{first.f!r} from line {first.line} is still outstanding")
+                raise HistoryError(
+                    path,
+                    ev.line,
+                    f"process {ev.process} invokes {ev.f!r} while its "
+                    f"{first.f!r} from line {first.line} is still outstanding",
+                )
             pending[ev.process] = ev
         else:
             inv = pending.pop(ev.process, None)
             if inv is None:
-                raise HistoryError(path, ev.line, f"{ev.type} completion of {ev.f!r} by process "
-                                   f"{ev.process} without an invoke")
+                raise HistoryError(
+                    path,
+                    ev.line,
+                    f"{ev.type} completion of {ev.f!r} by process {ev.process} without an invoke",
+                )
             if inv.f != ev.f:
-                raise HistoryError(path, ev.line, f"completion {ev.f!r} does not match the invoke "
-                                   f"{inv.f!r} on line {inv.line}")
+                raise HistoryError(
+                    path,
+                    ev.line,
+                    f"completion {ev.f!r} does not match the invoke {inv.f!r} on line {inv.line}",
+                )
 
 
 # --- JSON Lines ---------------------------------------------------------------------------
+
 
 def _int_field(obj: dict[str, Any], name: str, required: bool) -> int | None:
     v = obj.get(name)
@@ -200,9 +223,18 @@ def parse_json_line(text: str) -> Event:
     if isinstance(proc, bool) or not (isinstance(proc, int) or proc == NEMESIS):
         raise ValueError(f"'process' must be an integer or \"nemesis\", got {json.dumps(proc)}")
     offset = _int_field(obj, "offset", False)
-    return Event(index=index or 0, time=time, process=str(proc), type=typ, f=f,
-                 key=_str_field(obj, "key"), value=value_text(obj.get("value")),
-                 error=_str_field(obj, "error"), node=_str_field(obj, "node"), offset=offset)
+    return Event(
+        index=index or 0,
+        time=time,
+        process=str(proc),
+        type=typ,
+        f=f,
+        key=_str_field(obj, "key"),
+        value=value_text(obj.get("value")),
+        error=_str_field(obj, "error"),
+        node=_str_field(obj, "node"),
+        offset=offset,
+    )
 
 
 def _read_jsonl(path: Path) -> Iterator[Event]:
@@ -220,7 +252,9 @@ def _read_jsonl(path: Path) -> Iterator[Event]:
 
 # --- Jepsen etcd text log ------------------------------------------------------------------
 
-_ETCD_LINE = re.compile(r"jepsen\.util\s+-\s+(?P<proc>\S+)\s+:(?P<type>[\w-]+)\s+:(?P<f>[\w-]+)(?:\s+(?P<value>.*?))?\s*$")
+_ETCD_LINE = re.compile(
+    r"jepsen\.util\s+-\s+(?P<proc>\S+)\s+:(?P<type>[\w-]+)\s+:(?P<f>[\w-]+)(?:\s+(?P<value>.*?))?\s*$"
+)
 
 
 def _edn_value(text: str | None, path: Path, lineno: int) -> Any:
@@ -255,8 +289,9 @@ def _read_etcd(path: Path) -> Iterator[Event]:
                 continue  # other loggers' lines are not operations
             m = _ETCD_LINE.search(raw)
             if m is None:
-                raise HistoryError(path, lineno, "unreadable jepsen.util operation line: "
-                                   f"{raw.strip()[:120]!r}")
+                raise HistoryError(
+                    path, lineno, f"unreadable jepsen.util operation line: {raw.strip()[:120]!r}"
+                )
             typ = m["type"]
             if typ not in TYPES:
                 raise HistoryError(path, lineno, f"unknown operation type :{typ}")
@@ -266,12 +301,21 @@ def _read_etcd(path: Path) -> Iterator[Event]:
                 raise HistoryError(path, lineno, f"bad process {m['proc']!r}: {exc}") from None
             proc = _process_name(proc_form, path, lineno)
             value, error = _completion(typ, _edn_value(m["value"], path, lineno))
-            yield Event(index=n, time=None, process=proc, type=typ, f=m["f"],
-                        value=value_text(edn.to_plain(value)), error=error, line=lineno)
+            yield Event(
+                index=n,
+                time=None,
+                process=proc,
+                type=typ,
+                f=m["f"],
+                value=value_text(edn.to_plain(value)),
+                error=error,
+                line=lineno,
+            )
             n += 1
 
 
 # --- Jepsen EDN ---------------------------------------------------------------------------
+
 
 def _kw(value: Any) -> str | None:
     if value is None:
@@ -289,8 +333,9 @@ def _edn_event(form: Any, n: int, path: Path, lineno: int) -> Event:
     get = {(k.name if isinstance(k, edn.Keyword) else str(k)): v for k, v in form.items()}
     typ = _kw(get.get("type"))
     if typ not in TYPES:
-        raise HistoryError(path, lineno, f":type must be one of {', '.join(':' + t for t in TYPES)}, "
-                           f"got {get.get('type')!r}")
+        raise HistoryError(
+            path, lineno, f":type must be one of {', '.join(':' + t for t in TYPES)}, got {get.get('type')!r}"
+        )
     f = _kw(get.get("f"))
     if not f:
         raise HistoryError(path, lineno, "missing :f")
@@ -305,9 +350,18 @@ def _edn_event(form: Any, n: int, path: Path, lineno: int) -> Event:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise HistoryError(path, lineno, f":{name} must be an integer, got {v!r}")
     key = get.get("key")
-    return Event(index=index, time=time, process=proc, type=typ, f=f,
-                 key=None if key is None else _kw(key), value=value_text(edn.to_plain(value)),
-                 error=error, node=_kw(get.get("node")), line=lineno)
+    return Event(
+        index=index,
+        time=time,
+        process=proc,
+        type=typ,
+        f=f,
+        key=None if key is None else _kw(key),
+        value=value_text(edn.to_plain(value)),
+        error=error,
+        node=_kw(get.get("node")),
+        line=lineno,
+    )
 
 
 def _read_edn(path: Path) -> Iterator[Event]:

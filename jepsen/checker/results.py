@@ -43,8 +43,9 @@ def log_result(found: dict[str, Any], base_stats: dict[str, Any]) -> dict[str, A
     }
 
 
-def linear_result(workload: str, keys: dict[str, dict[str, Any]],
-                  base_stats: dict[str, Any]) -> dict[str, Any]:
+def linear_result(
+    workload: str, keys: dict[str, dict[str, Any]], base_stats: dict[str, Any]
+) -> dict[str, Any]:
     """results.json for register/kv from the per-key search results."""
     valid = merge_valid([k["valid"] for k in keys.values()]) if keys else True
     bad = sorted((k for k, r in keys.items() if r["valid"] is False), key=_key_order)
@@ -60,11 +61,15 @@ def linear_result(workload: str, keys: dict[str, dict[str, Any]],
         "anomaly-types": [NONLINEARIZABLE] if bad else [],
         "anomalies": {NONLINEARIZABLE: examples} if bad else {},
         "counts": counts,
-        "stats": {**base_stats, "keys": len(keys), "linearizable-keys": sum(
-            1 for r in keys.values() if r["valid"] is True), "nonlinearizable-keys": len(bad),
+        "stats": {
+            **base_stats,
+            "keys": len(keys),
+            "linearizable-keys": sum(1 for r in keys.values() if r["valid"] is True),
+            "nonlinearizable-keys": len(bad),
             "unknown-keys": len(unknown),
             "search-seconds": round(sum(r.get("seconds", 0.0) for r in keys.values()), 3),
-            "configurations-explored": sum(r.get("explored", 0) for r in keys.values())},
+            "configurations-explored": sum(r.get("explored", 0) for r in keys.values()),
+        },
     }
     if unknown:
         out["unknown-keys"] = unknown
@@ -74,8 +79,15 @@ def linear_result(workload: str, keys: dict[str, dict[str, Any]],
 
 def error_result(message: str, workload: str | None) -> dict[str, Any]:
     """results.json for a history that could not be read: no verdict at all."""
-    return {"valid": None, "workload": workload, "error": message, "anomaly-types": [],
-            "anomalies": {}, "counts": {}, "stats": {}}
+    return {
+        "valid": None,
+        "workload": workload,
+        "error": message,
+        "anomaly-types": [],
+        "anomalies": {},
+        "counts": {},
+        "stats": {},
+    }
 
 
 def _key_order(k: str) -> tuple[int, Any]:

@@ -12,8 +12,10 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -22,6 +24,202 @@ _SESSION: SparkSession | None = None
 _MASTER: str | None = None
 
 DEFAULT_MASTER = "local[2]"
+MASTER_ENV = "LEDGERMQ_SPARK_MASTER"
+# An unreachable or failing master must fail within about 15 s, as one line.
+CONNECT_PROBE_S = 5.0  # TCP connect to the master's / Connect server's port
+OPEN_CONNECT_S = 30.0  # a Connect server must answer and run one task by then (15 s was short at load 15)
+# A standalone master: our own driver JVM's start-up, registration and an executor's
+# launch: 35-70 s were measured on this 2-core machine at load 15-18. A refused or unroutable
+# address fails in CONNECT_PROBE_S instead.
+OPEN_STANDALONE_S = 90.0
+OPEN_TIMEOUT_ENV = "LEDGERMQ_SPARK_OPEN_S"  # overrides both limits (seconds)
+
+
+def jvm_log_path() -> Path:
+    """Where the driver JVM's stderr goes (Spark's warnings, Java traces)."""
+    return Path(tempfile.gettempdir()) / f"ledgermq-checker-jvm-{os.getuid()}.log"
+
+
+class SparkUnavailable(RuntimeError):
+    """The Spark master or Connect server cannot run the checker; one line for the user."""
+
+
+def resolve_master(master: str | None = None) -> str:
+    """The master to use: the given one, else $LEDGERMQ_SPARK_MASTER, else the Connect
+    server of a running ``jepsen spark start`` cluster, else local[2]."""
+    if master:
+        return master
+    if os.environ.get(MASTER_ENV):
+        return os.environ[MASTER_ENV]
+    from jepsen import spark_cluster
+
+    c = spark_cluster.running()
+    if c is not None:
+        return c.connect or c.master
+    return DEFAULT_MASTER
+
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "ip6-localhost")
+
+
+def is_remote_master(master: str) -> bool:
+    """True when the master's executors may not share this machine's files (another host)."""
+    hp = _host_port(master)
+    if hp is None:
+        return False
+    import socket
+
+    host = hp[0]
+    return not (host in LOOPBACK or host.startswith("127.") or host == socket.gethostname())
+
+
+def _host_port(master: str) -> tuple[str, int] | None:
+    """(host, port) of a spark:// or sc:// URL (the first master of a list), else None."""
+    from urllib.parse import urlparse
+
+    if not master.startswith(("spark://", "sc://")):
+        return None
+    first = master.split(",")[0]
+    u = urlparse(first)
+    default = 7077 if master.startswith("spark://") else 15002
+    try:
+        return (u.hostname or "localhost", u.port or default)
+    except ValueError as exc:
+        raise SparkUnavailable(f"bad Spark master URL {master!r}: {exc}") from None
+
+
+def probe_reachable(master: str, timeout: float = CONNECT_PROBE_S) -> None:
+    """Fail fast, as one line, when nothing listens at the master's address."""
+    import socket
+
+    hp = _host_port(master)
+    if hp is None:
+        return
+    try:
+        with socket.create_connection(hp, timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise SparkUnavailable(f"Spark master {master} is unreachable: {reason}") from None
+
+
+_CONNECT_PROBE = """
+import sys
+from pyspark.sql import SparkSession
+SparkSession.builder.remote(sys.argv[1]).getOrCreate().range(1).collect()
+"""
+
+
+def probe_connect(master: str, timeout: float) -> None:
+    """Ask the Connect server for one tiny job from a child process, killed after ``timeout``.
+
+    A Connect client that gets no answer retries for minutes in pool threads that
+    interpreter shutdown then waits for; in a child they die with it, so a caller (the
+    harness, a test) is never left hanging by a server that is not there.
+    """
+    import subprocess
+
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", _CONNECT_PROBE, master],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        raise SparkUnavailable(
+            f"Spark master {master} accepted the connection but ran no task within {timeout:g} s "
+            "(not a Spark Connect service, or no live worker with free cores and memory)"
+        ) from None
+    if res.returncode != 0:
+        lines = [ln.strip() for ln in res.stderr.splitlines() if ln.strip()]
+        why = next(
+            (ln for ln in reversed(lines) if "Error" in ln or "Exception" in ln), lines[-1] if lines else ""
+        )
+        raise SparkUnavailable(f"Spark master {master} failed a probe job: {why[:300]}")
+
+
+def _open_bounded(builder: Any, master: str, timeout: float) -> SparkSession:
+    """Create the session and run one tiny job, all within ``timeout``.
+
+    A standalone master that is not answering makes ``getOrCreate`` wait out Spark's
+    fixed registration retries (3 x 20 s) and a Connect client retries for minutes, so
+    both run in a thread that is given up after ``timeout``; the driver JVM we launched
+    is then killed, and the caller gets one line.
+    """
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            session = builder.getOrCreate()
+            outcome["session"] = session
+            session.range(1).collect()
+            outcome["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported below as one line
+            outcome["error"] = exc
+
+    t = threading.Thread(target=run, name="spark-open", daemon=True)
+    t.start()
+    t.join(timeout)
+    if outcome.get("ok"):
+        return outcome["session"]
+    err = outcome.get("error")  # before giving up: killing the JVM makes errors of its own
+    _give_up(outcome.get("session"), master)
+    if err is not None:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SparkUnavailable(f"Spark master {master} failed: {first[:300]}")
+    raise SparkUnavailable(
+        f"Spark master {master} accepted the connection but ran no task within {timeout:g} s "
+        "(not a Spark service, or no live worker with free cores and memory)"
+    )
+
+
+def _give_up(session: Any, master: str) -> None:
+    """Drop a session that never worked: interrupt it, stop it, kill the driver JVM we launched."""
+    try:
+        if session is not None and master.startswith("sc://"):
+            session.interruptAll()
+    except Exception:  # noqa: BLE001, S110 - best effort
+        pass
+    if master.startswith("sc://"):
+        return
+    try:
+        from pyspark import SparkContext
+
+        gw = SparkContext._gateway  # noqa: SLF001 - the JVM this process launched
+        proc = getattr(gw, "proc", None) if gw is not None else None
+        if proc is not None:
+            proc.kill()
+            proc.wait(timeout=10)
+        SparkContext._gateway = None  # noqa: SLF001
+        SparkContext._jvm = None  # noqa: SLF001
+        SparkContext._active_spark_context = None  # noqa: SLF001
+    except Exception:  # noqa: BLE001, S110 - best effort
+        pass
+
+
+@contextmanager
+def jvm_stderr_to(path: Path) -> Iterator[None]:
+    """Send what the driver JVM writes to stderr into ``path`` (it inherits fd 2 at launch).
+
+    Spark's start-up warnings and Java traces are not for the terminal: the checker
+    reports failures itself, as one line, and names this file for the details.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
 
 # Spark's own start-up chatter (log4j defaults banner, native-hadoop warning) goes to
 # stderr before setLogLevel can run; a config file given to the JVM silences it.
@@ -58,8 +256,10 @@ def _require_connect(master: str) -> None:
 
     missing = [m for m in ("grpc", "grpc_status") if importlib.util.find_spec(m) is None]
     if missing:
-        raise RuntimeError(f"cannot use Spark master {master!r}: Spark Connect needs "
-                           f"{', '.join(missing)} (pip install 'pyspark[connect]')")
+        raise RuntimeError(
+            f"cannot use Spark master {master!r}: Spark Connect needs "
+            f"{', '.join(missing)} (pip install 'pyspark[connect]')"
+        )
 
 
 def get_spark(master: str | None = None) -> SparkSession:
@@ -74,11 +274,13 @@ def get_spark(master: str | None = None) -> SparkSession:
     _quiet_python_warnings()
     from pyspark.sql import SparkSession
 
-    master = master or os.environ.get("LEDGERMQ_SPARK_MASTER") or DEFAULT_MASTER
+    master = resolve_master(master)
+    probe_reachable(master)
     partitions = os.environ.get("LEDGERMQ_SPARK_PARTITIONS", "8")
     builder = SparkSession.builder.appName("ledgermq-checker")
     if master.startswith("sc://"):
         _require_connect(master)
+        probe_connect(master, float(os.environ.get(OPEN_TIMEOUT_ENV) or OPEN_CONNECT_S))
         builder = builder.remote(master)
     else:
         # Workers must import the jepsen package; in local mode they inherit this env.
@@ -88,16 +290,27 @@ def get_spark(master: str | None = None) -> SparkSession:
             os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         java_opts = f"-Dlog4j2.configurationFile=file:{_log4j_file()}"
-        builder = (builder.master(master)
-                   .config("spark.ui.enabled", "false")
-                   .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.driver.memory", os.environ.get("LEDGERMQ_SPARK_MEMORY", "3g"))
-                   .config("spark.driver.extraJavaOptions", java_opts)
-                   .config("spark.sql.session.timeZone", "UTC"))
-    builder = (builder.config("spark.sql.shuffle.partitions", partitions)
-               .config("spark.sql.adaptive.enabled", "true")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true"))
-    session = builder.getOrCreate()
+        builder = (
+            builder.master(master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.memory", os.environ.get("LEDGERMQ_SPARK_MEMORY", "3g"))
+            .config("spark.driver.extraJavaOptions", java_opts)
+            .config("spark.sql.session.timeZone", "UTC")
+        )
+    builder = (
+        builder.config("spark.sql.shuffle.partitions", partitions)
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    )
+    log = jvm_log_path()
+    with jvm_stderr_to(log):
+        if master.startswith("local"):
+            session = builder.getOrCreate()
+        else:
+            timeout = OPEN_CONNECT_S if master.startswith("sc://") else OPEN_STANDALONE_S
+            timeout = float(os.environ.get(OPEN_TIMEOUT_ENV) or timeout)
+            session = _open_bounded(builder, master, timeout)
     if not master.startswith("sc://"):
         session.sparkContext.setLogLevel("ERROR")
     _SESSION, _MASTER = session, master
@@ -110,6 +323,11 @@ def stop_spark() -> None:
     if _SESSION is not None:
         _SESSION.stop()
     _SESSION, _MASTER = None, None
+
+
+def master_in_use() -> str | None:
+    """The master URL of the current session (None before one exists)."""
+    return _MASTER
 
 
 def is_connect(master: str | None = None) -> bool:

@@ -30,9 +30,18 @@ class SynthStats:
     planted: dict[str, int] = field(default_factory=dict)
 
 
-def generate_log_history(path: str | Path, n_ops: int, *, keys: int = 8, producers: int = 16,
-                         consumers_per_key: int = 1, poll_max: int = 32, seed: int = 1,
-                         anomalies: bool = False, nemesis: bool = True) -> SynthStats:
+def generate_log_history(
+    path: str | Path,
+    n_ops: int,
+    *,
+    keys: int = 8,
+    producers: int = 16,
+    consumers_per_key: int = 1,
+    poll_max: int = 32,
+    seed: int = 1,
+    anomalies: bool = False,
+    nemesis: bool = True,
+) -> SynthStats:
     """Write a JSON Lines ``log`` history of about ``n_ops`` operations to ``path``."""
     rng = random.Random(seed)
     log: list[list[int]] = [[] for _ in range(keys)]
@@ -87,28 +96,36 @@ def generate_log_history(path: str | Path, n_ops: int, *, keys: int = 8, produce
                 if r < 0.002:  # unknown outcome; half of these still land
                     if rng.random() < 0.5:
                         log[key].append(a)
-                    emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"info","f":"send",'
-                         f'"key":"{key}","value":{a},"error":"timeout"}}\n')
+                    emit(
+                        f'{{"index":{index},"time":{t},"process":{pid},"type":"info","f":"send",'
+                        f'"key":"{key}","value":{a},"error":"timeout"}}\n'
+                    )
                     st.info += 1
                     spawn("producer", key, t + rng.randrange(100_000, 1_000_000))  # a new process id
                     continue
                 if r < 0.004:
-                    emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"fail","f":"send",'
-                         f'"key":"{key}","value":{a},"error":"not-leader"}}\n')
+                    emit(
+                        f'{{"index":{index},"time":{t},"process":{pid},"type":"fail","f":"send",'
+                        f'"key":"{key}","value":{a},"error":"not-leader"}}\n'
+                    )
                     st.fail += 1
                     fail_value[key] = a
                 else:
                     off = len(log[key])
                     log[key].append(a)
-                    emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"ok","f":"send",'
-                         f'"key":"{key}","value":{a},"offset":{off}}}\n')
+                    emit(
+                        f'{{"index":{index},"time":{t},"process":{pid},"type":"ok","f":"send",'
+                        f'"key":"{key}","value":{a},"offset":{off}}}\n'
+                    )
             else:  # poll
                 frm = a
-                got = log[key][frm:frm + poll_max]
+                got = log[key][frm : frm + poll_max]
                 position[pid] = frm + len(got)
                 pairs = ",".join(f"[{frm + i},{v}]" for i, v in enumerate(got))
-                emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"ok","f":"poll",'
-                     f'"key":"{key}","value":[{pairs}]}}\n')
+                emit(
+                    f'{{"index":{index},"time":{t},"process":{pid},"type":"ok","f":"poll",'
+                    f'"key":"{key}","value":[{pairs}]}}\n'
+                )
             if started < budget:
                 seq += 1
                 heapq.heappush(heap, (t + rng.randrange(50_000, 2_000_000), seq, pid))
@@ -121,10 +138,18 @@ def generate_log_history(path: str | Path, n_ops: int, *, keys: int = 8, produce
         now = t
         if started in nemesis_at:
             node = f"n{rng.randrange(1, 4)}"
-            emit(f'{{"index":{index},"time":{t},"process":"nemesis","type":"info","f":"kill","value":["{node}"]}}\n')
-            emit(f'{{"index":{index},"time":{t + 1000},"process":"nemesis","type":"info","f":"kill","value":["{node}"]}}\n')
-            emit(f'{{"index":{index},"time":{t + 2000},"process":"nemesis","type":"info","f":"restart","value":["{node}"]}}\n')
-            emit(f'{{"index":{index},"time":{t + 3000},"process":"nemesis","type":"info","f":"restart","value":["{node}"]}}\n')
+            emit(
+                f'{{"index":{index},"time":{t},"process":"nemesis","type":"info","f":"kill","value":["{node}"]}}\n'
+            )
+            emit(
+                f'{{"index":{index},"time":{t + 1000},"process":"nemesis","type":"info","f":"kill","value":["{node}"]}}\n'
+            )
+            emit(
+                f'{{"index":{index},"time":{t + 2000},"process":"nemesis","type":"info","f":"restart","value":["{node}"]}}\n'
+            )
+            emit(
+                f'{{"index":{index},"time":{t + 3000},"process":"nemesis","type":"info","f":"restart","value":["{node}"]}}\n'
+            )
             t += 4000
         started += 1
         st.ops += 1
@@ -133,14 +158,18 @@ def generate_log_history(path: str | Path, n_ops: int, *, keys: int = 8, produce
         seq += 1
         if role == "producer":
             value += 1
-            emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"invoke","f":"send",'
-                 f'"key":"{key}","value":{value}}}\n')
+            emit(
+                f'{{"index":{index},"time":{t},"process":{pid},"type":"invoke","f":"send",'
+                f'"key":"{key}","value":{value}}}\n'
+            )
             heapq.heappush(pending, (t + latency, seq, pid, "send", value, 0))
             st.sends += 1
         else:
             frm = position[pid]
-            emit(f'{{"index":{index},"time":{t},"process":{pid},"type":"invoke","f":"poll",'
-                 f'"key":"{key}","value":{{"from":{frm},"max":{poll_max}}}}}\n')
+            emit(
+                f'{{"index":{index},"time":{t},"process":{pid},"type":"invoke","f":"poll",'
+                f'"key":"{key}","value":{{"from":{frm},"max":{poll_max}}}}}\n'
+            )
             heapq.heappush(pending, (t + latency, seq, pid, "poll", frm, 0))
             st.polls += 1
     t_end = now + 10_000_000
@@ -155,13 +184,19 @@ def generate_log_history(path: str | Path, n_ops: int, *, keys: int = 8, produce
             entries.append((entries[-1][0] + 1, entries[0][1]))  # duplicate: a value at a second offset
             st.planted["duplicate"] = 1
         if anomalies and k in fail_value and "G1a" not in st.planted:
-            entries.append((entries[-1][0] + 1 if entries else 0, fail_value[k]))  # G1a: a failed send shows up
+            entries.append(
+                (entries[-1][0] + 1 if entries else 0, fail_value[k])
+            )  # G1a: a failed send shows up
             st.planted["G1a"] = 1
         pairs = ",".join(f"[{i},{v}]" for i, v in entries)
-        emit(f'{{"index":{index},"time":{t_end},"process":{pid},"type":"invoke","f":"drain",'
-             f'"key":"{k}","value":{{"from":0}}}}\n')
-        emit(f'{{"index":{index},"time":{t_end + 500_000},"process":{pid},"type":"ok","f":"drain",'
-             f'"key":"{k}","value":[{pairs}]}}\n')
+        emit(
+            f'{{"index":{index},"time":{t_end},"process":{pid},"type":"invoke","f":"drain",'
+            f'"key":"{k}","value":{{"from":0}}}}\n'
+        )
+        emit(
+            f'{{"index":{index},"time":{t_end + 500_000},"process":{pid},"type":"ok","f":"drain",'
+            f'"key":"{k}","value":[{pairs}]}}\n'
+        )
         t_end += 1_000_000
         st.ops += 1
     out.write("".join(lines))

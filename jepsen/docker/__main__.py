@@ -15,11 +15,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the ledgermq image (base image, wheelhouse, docker build)")
     b.add_argument("--tag", default="ledgermq:latest")
-    b.add_argument("--base-image", default=None, help="default: python:3.11-slim, else a local debootstrap base")
+    b.add_argument(
+        "--base-image", default=None, help="default: python:3.11-slim, else a local debootstrap base"
+    )
     b.add_argument("--refresh-deps", action="store_true", help="download the dependency wheels again")
-    for name, text in (("up", "build if needed, start the group, wait until healthy and a master is routed"),
-                       ("down", "stop the group and remove its containers, network and volumes"),
-                       ("status", "print each service's address, health and broker role")):
+    for name, text in (
+        ("up", "build if needed, start the group, wait until healthy and a master is routed"),
+        ("down", "stop the group and remove its containers, network and volumes"),
+        ("status", "print each service's address, health and broker role"),
+    ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("-p", "--project", default="ledgermq", help="compose project name")
     args = p.parse_args(argv)
@@ -28,8 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         from .images import ImageBuildError, build_image
 
         try:
-            build_image(args.tag, base_image=args.base_image, refresh_deps=args.refresh_deps,
-                        log=lambda m: print(m, file=sys.stderr))
+            build_image(
+                args.tag,
+                base_image=args.base_image,
+                refresh_deps=args.refresh_deps,
+                log=lambda m: print(m, file=sys.stderr),
+            )
         except ImageBuildError as exc:
             print(f"build failed: {exc}", file=sys.stderr)
             return 1

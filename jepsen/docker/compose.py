@@ -74,8 +74,22 @@ class ServiceSpec:
 LAYOUT: dict[str, ServiceSpec] = {
     s.name: s
     for s in (
-        ServiceSpec("namesrv1", "namesrv", 11, NAMESRV_PORT, publish_env="LEDGERMQ_NAMESRV1_PORT", default_published=9876),
-        ServiceSpec("namesrv2", "namesrv", 12, NAMESRV_PORT, publish_env="LEDGERMQ_NAMESRV2_PORT", default_published=9877),
+        ServiceSpec(
+            "namesrv1",
+            "namesrv",
+            11,
+            NAMESRV_PORT,
+            publish_env="LEDGERMQ_NAMESRV1_PORT",
+            default_published=9876,
+        ),
+        ServiceSpec(
+            "namesrv2",
+            "namesrv",
+            12,
+            NAMESRV_PORT,
+            publish_env="LEDGERMQ_NAMESRV2_PORT",
+            default_published=9877,
+        ),
         ServiceSpec("broker1", "broker", 21, 10911, 20911, "n1", "LEDGERMQ_BROKER1_PORT", 10911),
         ServiceSpec("broker2", "broker", 22, 10921, 20921, "n2", "LEDGERMQ_BROKER2_PORT", 10921),
         ServiceSpec("broker3", "broker", 23, 10931, 20931, "n3", "LEDGERMQ_BROKER3_PORT", 10931),
@@ -112,8 +126,13 @@ def docker_unavailable_reason() -> str | None:
     if not shutil.which("docker"):
         return "the docker CLI is not installed"
     try:
-        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                              text=True, timeout=30, check=False)
+        info = subprocess.run(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return "`docker info` did not answer within 30 s"
     if info.returncode != 0:
@@ -127,12 +146,14 @@ def docker_unavailable_reason() -> str | None:
 
 def free_net_prefix(start: int = 10) -> str:
     """A ``172.28.N`` prefix whose /24 overlaps no existing Docker network (for parallel groups)."""
-    ids = subprocess.run(["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=60,
-                         check=True).stdout.split()
+    ids = subprocess.run(
+        ["docker", "network", "ls", "-q"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
     used: list[ipaddress.IPv4Network] = []
     if ids:
-        out = subprocess.run(["docker", "network", "inspect", *ids], capture_output=True, text=True, timeout=60,
-                             check=True).stdout
+        out = subprocess.run(
+            ["docker", "network", "inspect", *ids], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
         for net in json.loads(out):
             for cfg in (net.get("IPAM") or {}).get("Config") or []:
                 try:
@@ -267,6 +288,9 @@ class ComposeGroup:
     def compose_env(self) -> dict[str, str]:
         """The variables docker-compose.yml reads, for this group (plus the caller's environment)."""
         env = {**os.environ, **self.extra_env}
+        # docker-compose.yml turns ACL on by default; the harness's clients do not sign (yet), so its
+        # groups run without it unless the caller's environment asks for it
+        env.setdefault("LEDGERMQ_ACL_ENABLE", "false")
         env.update(
             LEDGERMQ_NET=self.net,
             LEDGERMQ_IMAGE=self.image,
@@ -277,17 +301,30 @@ class ComposeGroup:
             env[s.publish_env] = str(self.published_ports[s.name])
         return env
 
-    def compose(self, *args: str, timeout: float = 300.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def compose(
+        self, *args: str, timeout: float = 300.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         """Run one compose subcommand on this project (``-p``/``-f`` added)."""
         argv = [*self.compose_cmd, "-p", self.project, "-f", str(self.compose_file), *args]
         return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
 
     @staticmethod
-    def _run(argv: Sequence[str], *, timeout: float = 60.0, check: bool = True,
-             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
-                                  env=dict(env) if env is not None else None)
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                env=dict(env) if env is not None else None,
+            )
         except subprocess.TimeoutExpired as exc:
             raise ComposeError(f"{' '.join(argv)} did not finish within {timeout:.0f}s") from exc
         if check and proc.returncode != 0:
@@ -296,17 +333,26 @@ class ComposeGroup:
             )
         return proc
 
-    def docker(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def docker(
+        self, *args: str, timeout: float = 60.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         return self._run(["docker", *args], timeout=timeout, check=check)
 
     # ------------------------------------------------------------------ lifecycle
 
     def build(self, *, base_image: str | None = None, log: Any = print) -> str:
         """Build the image (base image, wheelhouse, classic ``docker build``); cached layers make it quick."""
-        return build_image(self.image, base_image=base_image or self.extra_env.get("LEDGERMQ_BASE_IMAGE"), log=log)
+        return build_image(
+            self.image, base_image=base_image or self.extra_env.get("LEDGERMQ_BASE_IMAGE"), log=log
+        )
 
-    def up(self, *, build: Literal["always", "missing", "never"] = "missing", timeout: float = 180.0,
-           log: Any = print) -> None:
+    def up(
+        self,
+        *,
+        build: Literal["always", "missing", "never"] = "missing",
+        timeout: float = 180.0,
+        log: Any = print,
+    ) -> None:
         """Start every service (``up -d``), then wait until all are healthy and have their fixed addresses.
 
         ``build="always"`` rebuilds the image from the current source first (what tests want);
@@ -366,8 +412,11 @@ class ComposeGroup:
         """Containers, networks and volumes still carrying this project's label (empty after ``down``)."""
         label = f"label=com.docker.compose.project={self.project}"
         out = []
-        for kind, args in (("container", ["ps", "-aq"]), ("network", ["network", "ls", "-q"]),
-                           ("volume", ["volume", "ls", "-q"])):
+        for kind, args in (
+            ("container", ["ps", "-aq"]),
+            ("network", ["network", "ls", "-q"]),
+            ("volume", ["volume", "ls", "-q"]),
+        ):
             out += [f"{kind} {x}" for x in self.docker(*args, "--filter", label, check=False).stdout.split()]
         return out
 
@@ -511,8 +560,14 @@ class ComposeGroup:
         broker1. Services named on no side keep talking to everyone.
         """
         groups = [list(s) for s in sides]
-        links = {(a, b) for i, ga in enumerate(groups) for j, gb in enumerate(groups) if i != j
-                 for a in ga for b in gb}
+        links = {
+            (a, b)
+            for i, ga in enumerate(groups)
+            for j, gb in enumerate(groups)
+            if i != j
+            for a in ga
+            for b in gb
+        }
         return self.cut(links)
 
     def isolate(self, service: str, from_: Iterable[str] | None = None) -> dict[str, Any]:
@@ -526,6 +581,7 @@ class ComposeGroup:
 
     def _apply_cuts(self, services: Sequence[str]) -> dict[str, str]:
         """Rewrite the LEDGERMQ-IN/OUT chains of ``services`` from ``self.cut_links``; returns failures."""
+
         def script(service: str) -> str:
             lines = [
                 "set -e",
@@ -556,7 +612,9 @@ class ComposeGroup:
 
     def rules(self, service: str) -> str:
         """The container's current LEDGERMQ chains (``iptables -S``), for reports and tests."""
-        return self.exec(service, "sh", "-c", "iptables -w -S LEDGERMQ-IN; iptables -w -S LEDGERMQ-OUT", check=False)
+        return self.exec(
+            service, "sh", "-c", "iptables -w -S LEDGERMQ-IN; iptables -w -S LEDGERMQ-OUT", check=False
+        )
 
     # ------------------------------------------------------------------ logs
 
@@ -583,19 +641,25 @@ class ComposeGroup:
 
         try:
             resp = await client.invoke_sync(
-                self.broker_addr(service), RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), timeout_s
+                self.broker_addr(service),
+                RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO),
+                timeout_s,
             )
         except Exception:  # noqa: BLE001 - a broker that is down, paused or cut off
             return None
         return json.loads(bytes(resp.body)) if resp.is_success else None
 
-    async def route(self, client: Any, namesrv: str, topic: str = TOPIC, timeout_s: float = 1.0) -> dict[str, Any] | None:
+    async def route(
+        self, client: Any, namesrv: str, topic: str = TOPIC, timeout_s: float = 1.0
+    ) -> dict[str, Any] | None:
         """The topic route one nameserver gives (``brokerDatas``, ``queueDatas``), None if it has none."""
         from remoting import RemotingCommand, RequestCode
 
         try:
             resp = await client.invoke_sync(
-                namesrv, RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), timeout_s
+                namesrv,
+                RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}),
+                timeout_s,
             )
         except Exception:  # noqa: BLE001
             return None
@@ -613,8 +677,14 @@ class ComposeGroup:
             out[ns] = master
         return out
 
-    async def wait_for_master(self, *, exclude: Iterable[str] = (), timeout: float = 60.0,
-                              topic: str = TOPIC, all_nameservers: bool = False) -> str:
+    async def wait_for_master(
+        self,
+        *,
+        exclude: Iterable[str] = (),
+        timeout: float = 60.0,
+        topic: str = TOPIC,
+        all_nameservers: bool = False,
+    ) -> str:
         """Wait until a broker (not in ``exclude``) says MASTER and a nameserver routes ``topic`` to it.
 
         ``all_nameservers=True`` waits until every nameserver routes to it. Returns the service name.
@@ -639,7 +709,9 @@ class ComposeGroup:
                         return name
                 last["routes"] = routes
                 await asyncio.sleep(0.2)
-        raise ComposeError(f"no routed master (excluding {sorted(excluded)}) within {timeout:.0f}s; last seen {last}")
+        raise ComposeError(
+            f"no routed master (excluding {sorted(excluded)}) within {timeout:.0f}s; last seen {last}"
+        )
 
     async def status(self) -> dict[str, Any]:
         """Each service's container state and address; brokers add role/term/leader from runtime info."""
@@ -652,14 +724,22 @@ class ComposeGroup:
                     state = self.state(name)
                 except ComposeError as exc:
                     state = f"missing ({exc})"
-                entry: dict[str, Any] = {"state": state, "ip": self.ip(name), "published": self.published_addr(name)}
+                entry: dict[str, Any] = {
+                    "state": state,
+                    "ip": self.ip(name),
+                    "published": self.published_addr(name),
+                }
                 if spec.kind == "broker":
                     entry["addr"] = self.broker_addr(name)
                     info = await self.runtime_info(client, name) if state.startswith("running") else None
                     if info:
                         ledger = info.get("ledger") or {}
-                        entry.update(role=info.get("role"), master=info.get("masterAddr"),
-                                     term=ledger.get("term"), leader=ledger.get("leader"))
+                        entry.update(
+                            role=info.get("role"),
+                            master=info.get("masterAddr"),
+                            term=ledger.get("term"),
+                            leader=ledger.get("leader"),
+                        )
                 out[name] = entry
             out["routes"] = await self.routed_master(client)
         return out

@@ -19,10 +19,13 @@ DEFAULT_ADDR = {"namesrv": "127.0.0.1:9876", "broker": "127.0.0.1:10911"}
 
 async def check(kind: str, addr: str, timeout_s: float = 2.0) -> str:
     """Return a short status line, or raise if the server does not answer as it should."""
+    from client.instance import make_signer
     from remoting import RemotingClient, RemotingCommand, RequestCode
 
     code = RequestCode.GET_BROKER_CLUSTER_INFO if kind == "namesrv" else RequestCode.GET_BROKER_RUNTIME_INFO
-    async with RemotingClient(name="healthcheck") as client:
+    # signs with LEDGERMQ_ACCESS_KEY/LEDGERMQ_SECRET_KEY when set (docker-compose sets them): a broker
+    # with ACL on refuses unsigned requests
+    async with RemotingClient(name="healthcheck", rpc_hook=make_signer()) as client:
         resp = await client.invoke_sync(addr, RemotingCommand.request(code), timeout_s)
     if not resp.is_success:
         raise RuntimeError(f"{kind} at {addr} answered code {resp.code}: {resp.remark}")

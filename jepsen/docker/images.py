@@ -35,7 +35,17 @@ DEFAULT_IMAGE = "ledgermq:latest"
 UPSTREAM_BASE = "python:3.11-slim"
 RUNTIME_DEPS = ("xxhash>=3.4", "uvloop>=0.19", "prometheus-client>=0.20", "click>=8.1")
 #: Source that goes into the project wheel (everything pyproject's package finder includes).
-SOURCE_ITEMS = ("pyproject.toml", "README.md", "ledger", "namesrv", "broker", "jepsen", "remoting", "client")
+SOURCE_ITEMS = (
+    "pyproject.toml",
+    "README.md",
+    "common",
+    "ledger",
+    "namesrv",
+    "broker",
+    "jepsen",
+    "remoting",
+    "client",
+)
 BASE_SCRIPT = Path(__file__).resolve().with_name("build-base-image.sh")
 
 
@@ -43,7 +53,9 @@ class ImageBuildError(RuntimeError):
     """A build step failed; the message carries the command and the tail of its output."""
 
 
-def _run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+def _run(
+    argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> str:
     """Run a build command, failing with its output so a broken build says why."""
     try:
         proc = subprocess.run(
@@ -60,7 +72,9 @@ def _run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, 
 def image_exists(tag: str) -> bool:
     """True if the engine has ``tag`` locally (no registry is asked)."""
     return (
-        subprocess.run(["docker", "image", "inspect", tag], capture_output=True, timeout=60, check=False).returncode
+        subprocess.run(
+            ["docker", "image", "inspect", tag], capture_output=True, timeout=60, check=False
+        ).returncode
         == 0
     )
 
@@ -103,7 +117,9 @@ def ensure_base_image(base_image: str | None = None, *, pull_timeout: float = 60
         _run(["docker", "pull", UPSTREAM_BASE], timeout=pull_timeout)
         return UPSTREAM_BASE
     except ImageBuildError as exc:
-        log(f"cannot pull {UPSTREAM_BASE} ({str(exc).splitlines()[-1][:200]}); building {local} with debootstrap")
+        log(
+            f"cannot pull {UPSTREAM_BASE} ({str(exc).splitlines()[-1][:200]}); building {local} with debootstrap"
+        )
     _build_local_base(local, log)
     return local
 
@@ -136,8 +152,20 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
     if refresh_deps or not set(names) <= have:
         arch = _engine_arch()
         platforms = [f"manylinux{v}_{arch}" for v in ("2014", "_2_17", "_2_24", "_2_28", "_2_31", "_2_34")]
-        argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
-                "--python-version", "3.11", "--implementation", "cp", "--dest", str(deps)]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--dest",
+            str(deps),
+        ]
         for p in platforms:
             argv += ["--platform", p]
         t0 = time.monotonic()
@@ -158,11 +186,27 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
             elif p.exists():
                 shutil.copy2(p, src / item)
         env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
-        _run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps", "-q",
-              "-w", str(wheelhouse), str(src)], timeout=900, env=env)
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--disable-pip-version-check",
+                "--no-deps",
+                "-q",
+                "-w",
+                str(wheelhouse),
+                str(src),
+            ],
+            timeout=900,
+            env=env,
+        )
     wheels = sorted(wheelhouse.glob("ledgermq-*.whl"))
     if len(wheels) != 1:
-        raise ImageBuildError(f"expected one ledgermq wheel in {wheelhouse}, found {[w.name for w in wheels]}")
+        raise ImageBuildError(
+            f"expected one ledgermq wheel in {wheelhouse}, found {[w.name for w in wheels]}"
+        )
     log(f"project wheel {wheels[0].name} ({time.monotonic() - t0:.0f}s)")
     return wheels[0]
 
@@ -184,20 +228,43 @@ def build_image(
     t0 = time.monotonic()
     previous = _image_id(tag)
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder must work: use it
-    _run(["docker", "build", "--build-arg", f"BASE_IMAGE={base}", "-t", tag, "-f", str(ROOT / "Dockerfile"),
-          str(ROOT)], timeout=1800, env=env)
+    _run(
+        [
+            "docker",
+            "build",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+            "-t",
+            tag,
+            "-f",
+            str(ROOT / "Dockerfile"),
+            str(ROOT),
+        ],
+        timeout=1800,
+        env=env,
+    )
     log(f"image {tag} (FROM {base}) built in {time.monotonic() - t0:.0f}s")
     if previous and previous != _image_id(tag):
         # The image this tag named before is now untagged: remove it rather than pile up 200 MB
         # per source change (it stays if a container still uses it).
-        inspect = subprocess.run(["docker", "image", "inspect", "--format", "{{len .RepoTags}}", previous],
-                                 capture_output=True, text=True, timeout=60, check=False)
+        inspect = subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{len .RepoTags}}", previous],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if inspect.returncode == 0 and inspect.stdout.strip() == "0":
             subprocess.run(["docker", "image", "rm", previous], capture_output=True, timeout=120, check=False)
     return tag
 
 
 def _image_id(tag: str) -> str | None:
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", tag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return proc.stdout.strip() if proc.returncode == 0 else None

@@ -16,16 +16,20 @@ are what the ``local`` backend uses. Client traffic never crosses a proxy.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
+import secrets
 import shutil
 import signal
+import subprocess
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from common.process import ProcessSet, write_toml
 from ledger.client import LedgerClient
-from ledger.localcluster import LocalCluster, ProcessSet, write_toml
+from ledger.localcluster import LocalCluster
 
 from .clients import LedgerLogClient, LedgerRegisterClient, LogClient, RegisterClient, RegisterReplica
 from .proxy import Link, LinkProxy
@@ -33,6 +37,41 @@ from .proxy import Link, LinkProxy
 
 class Unsupported(Exception):
     """The backend cannot perform this fault or workload."""
+
+
+def write_cluster_secret(base_dir: Path) -> Path:
+    """A fresh random cluster secret in ``base_dir/cluster.secret``, readable by its owner only."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    path = base_dir / "cluster.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    return path
+
+
+#: how ``lose-data`` can damage a stopped follower (see ``ProcessBackend.lose_data``)
+LOSE_DATA_WAYS = ("wipe", "truncate-log", "empty-log", "hardstate")
+
+
+SMALL_DISK_MB = 64  # disk-full: each node's tmpfs, unless its data needs more
+SMALL_DISK_MB_MAX = 4096  # bounds the filler loop
+FILLER = "disk-full.filler"
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()[-300:]}")
+
+
+def _fsync_tree(d: Path) -> None:
+    for p in d.rglob("*"):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 class Backend(ABC):
@@ -43,6 +82,9 @@ class Backend(ABC):
     #: then only symmetric cuts are meaningful and the nemesis makes every cut symmetric.
     directed_links: bool = True
     supports_corruption: bool = False
+    #: whether ``set_shape`` can delay (``slow-network``) and drop (``lossy-network``) peer traffic
+    supports_delay: bool = False
+    supports_loss: bool = False
     #: seconds a client spends on one operation (kept below the harness's operation timeout,
     #: so that the system's own definite answers arrive before the harness gives up)
     client_timeout: float = 4.0
@@ -53,6 +95,7 @@ class Backend(ABC):
         self.killed: set[str] = set()
         self.paused: set[str] = set()
         self.cut: set[Link] = set()
+        self.shaped: set[Link] = set()  # links with a delay or loss in force
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,12 +160,34 @@ class Backend(ABC):
     def set_cut(self, links: set[Link]) -> dict[str, Any]:
         """Make exactly ``links`` (directed ``(src, dst)``) cut; all others carry traffic."""
 
+    def set_shape(
+        self, links: set[Link], *, delay_ms: float, jitter_ms: float, drop: float, seed: int
+    ) -> Any:
+        """Delay and/or drop traffic on exactly ``links``; an empty set heals every link."""
+        raise Unsupported(f"{self.system} on this backend cannot delay or drop traffic")
+
+    def shape_refusal(self, fault: str) -> str:
+        """Why ``slow-network`` or ``lossy-network`` cannot run on this backend."""
+        return f"{self.system} on this backend cannot {'delay' if fault == 'slow-network' else 'drop'} peer traffic ({fault})"
+
     def corrupt_tail(self, nid: str, rng: random.Random) -> dict[str, Any]:
         raise Unsupported(f"{self.system} has no corrupt-tail fault")
 
     def tail_recovered(self, nid: str) -> bool | None:
         """Whether the node's log says it found and cut a corrupt tail (None: cannot tell)."""
         return None
+
+    def lose_data(self, nid: str, how: str, rng: random.Random) -> dict[str, Any]:
+        raise Unsupported(f"{self.system} has no lose-data fault")
+
+    def small_disk_refusal(self) -> str | None:
+        """Why ``disk-full`` cannot run here (None: it can)."""
+        return f"{self.system} on this backend has no disk-full fault"
+
+    def forge_targets(self) -> dict[str, Any]:
+        """What the ``forge-peer`` nemesis attacks: ``{"ledger": {node: peer address}, "secured": bool,
+        "admin": [broker addresses], "acl": bool}``."""
+        raise Unsupported(f"{self.system} on this backend has no forge-peer fault")
 
     # ------------------------------------------------------------------ clients and files
 
@@ -137,6 +202,14 @@ class Backend(ABC):
         (not bare ledger nodes) provides it; see ``workloads`` for how the workload plugs in."""
         raise Unsupported(f"{self.system} has no queue workload (it runs no brokers)")
 
+    def client_spec(self) -> dict[str, Any]:
+        """What a worker process needs to build this system's clients, as plain JSON.
+
+        Workers are separate OS processes: they get addresses, never the backend itself
+        (``systems.endpoints_from_spec`` turns this back into a client source).
+        """
+        raise Unsupported(f"{self.system} cannot hand its clients to worker processes")
+
     @abstractmethod
     def log_files(self) -> dict[str, Path]:
         """Each node's log file."""
@@ -150,10 +223,14 @@ class ProcessBackend(Backend):
     """Nodes that are local processes of one ``ProcessSet`` and dial each other through one
     ``LinkProxy``: whatever the processes run, kill, restart, pause and cut work the same."""
 
+    supports_delay = True
+    supports_loss = True
+
     def __init__(self, base_dir: Path, procs: ProcessSet) -> None:
         super().__init__(base_dir)
         self.procs = procs
         self.proxy: LinkProxy | None = None
+        self.small_disks: dict[str, Path] = {}  # node -> its ledger dir, now a mounted tmpfs
 
     @abstractmethod
     def peer_addresses(self) -> dict[str, str]:
@@ -181,8 +258,11 @@ class ProcessBackend(Backend):
             self.procs.stop()
             self.paused.clear()
         finally:
-            if self.proxy is not None:
-                self.proxy.close()
+            try:
+                self.release_small_disks()
+            finally:
+                if self.proxy is not None:
+                    self.proxy.close()
 
     def kill(self, nid: str) -> None:
         self.procs.kill(self.process_name(nid), signal.SIGKILL)
@@ -210,6 +290,182 @@ class ProcessBackend(Backend):
         reply = self.proxy.set_cut(links)
         self.cut = set(links)
         return reply
+
+    def set_shape(
+        self, links: set[Link], *, delay_ms: float = 0, jitter_ms: float = 0, drop: float = 0, seed: int = 0
+    ) -> dict[str, Any]:
+        assert self.proxy is not None
+        reply = self.proxy.set_shape(links, delay_ms=delay_ms, jitter_ms=jitter_ms, drop=drop, seed=seed)
+        self.shaped = set(links)
+        return reply
+
+    # ------------------------------------------------------------------ disk faults
+
+    def ledger_dir(self, nid: str) -> Path | None:
+        """The node's ledger data directory (``log/`` segments and ``hardstate``), None if it has none."""
+        return None
+
+    def node_log(self, nid: str) -> Path:
+        return self.log_files()[nid]
+
+    def _stopped_ledger(self, nid: str) -> Path:
+        d = self.ledger_dir(nid)
+        if d is None:
+            raise Unsupported(f"{self.system} keeps no ledger files the harness can reach")
+        if self.procs.is_running(self.process_name(nid)):
+            raise RuntimeError(f"{nid} must be stopped before its files are damaged")
+        return d
+
+    def _mark_log(self, nid: str) -> None:
+        try:
+            self._log_mark = self.node_log(nid).stat().st_size
+        except OSError:
+            self._log_mark = 0
+
+    def corrupt_tail(self, nid: str, rng: random.Random) -> dict[str, Any]:
+        """Flip bytes at the end of the node's newest segment (the node must be stopped).
+
+        The flipped bytes sit inside the last entry, so its checksum fails and nothing
+        valid follows: the store must treat it as a torn tail, cut it at start-up and fetch
+        the entry again from the leader.
+        """
+        d = self._stopped_ledger(nid)
+        segs = [s for s in sorted((d / "log").glob("*.seg")) if s.stat().st_size > 0]
+        if not segs:
+            return {"node": nid, "skipped": "no non-empty segment"}
+        path = segs[-1]
+        size = path.stat().st_size
+        count = min(size, rng.randint(1, 8))
+        offset = size - count
+        with open(path, "r+b") as fh:
+            fh.seek(offset)
+            data = bytearray(fh.read(count))
+            for i in range(len(data)):
+                data[i] ^= 0xFF
+            fh.seek(offset)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._mark_log(nid)
+        return {"node": nid, "file": str(path.relative_to(self.base_dir)), "offset": offset, "bytes": count}
+
+    def tail_recovered(self, nid: str) -> bool | None:
+        mark = getattr(self, "_log_mark", 0)
+        try:
+            with open(self.node_log(nid), "rb") as fh:
+                fh.seek(mark)
+                return b"truncating torn tail" in fh.read()
+        except OSError:
+            return None
+
+    def small_disk_refusal(self) -> str | None:
+        if os.geteuid() != 0:
+            return "disk-full mounts a small tmpfs under each node's data and needs root; run the harness as root"
+        if shutil.which("mount") is None or shutil.which("umount") is None:
+            return "disk-full needs mount(8) and umount(8)"
+        if self.ledger_dir(self.nodes[0]) is None:
+            return f"{self.system} keeps no ledger files the harness can reach"
+        return None
+
+    def mount_small_disk(self, nid: str) -> dict[str, Any]:
+        """Move a stopped node's ledger directory onto its own small tmpfs (``SMALL_DISK_MB``,
+        more if the data needs it), so that ``fill_disk`` can make its writes fail with ENOSPC."""
+        d = self._stopped_ledger(nid)
+        if nid in self.small_disks:
+            return {"node": nid, "mounted": str(d), "already": True}
+        d.mkdir(parents=True, exist_ok=True)
+        used = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+        size_mb = max(SMALL_DISK_MB, 2 * used // (1 << 20) + 16)
+        moved = d.with_name(d.name + ".before-tmpfs")
+        shutil.rmtree(moved, ignore_errors=True)
+        d.rename(moved)
+        d.mkdir()
+        _run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", f"ledgermq-{nid}", str(d)])
+        self.small_disks[nid] = d
+        shutil.copytree(moved, d, dirs_exist_ok=True)
+        _fsync_tree(d)
+        shutil.rmtree(moved)
+        return {"node": nid, "mounted": str(d.relative_to(self.base_dir)), "size_mb": size_mb, "copied": used}
+
+    def fill_disk(self, nid: str) -> dict[str, Any]:
+        """Fill the node's tmpfs to the last byte with a filler file (the node keeps running)."""
+        d = self.small_disks.get(nid)
+        if d is None:
+            raise RuntimeError(f"{nid} has no small disk mounted")
+        filler = d / FILLER
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (1 << 20, 4096):  # big blocks, then the last pages
+                block = bytes(chunk)
+                for _ in range(SMALL_DISK_MB_MAX * (1 << 20) // chunk):
+                    try:
+                        n = os.write(fd, block)
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise
+                        break
+                    if n < chunk:
+                        break
+        finally:
+            os.close(fd)
+        st = os.statvfs(d)
+        return {"node": nid, "filler_bytes": filler.stat().st_size, "free_bytes": st.f_bavail * st.f_frsize}
+
+    def free_disk(self, nid: str) -> dict[str, Any]:
+        d = self.small_disks.get(nid)
+        if d is None:
+            return {"node": nid, "freed": 0}
+        filler = d / FILLER
+        size = filler.stat().st_size if filler.exists() else 0
+        filler.unlink(missing_ok=True)
+        return {"node": nid, "freed": size}
+
+    def release_small_disks(self) -> None:
+        """Copy each tmpfs's data back to a plain directory and unmount it (nodes must be stopped)."""
+        for nid, d in sorted(self.small_disks.items()):
+            (d / FILLER).unlink(missing_ok=True)
+            back = d.with_name(d.name + ".from-tmpfs")
+            shutil.rmtree(back, ignore_errors=True)
+            shutil.copytree(d, back)
+            _run(["umount", str(d)])
+            d.rmdir()
+            back.rename(d)
+            del self.small_disks[nid]
+
+    def lose_data(self, nid: str, how: str, rng: random.Random) -> dict[str, Any]:
+        """Lose a stopped node's data the way a careless operator or a bad disk would.
+
+        ``truncate-log`` (the default): the newest segment is cut to a random shorter
+        length; ``empty-log``: every segment emptied; ``wipe``: the whole ledger directory
+        goes; ``hardstate``: the term/vote file deleted. A leader repairs a follower that
+        reports a shorter log; a node that also forgot its vote (``wipe``, ``hardstate``)
+        may vote twice in a term, which only storage healing (issue 17 item 1) prevents.
+        """
+        d = self._stopped_ledger(nid)
+        info: dict[str, Any] = {"node": nid, "how": how}
+        if how == "wipe":
+            removed = sum(1 for p in d.rglob("*") if p.is_file())
+            shutil.rmtree(d, ignore_errors=True)
+            info["files_removed"] = removed
+        elif how in ("truncate-log", "empty-log"):
+            segs = [s for s in sorted((d / "log").glob("*.seg")) if s.stat().st_size > 0]
+            if not segs:
+                return {**info, "skipped": "no non-empty segment"}
+            for path in segs if how == "empty-log" else segs[-1:]:
+                size = path.stat().st_size
+                keep = 0 if how == "empty-log" else rng.randint(0, size - 1)
+                os.truncate(path, keep)
+                info.setdefault("files", []).append(
+                    {"file": str(path.relative_to(self.base_dir)), "was": size, "now": keep}
+                )
+        elif how == "hardstate":
+            hs = d / "hardstate"
+            info["existed"] = hs.exists()
+            hs.unlink(missing_ok=True)
+        else:
+            raise ValueError(f"unknown lose-data variant {how!r}; choose from {', '.join(LOSE_DATA_WAYS)}")
+        self._mark_log(nid)
+        return info
 
 
 class LocalLedgerBackend(ProcessBackend):
@@ -263,51 +519,36 @@ class LocalLedgerBackend(ProcessBackend):
             "commit_index": st.get("commit_index"),
         }
 
-    def corrupt_tail(self, nid: str, rng: random.Random) -> dict[str, Any]:
-        """Flip bytes at the end of the node's newest segment (the node must be stopped).
+    def ledger_dir(self, nid: str) -> Path | None:
+        return self.base_dir / nid / "data"
 
-        The flipped bytes sit inside the last entry, so its checksum fails and nothing
-        valid follows: the store must treat it as a torn tail, cut it at start-up and fetch
-        the entry again from the leader.
-        """
-        if self.cluster.is_running(nid):
-            raise RuntimeError(f"{nid} must be stopped before its log is corrupted")
-        segs = sorted((self.base_dir / nid / "data" / "log").glob("*.seg"))
-        segs = [s for s in segs if s.stat().st_size > 0]
-        if not segs:
-            return {"node": nid, "skipped": "no non-empty segment"}
-        path = segs[-1]
-        size = path.stat().st_size
-        count = min(size, rng.randint(1, 8))
-        offset = size - count
-        with open(path, "r+b") as fh:
-            fh.seek(offset)
-            data = bytearray(fh.read(count))
-            for i in range(len(data)):
-                data[i] ^= 0xFF
-            fh.seek(offset)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self._log_mark = (self.base_dir / nid / "node.log").stat().st_size
-        return {"node": nid, "file": str(path.relative_to(self.base_dir)), "offset": offset, "bytes": count}
-
-    def tail_recovered(self, nid: str) -> bool | None:
-        log_path = self.base_dir / nid / "node.log"
-        mark = getattr(self, "_log_mark", 0)
-        try:
-            with open(log_path, "rb") as fh:
-                fh.seek(mark)
-                return b"truncating torn tail" in fh.read()
-        except OSError:
-            return None
+    def forge_targets(self) -> dict[str, Any]:
+        return {
+            "ledger": {n: self.cluster.address(n) for n in self.nodes},
+            "secured": bool(
+                self.cluster.settings.get("cluster_secret")
+                or self.cluster.settings.get("cluster_secret_file")
+            ),
+            "admin": [],
+            "acl": False,
+        }
 
     def log_client(self) -> LogClient:
         return LedgerLogClient(self.cluster.addresses, self.direct, self.names, timeout=self.client_timeout)
 
+    def client_spec(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "addresses": list(self.cluster.addresses),
+            "direct": self.direct,
+            "names": self.names,
+            "timeout": self.client_timeout,
+        }
+
     def register_client(self, replica: RegisterReplica) -> RegisterClient:
-        return LedgerRegisterClient(self.cluster.addresses, self.direct, self.names, replica,
-                                    timeout=self.client_timeout)
+        return LedgerRegisterClient(
+            self.cluster.addresses, self.direct, self.names, replica, timeout=self.client_timeout
+        )
 
     def log_files(self) -> dict[str, Path]:
         return {n: self.base_dir / n / "node.log" for n in self.nodes}
@@ -328,29 +569,11 @@ class _ProxiedCluster(LocalCluster):
             d = self.base_dir / nid
             d.mkdir(parents=True, exist_ok=True)
             peers = [f"{p}={self.address(p) if p == nid else self.proxy.address(nid, p)}" for p in self.ids]
-            conf = {"id": nid, "listen": self.address(nid), "peers": peers, "data_dir": str(d / "data"),
-                    **self.settings}
+            conf = {
+                "id": nid,
+                "listen": self.address(nid),
+                "peers": peers,
+                "data_dir": str(d / "data"),
+                **self.settings,
+            }
             write_toml(self.config_path(nid), conf)
-
-
-def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
-    """The backend for ``--backend`` and the system under test (``ledger``, ``pysyncobj`` or ``broker``)."""
-    if name == "docker":
-        if system != "broker":
-            raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
-        from .docker_backend import DockerBrokerBackend
-
-        return DockerBrokerBackend(base_dir, **kw)
-    if name != "local":
-        raise Unsupported(f"unknown backend {name!r}")
-    if system == "ledger":
-        return LocalLedgerBackend(base_dir, **kw)
-    if system == "pysyncobj":
-        from .syncobj import LocalSyncObjBackend
-
-        return LocalSyncObjBackend(base_dir, **kw)
-    if system == "broker":
-        from .queue import LocalBrokerBackend
-
-        return LocalBrokerBackend(base_dir, **kw)
-    raise Unsupported(f"unknown system {system!r}")

@@ -17,8 +17,15 @@ from typing import Any
 VERDICTS = {True: 0, False: 1, "unknown": 2}
 
 
-def run_checker(history: Path, workload: str, run_dir: Path, *, master: str | None = None,
-                budget: float | None = None) -> dict[str, Any]:
+def run_checker(
+    history: Path,
+    workload: str,
+    run_dir: Path,
+    *,
+    master: str | None = None,
+    budget: float | None = None,
+    engine: str = "auto",
+) -> dict[str, Any]:
     """Check ``history``; returns ``{"valid", "results", "output"}``.
 
     ``valid`` is the checker's True / False / "unknown", or None when it could not run
@@ -31,17 +38,32 @@ def run_checker(history: Path, workload: str, run_dir: Path, *, master: str | No
     scratch = Path(tempfile.mkdtemp(prefix=".check-", dir=run_dir))
     try:
         try:
-            res = analyze_files([history], workload=workload, out_dir=scratch, master=master,
-                                budget=budget if budget is not None else DEFAULT_BUDGET, report=True)
+            res = analyze_files(
+                [history],
+                workload=workload,
+                out_dir=scratch,
+                master=master,
+                budget=budget if budget is not None else DEFAULT_BUDGET,
+                report=True,
+                engine=engine,
+            )
         except Exception as exc:  # noqa: BLE001 - no Java, Spark failure: reported, not a verdict
-            return {"valid": None, "results": None, "output": f"the checker failed: {type(exc).__name__}: {exc}"}
+            return {
+                "valid": None,
+                "results": None,
+                "output": f"the checker failed: {type(exc).__name__}: {exc}",
+            }
         outcome = res["files"][0]
         for name in ("results.json", "report.html"):
             src = outcome.out_dir / name
             if src.exists():
                 shutil.move(str(src), run_dir / name)
         valid = outcome.valid if outcome.error is None else None
-        return {"valid": valid, "results": outcome.result, "output": outcome.error or outcome.verdict,
-                "seconds": round(res["seconds"], 3)}
+        return {
+            "valid": valid,
+            "results": outcome.result,
+            "output": outcome.error or outcome.verdict,
+            "seconds": round(res["seconds"], 3),
+        }
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -122,8 +122,15 @@ class LedgerLogClient:
     pairs: then it really reached the committed end of the log.
     """
 
-    def __init__(self, addresses: list[str], direct: dict[str, str], names: dict[str, str],
-                 *, timeout: float = 5.0, attempt_timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        direct: dict[str, str],
+        names: dict[str, str],
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float = 1.0,
+    ) -> None:
         self.client = DirectLedgerClient(addresses, direct, timeout=timeout, attempt_timeout=attempt_timeout)
         self.names = names  # address (direct or proxied) -> node id
         self.node: str | None = None
@@ -190,8 +197,16 @@ class LedgerRegisterClient:
     so each worker checks the log it reads rather than sharing one view.
     """
 
-    def __init__(self, addresses: list[str], direct: dict[str, str], names: dict[str, str],
-                 replica: RegisterReplica, *, timeout: float = 5.0, attempt_timeout: float = 1.0) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        direct: dict[str, str],
+        names: dict[str, str],
+        replica: RegisterReplica,
+        *,
+        timeout: float = 5.0,
+        attempt_timeout: float = 1.0,
+    ) -> None:
         self.client = DirectLedgerClient(addresses, direct, timeout=timeout, attempt_timeout=attempt_timeout)
         self.names = names
         self.replica = replica

@@ -28,13 +28,37 @@ from remoting import RemotingClient
 from .backends import Backend, Unsupported
 from .clients import LogClient
 from .proxy import Link
-from .queue import QueueClient, broker_status
+from .queue import QueueClient, broker_status, queue_spec
+
+LOSS_CHAIN = "LEDGERMQ-LOSS"
+
+
+def loss_script(peers: list[str], drop: float) -> str:
+    """Shell for one container: drop incoming packets from each peer with probability ``drop``.
+
+    iptables's ``statistic`` match in ``random`` mode; its choices come from the kernel, so
+    unlike the local proxies they cannot be seeded. ``drop`` 0 (or no peers) empties the chain.
+    """
+    lines = [
+        "set -e",
+        f"iptables -w -N {LOSS_CHAIN} 2>/dev/null || true",
+        f"iptables -w -F {LOSS_CHAIN}",
+        f"iptables -w -C INPUT -j {LOSS_CHAIN} 2>/dev/null || iptables -w -I INPUT 1 -j {LOSS_CHAIN}",
+    ]
+    if drop > 0:
+        lines += [
+            f"iptables -w -A {LOSS_CHAIN} -s {ip} -m statistic --mode random --probability {drop:.4f} -j DROP"
+            for ip in peers
+        ]
+    return "\n".join(lines)
 
 
 class DockerBrokerBackend(Backend):
     system = "broker"
     client_timeout = 4.0
     topic = TOPIC
+    supports_loss = True  # iptables statistic match
+    supports_delay = False  # needs netem (tc qdisc ... netem), which this kernel does not offer
 
     def __init__(self, base_dir: Path, queues: int = 2) -> None:
         super().__init__(base_dir)
@@ -94,12 +118,44 @@ class DockerBrokerBackend(Backend):
         self.cut = set(links)
         return reply
 
+    def shape_refusal(self, fault: str) -> str:
+        if fault == "slow-network":
+            return (
+                "the docker backend cannot delay traffic (slow-network): that needs netem (sch_netem), "
+                "which this kernel does not offer; use --backend local"
+            )
+        return super().shape_refusal(fault)
+
+    def set_shape(
+        self, links: set[Link], *, delay_ms: float = 0, jitter_ms: float = 0, drop: float = 0, seed: int = 0
+    ) -> dict[str, Any]:
+        """Random loss on the peers' links (inbound at each destination); delays are refused."""
+        if delay_ms or jitter_ms:
+            raise Unsupported(self.shape_refusal("slow-network"))
+        svc = self.group.service_of
+        failed: dict[str, str] = {}
+        for nid in self.nodes:
+            peers = sorted(self.group.ip(svc(a)) for a, b in links if b == nid)
+            proc = self.group.docker(
+                "exec", self.group.container_id(svc(nid)), "sh", "-c", loss_script(peers, drop), check=False
+            )
+            if proc.returncode != 0:
+                failed[nid] = (proc.stderr or proc.stdout).strip()[-300:] or f"exit {proc.returncode}"
+        if failed and links:
+            raise RuntimeError(f"iptables loss rules not applied on {failed}")
+        self.shaped = set(links)
+        return {"shaped": sorted([a, b] for a, b in links), "drop": drop, "unapplied": failed}
+
     def log_client(self) -> LogClient:
         raise Unsupported("the docker group runs brokers: use --workload queue")
 
     def queue_client(self) -> QueueClient:
         names = {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
         return QueueClient(self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout)
+
+    def client_spec(self) -> dict[str, Any]:
+        names = {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
+        return queue_spec(self, names, self.group.namesrv_addrs)
 
     def log_files(self) -> dict[str, Path]:
         return {n: self.logs_dir / f"{self.group.service_of(n)}.log" for n in self.nodes}

@@ -5,8 +5,11 @@ then calm again, cycling through the requested faults in order, until the run's
 deadline; whatever is still broken then is healed. Every primitive action is one
 nemesis operation in the history — an ``info`` start event and an ``info`` end event
 with the same ``f`` (``kill``, ``restart``, ``pause``, ``resume``, ``start-partition``,
-``stop-partition``, ``corrupt``) — whose ``value`` names the nodes and, for partitions,
-the directed links cut. The same lines go to ``nemesis.log`` for people.
+``stop-partition``, ``corrupt``, ``fill-disk``, ``free-disk``, ``forge-peer``) — whose
+``value`` names the fault, the nodes and what was done: for partitions the directed links
+cut, for ``slow-network``/``lossy-network`` (recorded as ``start-partition`` with a shape)
+the delay, loss and RNG seed, for ``corrupt`` the damaged file, for ``forge-peer`` each
+attempt and its outcome. The same lines go to ``nemesis.log`` for people.
 
 Partitions follow Jepsen's grudges. With three nodes several coincide: ``bridge`` and
 the symmetric form of ``partition-majorities-ring`` both cut one pair; the directed
@@ -17,6 +20,7 @@ neighbour, so every node sees a different majority.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections import Counter
@@ -24,14 +28,53 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, Unsupported
+from ledger.client import LedgerClient
+
+from .backends import LOSE_DATA_WAYS, Backend, Unsupported
+from .forge import attack_admin, attack_ledger
 from .history import History
 from .proxy import Link
 
 FAULTS = (
-    "kill-leader", "kill-random", "kill-majority", "pause-leader", "pause-random", "partition-leader",
-    "partition-random-halves", "partition-majorities-ring", "bridge", "restart-all", "corrupt-tail",
+    "kill-leader",
+    "kill-random",
+    "kill-majority",
+    "pause-leader",
+    "pause-random",
+    "partition-leader",
+    "partition-random-halves",
+    "partition-majorities-ring",
+    "bridge",
+    "restart-all",
+    "corrupt-tail",
+    "slow-network",
+    "lossy-network",
+    "lose-data",
+    "lose-data-wipe",
+    "lose-data-truncate",
+    "lose-data-empty",
+    "lose-data-hardstate",
+    "forge-peer",
+    "disk-full",
 )
+
+#: ``slow-network``: every peer link delayed this much, plus uniform jitter
+SLOW_DELAY_MS = 150.0
+SLOW_JITTER_MS = 50.0
+#: ``lossy-network``: probability that a chunk or a new connection on a peer link is lost
+LOSS_PROBABILITY = 0.05
+#: ``lose-data``'s default way (see ``backends.LOSE_DATA_WAYS``): the one the ledger heals
+#: today; the others find bugs until storage healing (issue 17 item 1) lands
+LOSE_DATA_DEFAULT = "truncate-log"
+#: seconds a node that lost data has, after its restart, to commit what the group had committed
+CATCH_UP_S = 3.0
+#: the explicit ``lose-data`` variants, by fault name
+LOSE_DATA_FAULTS = {
+    "lose-data-wipe": "wipe",
+    "lose-data-truncate": "truncate-log",
+    "lose-data-empty": "empty-log",
+    "lose-data-hardstate": "hardstate",
+}
 
 
 # ------------------------------------------------------------------ partition shapes
@@ -90,17 +133,52 @@ def _quiet(fn: Callable[[Any], Any], arg: Any) -> None:
     fn(arg)
 
 
+def _shape(b: Backend, links: set[Link], shape: dict[str, Any], seed: int) -> None:
+    b.set_shape(links, **shape, seed=seed)
+
+
+def _unshape(b: Backend) -> None:
+    b.set_shape(set(), delay_ms=0, jitter_ms=0, drop=0, seed=0)
+
+
 # ------------------------------------------------------------------ the nemesis
 
 
 class Nemesis:
-    def __init__(self, backend: Backend, history: History, faults: list[str], interval: float,
-                 rng: random.Random, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        history: History,
+        faults: list[str],
+        interval: float,
+        rng: random.Random,
+        log_path: Path | None = None,
+        lose_data: str = LOSE_DATA_DEFAULT,
+    ) -> None:
         unknown = [f for f in faults if f not in FAULTS]
         if unknown:
             raise ValueError(f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
         if "corrupt-tail" in faults and not backend.supports_corruption:
             raise Unsupported(f"{backend.system} does not support the corrupt-tail nemesis")
+        if any(f.startswith("lose-data") for f in faults) and not backend.supports_corruption:
+            raise Unsupported(f"{backend.system} does not support the lose-data nemesis")
+        for fault, able in (
+            ("slow-network", backend.supports_delay),
+            ("lossy-network", backend.supports_loss),
+        ):
+            if fault in faults and not able:
+                raise Unsupported(backend.shape_refusal(fault))
+        if "disk-full" in faults:
+            reason = backend.small_disk_refusal()
+            if reason:
+                raise Unsupported(reason)
+        if "forge-peer" in faults:
+            backend.forge_targets()  # raises Unsupported where there is nothing to attack
+        if lose_data not in LOSE_DATA_WAYS:
+            raise ValueError(
+                f"unknown lose-data variant {lose_data!r}; choose from {', '.join(LOSE_DATA_WAYS)}"
+            )
+        self.lose_data = lose_data
         self.backend = backend
         self.history = history
         self.faults = list(faults)
@@ -112,6 +190,7 @@ class Nemesis:
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self.corruptions: list[dict[str, Any]] = []
+        self._filled: set[str] = set()  # nodes whose small disk holds a filler now
         self._lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ recording
@@ -131,6 +210,8 @@ class Nemesis:
             self._log(f"start {f} {value}")
             try:
                 result = await asyncio.to_thread(action)
+                if inspect.isawaitable(result):  # a follow-up that needs the loop (status polls)
+                    result = await result
             except Exception as exc:  # noqa: BLE001 - recorded; the run goes on and heals
                 self.history.nemesis_end(f, value, error=f"{type(exc).__name__}: {exc}")
                 self._log(f"FAILED {f} {value}: {exc}")
@@ -174,8 +255,9 @@ class Nemesis:
             else:
                 targets, extra = list(nodes), {}
             await self.op("kill", {"nodes": targets, "fault": name, **extra}, lambda: _each(b.kill, targets))
-            self._undo = lambda: self.op("restart", {"nodes": targets, "fault": name},
-                                         lambda: _each(b.restart, targets))
+            self._undo = lambda: self.op(
+                "restart", {"nodes": targets, "fault": name}, lambda: _each(b.restart, targets)
+            )
         elif name in ("pause-leader", "pause-random"):
             if name == "pause-leader":
                 target, known = await self._leader_or_random()
@@ -183,7 +265,9 @@ class Nemesis:
             else:
                 target, extra = rng.choice(nodes), {}
             await self.op("pause", {"nodes": [target], "fault": name, **extra}, lambda: b.pause(target))
-            self._undo = lambda: self.op("resume", {"nodes": [target], "fault": name}, lambda: b.resume(target))
+            self._undo = lambda: self.op(
+                "resume", {"nodes": [target], "fault": name}, lambda: b.resume(target)
+            )
         elif name.startswith("partition") or name == "bridge":
             value: dict[str, Any] = {"fault": name}
             if name == "partition-leader":
@@ -208,21 +292,58 @@ class Nemesis:
             value["cut"] = sorted([a, c] for a, c in cut)
             value["nodes"] = sorted({x for link in cut for x in link})
             await self.op("start-partition", value, lambda: _quiet(b.set_cut, cut))
-            self._undo = lambda: self.op("stop-partition", {"fault": name, "nodes": value["nodes"]},
-                                         lambda: _quiet(b.set_cut, set()))
-        elif name == "corrupt-tail":
+            self._undo = lambda: self.op(
+                "stop-partition", {"fault": name, "nodes": value["nodes"]}, lambda: _quiet(b.set_cut, set())
+            )
+        elif name in ("slow-network", "lossy-network"):
+            links = {(a, c) for a in nodes for c in nodes if a != c}
+            shape: dict[str, Any] = (
+                {"delay_ms": SLOW_DELAY_MS, "jitter_ms": SLOW_JITTER_MS, "drop": 0.0}
+                if name == "slow-network"
+                else {"delay_ms": 0.0, "jitter_ms": 0.0, "drop": LOSS_PROBABILITY}
+            )
+            seed = rng.randrange(1 << 31)
+            value = {"fault": name, "nodes": sorted(nodes), **shape, "seed": seed}
+            await self.op("start-partition", value, lambda: _shape(b, links, shape, seed))
+            self._undo = lambda: self.op(
+                "stop-partition", {"fault": name, "nodes": sorted(nodes)}, lambda: _unshape(b)
+            )
+        elif name == "disk-full":
+            target, known = await self._leader_or_random()
+            value = {"fault": name, "nodes": [target], "leader": target if known else None}
+            self._filled.add(target)
+            await self.op("fill-disk", value, lambda: {**value, **b.fill_disk(target)})
+            self._undo = lambda: self._free_disk(target, name)
+        elif name == "forge-peer":
+            leader = await self._leader()
+            value = {"fault": name, "nodes": sorted(nodes), "leader": leader}
+            await self.op(name, value, lambda: asyncio.run(self._forge(leader)))
+            self._undo = None
+        elif name == "corrupt-tail" or name.startswith("lose-data"):
             leader = await self._leader()
             target = rng.choice([n for n in nodes if n != leader])
-            await self.op("kill", {"nodes": [target], "fault": name, "leader": leader}, lambda: b.kill(target))
-            info = await self.op("corrupt", {"nodes": [target], "fault": name}, lambda: b.corrupt_tail(target, rng))
+            commit_before = await self._top_commit()
+            await self.op(
+                "kill", {"nodes": [target], "fault": name, "leader": leader}, lambda: b.kill(target)
+            )
+            how = LOSE_DATA_FAULTS.get(name, self.lose_data)
+            info = await self.op(
+                "corrupt",
+                {"nodes": [target], "fault": name, **({"how": how} if name != "corrupt-tail" else {})},
+                (lambda: b.corrupt_tail(target, rng))
+                if name == "corrupt-tail"
+                else (lambda: b.lose_data(target, how, rng)),
+            )
             if isinstance(info, dict):
                 self.corruptions.append(dict(info))
 
             async def undo() -> None:
-                def restart_and_verify() -> dict[str, Any]:
+                def restart_and_verify() -> Any:
                     b.restart(target)
+                    if name != "corrupt-tail":
+                        return self._caught_up(target, name, commit_before)
                     seen = None
-                    if info and "skipped" not in info:
+                    if name == "corrupt-tail" and info and "skipped" not in info:
                         for _ in range(50):  # up to ~5 s for the node to recover and say so
                             seen = b.tail_recovered(target)
                             if seen:
@@ -238,6 +359,60 @@ class Nemesis:
         else:  # pragma: no cover - names are validated in __init__
             raise ValueError(name)
 
+    async def _free_disk(self, target: str, name: str) -> None:
+        b = self.backend
+        self._filled.discard(target)
+        value = {"fault": name, "nodes": [target]}
+        await self.op("free-disk", value, lambda: {**value, **b.free_disk(target)})
+
+    async def prepare(self) -> None:
+        """Set-up some faults need before the first one: ``disk-full`` moves each node's ledger
+        onto a small tmpfs, one node at a time (a recorded kill and restart, ``disk-full-setup``)."""
+        if "disk-full" not in self.faults:
+            return
+        b = self.backend
+        for n in b.nodes:
+            value = {"fault": "disk-full-setup", "nodes": [n]}
+            await self.op("kill", value, lambda n=n: b.kill(n))
+
+            def mount_and_restart(n: str = n, value: dict[str, Any] = value) -> dict[str, Any]:
+                info = b.mount_small_disk(n)
+                b.restart(n)
+                return {**value, "mount": info}
+
+            await self.op("restart", value, mount_and_restart)
+            await self._leader()  # the group has a leader again before the next node goes
+
+    async def _top_commit(self) -> int:
+        """The highest commit index any node reports now (0 if none answers)."""
+        return max(
+            (int(st.get("commit_index") or 0) for st in (await self.backend.statuses()).values() if st),
+            default=0,
+        )
+
+    async def _caught_up(self, target: str, name: str, commit_before: int) -> dict[str, Any]:
+        """Whether a node that lost data commits again what the group had committed before it was
+        stopped, within ``CATCH_UP_S``: recorded in the restart's end event (a node stuck below it is
+        the storage-healing bug of issue 17 item 1, which the run must show, not hide)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CATCH_UP_S
+        commit = None
+        while True:
+            st = await self.backend._status_bounded(target)
+            commit = int(st.get("commit_index") or 0) if st else None
+            if (commit is not None and commit >= commit_before) or loop.time() >= deadline:
+                break
+            await asyncio.sleep(0.1)
+        caught = commit is not None and commit >= commit_before
+        self._log(f"{name}: {target} commit {commit} vs {commit_before} before the fault: caught up {caught}")
+        return {
+            "nodes": [target],
+            "fault": name,
+            "caught-up": caught,
+            "commit_index": commit,
+            "commit_before": commit_before,
+        }
+
     async def stop_fault(self) -> None:
         undo, self._undo = self._undo, None
         if undo is not None:
@@ -248,14 +423,25 @@ class Nemesis:
         """End the fault in force, then undo anything still broken (always called at the end)."""
         await self.stop_fault()
         b = self.backend
+        for n in sorted(self._filled):
+            await self._free_disk(n, "heal")
         for n in sorted(b.paused):
             await self.op("resume", {"nodes": [n], "fault": "heal"}, lambda n=n: b.resume(n))
         if b.killed:
             dead = sorted(b.killed)
             await self.op("restart", {"nodes": dead, "fault": "heal"}, lambda: _each(b.restart, dead))
+        if b.shaped:
+            await self.op(
+                "stop-partition",
+                {"nodes": sorted({x for link in b.shaped for x in link}), "fault": "heal"},
+                lambda: _unshape(b),
+            )
         if b.cut:
-            await self.op("stop-partition", {"nodes": sorted({x for link in b.cut for x in link}), "fault": "heal"},
-                          lambda: _quiet(b.set_cut, set()))
+            await self.op(
+                "stop-partition",
+                {"nodes": sorted({x for link in b.cut for x in link}), "fault": "heal"},
+                lambda: _quiet(b.set_cut, set()),
+            )
         self.current = None
 
     async def run(self, deadline: float) -> None:
@@ -266,6 +452,7 @@ class Nemesis:
             await asyncio.sleep(max(0.0, min(seconds, deadline - loop.time())))
 
         try:
+            await self.prepare()
             await calm(self.interval)
             i = 0
             while self.faults and loop.time() + self.interval <= deadline:
@@ -276,6 +463,38 @@ class Nemesis:
                 await calm(self.interval)
         finally:
             await asyncio.shield(self.heal_all())
+
+    async def _forge(self, leader: str | None) -> dict[str, Any]:
+        """Every forge attempt against this group (run in a thread, on its own event loop)."""
+        t = self.backend.forge_targets()
+        attempts: list[dict[str, Any]] = []
+        ledger = t.get("ledger") or {}
+        claim = leader or self.rng.choice(sorted(ledger))
+        targets = [n for n in sorted(ledger) if n != claim] or sorted(ledger)
+        target = self.rng.choice(targets)
+        term, last = 1, (0, 0)
+        try:  # the real term and last entry make the forged append as plausible as possible
+            async with LedgerClient(list(ledger.values()), timeout=1.0, attempt_timeout=1.0) as lc:
+                st = await lc.status(ledger[target])
+                term, last = (
+                    int(st.get("term") or 1),
+                    (int(st.get("last_index") or 0), int(st.get("term") or 0)),
+                )
+        except Exception:  # noqa: BLE001 - a forged append with made-up numbers is still a probe
+            pass
+        attempts += await attack_ledger(target, ledger[target], claim, term, last)
+        if t.get("acl"):
+            for addr in t.get("admin") or []:
+                attempts.append(await attack_admin(addr))
+        return {
+            "fault": "forge-peer",
+            "nodes": [target],
+            "secured": bool(t.get("secured")),
+            "acl": bool(t.get("acl")),
+            "attempts": attempts,
+            "refused": sum(a["outcome"] == "refused" for a in attempts),
+            "accepted": sum(a["outcome"] == "accepted" for a in attempts),
+        }
 
     def summary(self) -> dict[str, Any]:
         return {"ops": dict(self.counts), "errors": self.errors, "corruptions": self.corruptions}

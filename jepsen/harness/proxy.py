@@ -8,6 +8,14 @@ cannot drop single packets without corrupting the stream, so a cut link carries 
 at all until it is healed. Clients of the harness bypass the proxies (they talk to the
 nodes' own addresses), the way Jepsen's control node keeps reaching every node.
 
+A link can also be *shaped* (``slow-network``, ``lossy-network``): a delay (plus uniform
+jitter) holds every chunk for that long before it is forwarded, in order, so throughput
+is kept and latency grows; a drop probability is applied per forwarded chunk and per new
+connection. A TCP stream cannot lose a chunk and stay intact, so a "lost" chunk ends its
+connection (both sides see a reset, as after retransmissions gave up) and a "lost" new
+connection is refused: the nodes see what heavy loss does to TCP, never a corrupt frame.
+The choices come from a ``random.Random`` seeded by the harness, so a run can be replayed.
+
 The links run in their own process (``python -m jepsen.harness.proxy``), not in the
 harness, so a busy client event loop never delays heartbeats. The process is driven by
 JSON lines on stdin and answers on stdout; it exits when stdin closes, so it cannot
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import select
 import subprocess
 import sys
@@ -43,21 +52,74 @@ class _LinkState:
     accepted: int = 0
     refused: int = 0
     bytes: int = 0
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    drop: float = 0.0  # probability that a chunk or a new connection is lost
+    dropped: int = 0
+    rng: random.Random = field(default_factory=random.Random)
     server: asyncio.base_events.Server | None = None
+
+    def lose(self) -> bool:
+        if self.drop > 0 and self.rng.random() < self.drop:
+            self.dropped += 1
+            return True
+        return False
+
+
+MAX_DELAY_S = 10.0  # a shaped link never holds a chunk longer than this
+MAX_QUEUED_CHUNKS = 4096  # per direction: beyond this the reader waits (back-pressure)
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _LinkState) -> None:
-    while True:
-        data = await src.read(1 << 16)
-        if not data or link.cut:
-            return
-        link.bytes += len(data)
-        dst.write(data)
-        await dst.drain()
+    if link.delay_s <= 0 and link.jitter_s <= 0:
+        while True:
+            data = await src.read(1 << 16)
+            if not data or link.cut or link.lose():
+                return
+            link.bytes += len(data)
+            dst.write(data)
+            await dst.drain()
+            if link.delay_s > 0 or link.jitter_s > 0:
+                break  # shaped while running: continue below, with the delay
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(MAX_QUEUED_CHUNKS)
+
+    async def deliver() -> None:
+        last = 0.0
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            due, data = item
+            due = max(due, last)  # chunks leave in order, never earlier than the one before
+            last = due
+            wait = due - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if link.cut:
+                return
+            dst.write(data)
+            await dst.drain()
+
+    sender = asyncio.ensure_future(deliver())
+    try:
+        while not sender.done():
+            data = await src.read(1 << 16)
+            if not data or link.cut or link.lose():
+                break
+            link.bytes += len(data)
+            extra = link.rng.uniform(0, link.jitter_s) if link.jitter_s > 0 else 0.0
+            await queue.put((loop.time() + min(MAX_DELAY_S, link.delay_s + extra), data))
+        if not sender.done():
+            await queue.put(None)
+            await sender
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
 
 
 async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    if link.cut:
+    if link.cut or link.lose():
         link.refused += 1
         writer.transport.abort()
         return
@@ -73,7 +135,10 @@ async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asynci
     link.accepted += 1
     pair = (writer, up_w)
     link.conns.add(pair)
-    tasks = [asyncio.ensure_future(_pipe(reader, up_w, link)), asyncio.ensure_future(_pipe(up_r, writer, link))]
+    tasks = [
+        asyncio.ensure_future(_pipe(reader, up_w, link)),
+        asyncio.ensure_future(_pipe(up_r, writer, link)),
+    ]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
@@ -85,6 +150,25 @@ async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asynci
         link.conns.discard(pair)
         writer.transport.abort()
         up_w.transport.abort()
+
+
+def _apply_shape(links: dict[str, _LinkState], cmd: dict[str, Any]) -> list[str]:
+    """Shape the named links (every other link goes back to no delay and no loss)."""
+    names = set(cmd["links"])
+    unknown = names - set(links)
+    if unknown:
+        raise ValueError(f"no such links: {sorted(unknown)}")
+    delay = float(cmd.get("delay_ms", 0)) / 1000
+    jitter = float(cmd.get("jitter_ms", 0)) / 1000
+    drop = float(cmd.get("drop", 0))
+    if not (0 <= delay <= MAX_DELAY_S and 0 <= jitter <= MAX_DELAY_S and 0 <= drop <= 1):
+        raise ValueError(f"delay/jitter must be 0..{MAX_DELAY_S * 1000:.0f} ms and drop 0..1, got {cmd}")
+    seed = int(cmd.get("seed", 0))
+    for name, link in sorted(links.items()):
+        on = name in names
+        link.delay_s, link.jitter_s, link.drop = (delay, jitter, drop) if on else (0.0, 0.0, 0.0)
+        link.rng = random.Random(f"{seed}:{name}")
+    return sorted(names)
 
 
 def _apply_cuts(links: dict[str, _LinkState], cut: set[str]) -> int:
@@ -131,12 +215,30 @@ async def _serve(spec: list[dict[str, Any]]) -> None:
             cmd = json.loads(line)
             if "cut" in cmd:
                 closed = _apply_cuts(links, set(cmd["cut"]))
-                reply: dict[str, Any] = {"ok": True, "cut": sorted(n for n, s in links.items() if s.cut),
-                                         "closed": closed}
+                reply: dict[str, Any] = {
+                    "ok": True,
+                    "cut": sorted(n for n, s in links.items() if s.cut),
+                    "closed": closed,
+                }
+            elif "shape" in cmd:
+                reply = {"ok": True, "shaped": _apply_shape(links, cmd["shape"])}
             elif cmd.get("op") == "stats":
-                reply = {"ok": True, "links": {n: {"cut": s.cut, "open": len(s.conns), "accepted": s.accepted,
-                                                   "refused": s.refused, "bytes": s.bytes}
-                                               for n, s in links.items()}}
+                reply = {
+                    "ok": True,
+                    "links": {
+                        n: {
+                            "cut": s.cut,
+                            "open": len(s.conns),
+                            "accepted": s.accepted,
+                            "refused": s.refused,
+                            "bytes": s.bytes,
+                            "delay_ms": s.delay_s * 1000,
+                            "drop": s.drop,
+                            "dropped": s.dropped,
+                        }
+                        for n, s in links.items()
+                    },
+                }
             else:
                 reply = {"ok": False, "error": f"unknown command {cmd!r}"}
         except (ValueError, TypeError, KeyError) as exc:
@@ -171,19 +273,28 @@ class LinkProxy:
     call it from a worker thread.
     """
 
-    def __init__(self, targets: dict[str, str], *, log_path: str | os.PathLike[str] | None = None,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        targets: dict[str, str],
+        *,
+        log_path: str | os.PathLike[str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.targets = dict(targets)
         self.links: list[Link] = [(a, b) for a in targets for b in targets if a != b]
         self.addresses: dict[Link, str] = {}
         self.cut: set[Link] = set()
         self._lock = threading.Lock()
-        spec = [{"name": link_name(a, b), "host": targets[b].rsplit(":", 1)[0], "target": targets[b]}
-                for a, b in self.links]
+        spec = [
+            {"name": link_name(a, b), "host": targets[b].rsplit(":", 1)[0], "target": targets[b]}
+            for a, b in self.links
+        ]
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [python, "-m", "jepsen.harness.proxy", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
         )
         try:
             ready = self._read_reply(timeout=20)
@@ -230,6 +341,29 @@ class LinkProxy:
         reply = self._command({"cut": [link_name(a, b) for a, b in sorted(want)]})
         self.cut = want
         return reply
+
+    def set_shape(
+        self,
+        links: Iterable[Link],
+        *,
+        delay_ms: float = 0,
+        jitter_ms: float = 0,
+        drop: float = 0,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Delay and/or drop on exactly ``links`` (all others unshaped); ``seed`` makes drops replayable."""
+        want = set(links)
+        unknown = want - set(self.links)
+        if unknown:
+            raise ValueError(f"no such links: {sorted(unknown)}")
+        shape = {
+            "links": [link_name(a, b) for a, b in sorted(want)],
+            "delay_ms": delay_ms,
+            "jitter_ms": jitter_ms,
+            "drop": drop,
+            "seed": seed,
+        }
+        return self._command({"shape": shape})
 
     def heal(self) -> dict[str, Any]:
         return self.set_cut(())

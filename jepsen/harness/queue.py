@@ -18,24 +18,36 @@ before answering, so a poll that comes back short really reached the committed e
 from __future__ import annotations
 
 import asyncio
-import itertools
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from broker.localgroup import LocalBrokerGroup
-from client.broker_api import PullStatus, parse_pull_response, pull_request
+from client.broker_api import (
+    EXPRESSION_TAG,
+    EXPRESSION_TYPE,
+    PULL_FLAG_SUBSCRIPTION,
+    SUB_VERSION,
+    SUBSCRIPTION,
+    SYS_FLAG,
+    PullStatus,
+    parse_pull_response,
+    pull_request,
+)
 from client.consumer import PullConsumer
 from client.errors import ClientError, SendOutcomeUnknownError
 from client.producer import Producer
+from client.route import MessageQueue
+from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import Message
 
-from .backends import Backend, ProcessBackend, Unsupported
+from .backends import ProcessBackend, Unsupported, write_cluster_secret
 from .clients import Definite, Indefinite, LogClient, Pair, decode_value
 from .proxy import LinkProxy
-from .workloads import WORKLOADS, LogWorkload, RunContext, Workload
+from .rocketmq_compat import rocketmq_instance
+from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 
 TOPIC = "JepsenQueue"
 
@@ -70,12 +82,15 @@ class LocalBrokerBackend(ProcessBackend):
     system = "broker"
     client_timeout = 4.0
     topic = TOPIC
+    supports_corruption = True
 
     def __init__(self, base_dir: Path, queues: int = 2, settings: dict[str, Any] | None = None) -> None:
         self.queues = queues
-        self.group = _ProxiedBrokerGroup(
-            Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings={"register_interval_s": 10, **(settings or {})}
-        )
+        settings = {"register_interval_s": 10, **(settings or {})}
+        if "cluster_secret" not in settings and "cluster_secret_file" not in settings:
+            # the brokers' ledger peers authenticate each other, as in production (issue 15)
+            settings["cluster_secret_file"] = str(write_cluster_secret(Path(base_dir)))
+        self.group = _ProxiedBrokerGroup(Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings=settings)
         super().__init__(base_dir, self.group)
         self.nodes = list(self.group.node_ids)
         self._rc: RemotingClient | None = None
@@ -94,6 +109,19 @@ class LocalBrokerBackend(ProcessBackend):
     def process_name(self, nid: str) -> str:
         return self.group.name_of(nid)
 
+    def ledger_dir(self, nid: str) -> Path | None:
+        return self.base_dir / self.group.name_of(nid) / "data" / "ledger"
+
+    def forge_targets(self) -> dict[str, Any]:
+        return {
+            "ledger": dict(self.group.ledger_addr),
+            "secured": bool(
+                self.group.settings.get("cluster_secret") or self.group.settings.get("cluster_secret_file")
+            ),
+            "admin": [self.group.broker_addr[n] for n in self.nodes],
+            "acl": bool(self.group.settings.get("acl_enable")),
+        }
+
     async def status(self, nid: str) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
         if self._rc is None or self._rc_loop is not loop:
@@ -102,11 +130,16 @@ class LocalBrokerBackend(ProcessBackend):
         return broker_status(await self.group.runtime_info(self._rc, nid))
 
     def log_client(self) -> LogClient:
-        raise Unsupported("the broker backend runs the queue workload (the log workload talks to bare ledger nodes)")
+        raise Unsupported(
+            "the broker backend runs the queue workload (the log workload talks to bare ledger nodes)"
+        )
 
     def queue_client(self) -> QueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
         return QueueClient(self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout)
+
+    def client_spec(self) -> dict[str, Any]:
+        return queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
 
     def log_files(self) -> dict[str, Path]:
         files = {n: self.base_dir / self.group.name_of(n) / "broker.log" for n in self.nodes}
@@ -118,18 +151,95 @@ class LocalBrokerBackend(ProcessBackend):
             shutil.rmtree(self.base_dir / self.group.name_of(n) / "data", ignore_errors=True)
 
 
-class QueueClient:
-    """Producer and master-only pulls for one harness process."""
+def queue_spec(backend: Any, names: dict[str, str], namesrv: list[str]) -> dict[str, Any]:
+    """A broker backend's clients as plain JSON for worker processes."""
+    return {
+        "system": "broker",
+        "namesrv": list(namesrv),
+        "names": names,
+        "topic": backend.topic,
+        "queues": backend.queues,
+        "timeout": backend.client_timeout,
+        "broker_name": getattr(backend, "broker_name", None),
+    }
 
-    def __init__(self, namesrv: list[str], names: dict[str, str], topic: str, *, timeout: float = 4.0) -> None:
+
+class QueueEndpoints:
+    """The clients of a broker group, built from :func:`queue_spec` in a worker process."""
+
+    system = "broker"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.namesrv = [str(a) for a in spec["namesrv"]]
+        self.names = {str(k): str(v) for k, v in spec["names"].items()}
+        self.topic = str(spec["topic"])
+        self.queues = int(spec["queues"])
+        self.client_timeout = float(spec["timeout"])
+        self.broker_name = str(spec["broker_name"]) if spec.get("broker_name") else None
+        self.rocketmq = bool(spec.get("rocketmq", False))
+        if self.rocketmq:
+            self.system = "rocketmq"
+
+    def queue_client(self) -> QueueClient:
+        return QueueClient(
+            self.namesrv,
+            self.names,
+            self.topic,
+            timeout=self.client_timeout,
+            broker_name=self.broker_name,
+            rocketmq=self.rocketmq,
+        )
+
+    def log_client(self) -> LogClient:
+        raise Unsupported("a broker group runs the queue workload")
+
+    def register_client(self, replica: Any) -> Any:
+        raise Unsupported("a broker group runs the queue workload")
+
+
+class QueueClient:
+    """Producer and master-only pulls for one harness process.
+
+    ``broker_name`` pins every send and poll to that broker group's queues (a cluster with
+    several groups has a queue 0 on each; one history key must be one queue). ``rocketmq``
+    speaks only what any RocketMQ 4.x broker reads: JSON headers, no ledgermq CRC extField,
+    and pulls that carry their subscription (RocketMQ refuses a pull from a group it holds no
+    subscription for).
+    """
+
+    def __init__(
+        self,
+        namesrv: list[str],
+        names: dict[str, str],
+        topic: str,
+        *,
+        timeout: float = 4.0,
+        broker_name: str | None = None,
+        rocketmq: bool = False,
+    ) -> None:
         self.topic = topic
-        self.producer = Producer("jepsen", namesrv, send_timeout_s=timeout, retries=2, retry_backoff_s=0.05)
-        self.consumer = PullConsumer("jepsen", namesrv, call_timeout_s=timeout)
+        self.rocketmq = rocketmq
+        self._instance = rocketmq_instance(namesrv, "jepsen-rocketmq") if rocketmq else None
+        self.producer = Producer(
+            "jepsen",
+            namesrv,
+            send_timeout_s=timeout,
+            retries=2,
+            retry_backoff_s=0.05,
+            instance=self._instance,
+        )
+        self.consumer = PullConsumer("jepsen", namesrv, call_timeout_s=timeout, instance=self._instance)
         self.names = names
         self.timeout = timeout
         self.node: str | None = None
         self._started = False
-        self._broker_name: str | None = None
+        self._broker_name: str | None = broker_name
+
+    def target(self, queue_id: int) -> dict[str, Any]:
+        """The send arguments that reach ``queue_id`` (of the pinned group, if there is one)."""
+        if self._broker_name is None:
+            return {"queue_id": queue_id}
+        return {"queue": MessageQueue(self.topic, self._broker_name, queue_id)}
 
     async def _ensure(self) -> None:
         if not self._started:
@@ -140,7 +250,7 @@ class QueueClient:
     async def send(self, queue_id: int, value: int) -> int:
         await self._ensure()
         try:
-            r = await self.producer.send(Message(self.topic, str(value).encode()), queue_id=queue_id)
+            r = await self.producer.send(Message(self.topic, str(value).encode()), **self.target(queue_id))
         except SendOutcomeUnknownError as exc:
             raise Indefinite(str(exc)) from None
         except ClientError as exc:
@@ -167,7 +277,12 @@ class QueueClient:
         await self._ensure()
         name, addr = await self._master()
         req = pull_request("jepsen", self.topic, queue_id, start, limit, 0)
-        req.headers["requireMaster"] = True
+        if self.rocketmq:  # RocketMQ's broker wants the subscription with the pull ("*": every tag)
+            req.headers[SUBSCRIPTION] = "*"
+            req.headers[EXPRESSION_TYPE] = EXPRESSION_TAG
+            req.headers[SUB_VERSION] = 0
+            req.headers[SYS_FLAG] = int(req.headers.get(SYS_FLAG) or 0) | PULL_FLAG_SUBSCRIPTION
+        req.headers["requireMaster"] = True  # ledgermq's ReadIndex check; RocketMQ ignores it
         self.node = self.names.get(addr, addr)
         try:
             resp = await self.consumer.instance.remoting.invoke_sync(addr, req, self.timeout)
@@ -198,6 +313,8 @@ class QueueClient:
             await self.producer.shutdown(grace_s=0.5)
             await self.consumer.shutdown()
             self._started = False
+        if self._instance is not None:
+            await self._instance.close()
 
 
 class SendCoalescer:
@@ -246,7 +363,7 @@ class SendCoalescer:
         try:
             await c._ensure()
             msgs = [Message(c.topic, str(v).encode()) for v, _ in batch]
-            r = await c.producer.send_batch(msgs, queue_id=self.queue_id)
+            r = await c.producer.send_batch(msgs, **c.target(self.queue_id))
             if len(r.offsets) != len(batch):
                 raise Indefinite(f"batch of {len(batch)} answered with {len(r.offsets)} offsets")
             node = c.names.get(r.broker_addr, r.broker_addr)
@@ -305,10 +422,10 @@ class _QueuePart(LogWorkload):
 
     def __init__(
         self,
-        backend: Backend,
+        backend: ClientSource,
         ctx: RunContext,
         queue_id: int,
-        values: itertools.count[int],
+        values: Iterator[int],
         coalescer: SendCoalescer | None = None,
     ) -> None:
         super().__init__(backend, ctx)
@@ -328,12 +445,12 @@ class QueueWorkload(Workload):
     name = "queue"
     checker = "log"
 
-    def __init__(self, backend: Backend, ctx: RunContext) -> None:
+    def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
         super().__init__(backend, ctx)
         queues = getattr(backend, "queues", None)
         if not queues:
             raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
-        values = itertools.count(1)  # unique across the whole history, as HISTORY.md requires
+        values = ctx.values  # unique across the whole history, as HISTORY.md requires
         self.coalescers = (
             [SendCoalescer(backend.queue_client(), q, ctx.send_batch) for q in range(queues)]
             if ctx.send_batch > 1
@@ -351,8 +468,11 @@ class QueueWorkload(Workload):
         try:
             await asyncio.gather(*(p.final() for p in self.parts))
         finally:
-            for c in self.coalescers:
-                await c.close()
+            await self.close()
+
+    async def close(self) -> None:
+        for c in self.coalescers:
+            await c.close()
 
     def summary(self) -> dict[str, Any]:
         drained = {p.key: p.summary().get("drained") for p in self.parts}

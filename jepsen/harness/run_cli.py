@@ -7,6 +7,8 @@ then ``python -m jepsen.harness.run_cli`` runs it directly. Exit status: 0 valid
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,10 +16,23 @@ import click
 
 from .backends import Unsupported
 from .nemesis import FAULTS
+from .pool import WorkerFailed
 from .proxy import ProxyError
 from .runner import DEFAULT_NEMESIS, RunConfig
 from .runner import run as run_test
 from .workloads import WORKLOADS
+
+
+def _rate(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
+    if str(value).strip().lower() == "max":
+        return math.inf
+    try:
+        rate = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a number nor 'max'") from None
+    if not 0.1 <= rate < math.inf:
+        raise click.BadParameter(f"{value} is outside 0.1.. (or use 'max')")
+    return rate
 
 
 def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
@@ -29,52 +44,250 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 
 
 @click.command("run")
-@click.option("--backend", type=click.Choice(["local", "docker"]), default="local", show_default=True,
-              help="local: one OS process per node on 127.0.0.x, partitions through per-link proxies; "
-                   "docker: the docker-compose.yml group (queue workload), faults through Docker")
-@click.option("--system", type=click.Choice(["ledger", "pysyncobj", "broker"]), default="ledger", show_default=True,
-              help="the system under test (pysyncobj: the log workload on a 3-node pysyncobj group; "
-                   "broker: 2 nameservers + 3 brokers, chosen automatically for the queue workload)")
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "docker"]),
+    default="local",
+    show_default=True,
+    help="local: one OS process per node on 127.0.0.x, partitions through per-link proxies; "
+    "docker: the docker-compose.yml group (queue workload), faults through Docker",
+)
+@click.option(
+    "--system",
+    type=click.Choice(["ledger", "pysyncobj", "broker", "rocketmq"]),
+    default="ledger",
+    show_default=True,
+    help="the system under test (pysyncobj: the log workload on a 3-node pysyncobj group; "
+    "broker: 2 nameservers + 3 brokers, chosen automatically for the queue workload; "
+    "rocketmq: the queue workload against a RocketMQ-protocol cluster you run, see --namesrv)",
+)
+@click.option(
+    "--namesrv",
+    default=None,
+    metavar="HOST:PORT[;HOST:PORT]",
+    help="--system rocketmq: the nameserver(s) of the cluster to test (nothing is started)",
+)
+@click.option(
+    "--nodes",
+    default=None,
+    metavar="NAME[=HOST:PORT],...",
+    help="--system rocketmq: the nodes your fault hooks act on; with a broker address the harness "
+    "can tell the master (kill-leader) and watch roles",
+)
+@click.option(
+    "--kill-cmd",
+    default=None,
+    help='--system rocketmq: shell command that kills a node, e.g. "ssh {node} pkill -9 java" '
+    "({node}, {addr}, {host} are filled in; also $JEPSEN_NODE...); enables the kill faults",
+)
+@click.option(
+    "--restart-cmd", default=None, help="--system rocketmq: shell command that starts a killed node again"
+)
+@click.option(
+    "--pause-cmd",
+    default=None,
+    help='--system rocketmq: shell command that pauses a node (e.g. "ssh {node} pkill -STOP java"); '
+    "enables the pause faults",
+)
+@click.option(
+    "--resume-cmd", default=None, help="--system rocketmq: shell command that resumes a paused node"
+)
+@click.option(
+    "--topic",
+    default=None,
+    help="--system rocketmq: the run's topic, created on one group's master [default: a new JepsenQueue-<time>-<pid>]",
+)
+@click.option(
+    "--queues",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="--system rocketmq: queues of the run's topic (one history key each)",
+)
+@click.option(
+    "--broker-name",
+    default=None,
+    help="--system rocketmq: the broker group holding the topic [default: the first with a master]",
+)
 @click.option("--workload", type=click.Choice(sorted(WORKLOADS)), default="log", show_default=True)
-@click.option("--nemesis", default=",".join(DEFAULT_NEMESIS), show_default=True, callback=_nemesis_list,
-              help=f"comma-separated faults, cycled in order, or 'none': {', '.join(FAULTS)}")
-@click.option("--time", "time_", type=click.FloatRange(min=1), default=40, show_default=True,
-              help="seconds of load and faults")
-@click.option("--interval", type=click.FloatRange(min=0.5), default=4, show_default=True,
-              help="seconds each fault lasts, and of calm between faults")
-@click.option("--rate", type=click.FloatRange(min=0.1), default=50, show_default=True,
-              help="operations per second over all clients")
-@click.option("--clients", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("jepsen-runs"),
-              show_default=True, help="results go to OUT/<test>/<timestamp>/")
-@click.option("--name", default=None, help="test name (the directory under OUT); default from system, workload, nemesis")
+@click.option(
+    "--nemesis",
+    default=",".join(DEFAULT_NEMESIS),
+    show_default=True,
+    callback=_nemesis_list,
+    help=f"comma-separated faults, cycled in order, or 'none': {', '.join(FAULTS)}",
+)
+@click.option(
+    "--time",
+    "time_",
+    type=click.FloatRange(min=1),
+    default=40,
+    show_default=True,
+    help="seconds of load and faults",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.5),
+    default=4,
+    show_default=True,
+    help="seconds each fault lasts, and of calm between faults",
+)
+@click.option(
+    "--rate",
+    callback=_rate,
+    default="50",
+    show_default=True,
+    help="operations per second over all clients (open loop), or 'max': closed-loop clients, "
+    "each starting its next operation as soon as the last completes, in one worker process per core",
+)
+@click.option(
+    "--clients",
+    type=click.IntRange(min=1),
+    default=None,
+    help="logical clients over all workers [default: 5; with --rate max 1024 per worker for the "
+    "queue workload, 64 for log, 4 for register]",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0, max=64),
+    default=None,
+    help="OS processes running the clients, each recording its own shard of the history "
+    "(history/); 0 runs them in the controller (history.jsonl) [default: 0; with --rate max, "
+    "the number of cores]",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("jepsen-runs"),
+    show_default=True,
+    help="results go to OUT/<test>/<timestamp>/",
+)
+@click.option(
+    "--name", default=None, help="test name (the directory under OUT); default from system, workload, nemesis"
+)
 @click.option("--seed", type=int, default=None, help="seed for choices of operations and fault targets")
-@click.option("--op-timeout", type=click.FloatRange(min=0.5), default=5, show_default=True,
-              help="seconds before an operation is recorded as info")
-@click.option("--send-batch", type=click.IntRange(min=1, max=1024), default=1, show_default=True,
-              help="queue workload: sends to one queue within 10 ms of each other go as one batch of up to N "
-                   "(one ledger entry); each stays its own operation in the history")
+@click.option(
+    "--op-timeout",
+    type=click.FloatRange(min=0.5),
+    default=5,
+    show_default=True,
+    help="seconds before an operation is recorded as info",
+)
+@click.option(
+    "--send-batch",
+    type=click.IntRange(min=1, max=1024),
+    default=None,
+    help="queue workload: sends to one queue within 10 ms of each other go as one batch of up to N "
+    "(one ledger entry); each stays its own operation in the history [default: 1; 256 with --rate max]",
+)
 @click.option("--no-check", is_flag=True, help="record only; skip the checker")
+@click.option(
+    "--spark-master",
+    default=None,
+    help="Spark master for the checker: local[N], spark://HOST:PORT or sc://HOST:PORT "
+    "[default: $LEDGERMQ_SPARK_MASTER, else a running `jepsen spark start` cluster, else local[2]; "
+    "histories up to 8 MB are judged in-process either way]",
+)
 @click.option("--keep-data", is_flag=True, help="keep node data directories even when the run is valid")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
-@click.option("--broken-adapter", type=click.Choice(["ack-unsent", "local-reads"]), default=None, hidden=True,
-              help="harness self-test: a log client that acknowledges sends it never made (ack-unsent), "
-                   "a register client that reads its own replica (local-reads)")
-def run(backend: str, system: str, workload: str, nemesis: tuple[str, ...], time_: float, interval: float,
-        rate: float, clients: int, out: Path, name: str | None, seed: int | None, op_timeout: float, send_batch: int,
-        no_check: bool,
-        keep_data: bool, no_progress: bool, broken_adapter: str | None) -> None:
+@click.option(
+    "--broken-adapter",
+    type=click.Choice(["ack-unsent", "local-reads"]),
+    default=None,
+    hidden=True,
+    help="harness self-test: a log client that acknowledges sends it never made (ack-unsent), "
+    "a register client that reads its own replica (local-reads)",
+)
+def run(
+    backend: str,
+    system: str,
+    workload: str,
+    nemesis: tuple[str, ...],
+    time_: float,
+    interval: float,
+    rate: float,
+    clients: int | None,
+    workers: int | None,
+    out: Path,
+    name: str | None,
+    seed: int | None,
+    op_timeout: float,
+    send_batch: int | None,
+    no_check: bool,
+    spark_master: str | None,
+    keep_data: bool,
+    no_progress: bool,
+    broken_adapter: str | None,
+    namesrv: str | None,
+    nodes: str | None,
+    kill_cmd: str | None,
+    restart_cmd: str | None,
+    pause_cmd: str | None,
+    resume_cmd: str | None,
+    topic: str | None,
+    queues: int,
+    broker_name: str | None,
+) -> None:
     """Load a 3-node group, inject faults, record the history and check it."""
-    cfg = RunConfig(workload=workload, system=system, backend=backend, nemesis=nemesis, time=time_,
-                    interval=interval, rate=rate, clients=clients, out=out, seed=seed, op_timeout=op_timeout,
-                    send_batch=send_batch,
-                    progress=not no_progress and sys.stderr.isatty(), check=not no_check,
-                    keep_data=keep_data, broken_adapter=broken_adapter, name=name)
+    ctx = click.get_current_context()
+    system_options: dict[str, object] = {}
+    external = (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, topic, broker_name)
+    if system == "rocketmq":
+        from .external import Hooks, check_faults, parse_nodes
+
+        if not namesrv:
+            raise click.UsageError("--system rocketmq needs --namesrv HOST:PORT (your cluster's nameserver)")
+        if ctx.get_parameter_source("workload") is click.core.ParameterSource.DEFAULT:
+            workload = "queue"
+        if ctx.get_parameter_source("nemesis") is click.core.ParameterSource.DEFAULT:
+            nemesis = ()  # a cluster we did not start is broken only as its owner allows
+        hooks = Hooks(kill=kill_cmd, restart=restart_cmd, pause=pause_cmd, resume=resume_cmd)
+        try:
+            node_list = parse_nodes(nodes or "")
+            for warning in check_faults(nemesis, hooks, node_list):
+                click.echo(f"warning: {warning}", err=True)
+        except Unsupported as exc:
+            raise click.UsageError(str(exc)) from None
+        system_options = {
+            "namesrv": namesrv,
+            "nodes": node_list,
+            "hooks": hooks,
+            "topic": topic,
+            "queues": queues,
+            "broker_name": broker_name,
+        }
+    elif any(v is not None for v in external):
+        raise click.UsageError(
+            "--namesrv, --nodes, --topic, --broker-name and the --*-cmd hooks apply to --system rocketmq only"
+        )
+    if spark_master:
+        os.environ["LEDGERMQ_SPARK_MASTER"] = spark_master  # the checker's default, for this run
+    cfg = RunConfig(
+        workload=workload,
+        system=system,
+        backend=backend,
+        nemesis=nemesis,
+        time=time_,
+        interval=interval,
+        rate=rate,
+        clients=clients,
+        workers=workers,
+        out=out,
+        seed=seed,
+        op_timeout=op_timeout,
+        send_batch=send_batch,
+        progress=not no_progress and sys.stderr.isatty(),
+        check=not no_check,
+        keep_data=keep_data,
+        broken_adapter=broken_adapter,
+        name=name,
+        system_options=system_options,
+    )
     try:
         result = run_test(cfg)
     except Unsupported as exc:
         raise click.UsageError(str(exc)) from None
-    except (TimeoutError, OSError, ProxyError) as exc:  # the group never came up, a port was taken, ...
+    except (TimeoutError, OSError, ProxyError, WorkerFailed) as exc:  # no group, a port taken, a worker died
         click.echo(f"harness error: {exc}", err=True)
         sys.exit(3)
     s = result.summary
@@ -82,13 +295,28 @@ def run(backend: str, system: str, workload: str, nemesis: tuple[str, ...], time
     faults = s.get("nemesis", {}).get("ops", {})
     leaders = s.get("leaders", {})
     click.echo(f"test      {cfg.test_name()}")
-    click.echo(f"ops       ok={counts.get('ok', 0)} fail={counts.get('fail', 0)} info={counts.get('info', 0)}")
+    click.echo(
+        f"ops       ok={counts.get('ok', 0)} fail={counts.get('fail', 0)} info={counts.get('info', 0)}"
+    )
     click.echo(f"faults    {', '.join(f'{k}={v}' for k, v in sorted(faults.items())) or 'none'}")
     click.echo(f"leaders   {leaders.get('leader_changes', 0)} changes, terms {leaders.get('terms_seen', [])}")
     check = s.get("check", {})
     results = check.get("results") or {}
     if results.get("anomaly-types"):
         click.echo(f"anomalies {', '.join(results['anomaly-types'])}")
+    for kind, r in sorted((results.get("recovery") or {}).items()):
+        p50, worst = r["recovery_p50_ms"], r["recovery_max_ms"]
+        click.echo(
+            f"recovery  {kind}: {r['recovered']}/{r['faults']} recovered, "
+            f"p50 {'never' if p50 is None else f'{p50:,.0f} ms'}, max {'never' if worst is None else f'{worst:,.0f} ms'}, "
+            f"longest gap {r['gap_max_ms']:,.0f} ms"
+        )
+    if s.get("workers"):
+        rss = [w.get("peak_rss_mb") for w in s["workers"]]
+        click.echo(
+            f"workers   {len(s['workers'])} processes, peak memory {max(r or 0 for r in rss):.0f} MB each at most "
+            f"(controller {s.get('controller_peak_rss_mb', 0):.0f} MB)"
+        )
     if s.get("harness_anomalies"):
         click.echo(f"harness   {s['harness_anomalies']}")
     verdict = {True: "VALID", False: "INVALID", "unknown": "UNKNOWN"}.get(result.valid, "NOT CHECKED")  # type: ignore[arg-type]

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ledger.localcluster import ProcessSet, free_port
+from common.process import ProcessSet, free_port
 
-from .backends import ProcessBackend
+from .backends import ProcessBackend, Unsupported
 from .clients import Definite, Indefinite, LogClient, Pair
 
 
@@ -37,9 +37,21 @@ class LocalSyncObjBackend(ProcessBackend):
     def _argv(self, nid: str) -> list[str]:
         assert self.proxy is not None
         dial = ",".join(f"{self.raft[p]}={self.proxy.address(nid, p)}" for p in self.nodes if p != nid)
-        return [self.python, "-m", "jepsen.pysyncobj_node", "--self", self.raft[nid],
-                "--peers", ",".join(self.raft[p] for p in self.nodes), "--dial", dial,
-                "--client", self.client_addr[nid], "--data", str(self.base_dir / nid / "data")]
+        return [
+            self.python,
+            "-m",
+            "jepsen.pysyncobj_node",
+            "--self",
+            self.raft[nid],
+            "--peers",
+            ",".join(self.raft[p] for p in self.nodes),
+            "--dial",
+            dial,
+            "--client",
+            self.client_addr[nid],
+            "--data",
+            str(self.base_dir / nid / "data"),
+        ]
 
     def spawn(self, nid: str) -> None:
         self.procs.spawn(nid, self._argv(nid), self.base_dir / nid / "node.log")
@@ -66,11 +78,25 @@ class LocalSyncObjBackend(ProcessBackend):
         finally:
             await conn.close()
         st = reply["status"]
-        return {"role": st["role"], "term": st["term"], "leader": self.node_of_raft(st.get("leader")),
-                "ready": True, "commit_index": st.get("commit_index")}
+        return {
+            "role": st["role"],
+            "term": st["term"],
+            "leader": self.node_of_raft(st.get("leader")),
+            "ready": True,
+            "commit_index": st.get("commit_index"),
+        }
 
     def log_client(self) -> LogClient:
         return SyncObjLogClient(self, timeout=self.client_timeout)
+
+    def client_spec(self) -> dict[str, Any]:
+        return {
+            "system": self.system,
+            "nodes": self.nodes,
+            "raft": self.raft,
+            "client_addr": self.client_addr,
+            "timeout": self.client_timeout,
+        }
 
     def log_files(self) -> dict[str, Path]:
         return {n: self.base_dir / n / "node.log" for n in self.nodes}
@@ -80,6 +106,33 @@ class LocalSyncObjBackend(ProcessBackend):
 
         for n in self.nodes:
             shutil.rmtree(self.base_dir / n / "data", ignore_errors=True)
+
+
+class SyncObjEndpoints:
+    """The clients of a pysyncobj group, built from its ``client_spec`` in a worker process."""
+
+    system = "pysyncobj"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.nodes = [str(n) for n in spec["nodes"]]
+        self.raft = {str(k): str(v) for k, v in spec["raft"].items()}
+        self.client_addr = {str(k): str(v) for k, v in spec["client_addr"].items()}
+        self.client_timeout = float(spec["timeout"])
+
+    def node_of_raft(self, addr: str | None) -> str | None:
+        for nid, a in self.raft.items():
+            if a == addr:
+                return nid
+        return None
+
+    def log_client(self) -> LogClient:
+        return SyncObjLogClient(self, timeout=self.client_timeout)
+
+    def register_client(self, replica: Any) -> Any:
+        raise Unsupported("pysyncobj runs the log workload only")
+
+    def queue_client(self) -> Any:
+        raise Unsupported("pysyncobj runs the log workload only")
 
 
 class JsonLineConn:
@@ -123,7 +176,7 @@ class JsonLineConn:
 class SyncObjLogClient:
     """``LogClient`` over the pysyncobj node protocol; follows "not leader" answers."""
 
-    def __init__(self, backend: LocalSyncObjBackend, timeout: float = 5.0) -> None:
+    def __init__(self, backend: LocalSyncObjBackend | SyncObjEndpoints, timeout: float = 5.0) -> None:
         self.backend = backend
         self.timeout = timeout
         self.node: str | None = None

@@ -21,17 +21,30 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import random
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from .backends import Backend
 from .clients import Definite, LogClient, RegisterClient, RegisterReplica
 from .history import History
 
 T = TypeVar("T")
+
+
+class ClientSource(Protocol):
+    """Where a workload gets its clients: a backend, or (in a worker process) its endpoints."""
+
+    system: str
+
+    def log_client(self) -> LogClient: ...
+
+    def register_client(self, replica: RegisterReplica) -> RegisterClient: ...
+
+    def queue_client(self) -> Any: ...
 
 
 @dataclass
@@ -41,19 +54,27 @@ class RunContext:
     history: History
     rng: random.Random
     deadline: float  # event-loop time at which workers stop starting operations
-    rate: float  # operations per second over all workers
+    rate: float  # operations per second over all workers (math.inf: closed loop, no pause)
     clients: int
     op_timeout: float = 10.0
     send_batch: int = 1  # queue workload: up to this many concurrent sends go as one batch
+    send_ratio: float = 0.75  # log/queue workloads: the share of operations that are sends
+    poll_max: int = 50  # log/queue workloads: pairs a poll asks for
+    #: values sent, unique across the whole history: each recording process draws from its own
+    #: arithmetic progression (shard s of n: s, s + n, ...; never 0)
+    values: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     wrap_log_client: Callable[[LogClient], LogClient] | None = None
     wrap_register_client: Callable[[RegisterClient], RegisterClient] | None = None
 
     def done(self) -> bool:
-        return self.stop.is_set() or asyncio.get_running_loop().time() >= self.deadline
+        # time.monotonic() is the event loop's clock, without looking the loop up on every operation
+        return self.stop.is_set() or time.monotonic() >= self.deadline
 
     async def pace(self, w: int) -> None:
         """Sleep so that all workers together start about ``rate`` operations per second."""
+        if self.rate == math.inf:
+            return  # closed loop: the next operation starts as soon as the last completed
         mean = self.clients / self.rate if self.rate > 0 else 0.0
         if mean > 0:
             delay = self.rng.uniform(0.5 * mean, 1.5 * mean)
@@ -65,10 +86,17 @@ class RunContext:
                     pass
 
 
-async def attempt(ctx: RunContext, action: Awaitable[T], *, read_only: bool = False) -> tuple[str, T | None, str | None]:
-    """Run one operation: ``(type, result, error)`` with type ok/fail/info."""
+async def attempt(
+    ctx: RunContext, action: Awaitable[T], *, read_only: bool = False
+) -> tuple[str, T | None, str | None]:
+    """Run one operation: ``(type, result, error)`` with type ok/fail/info.
+
+    ``asyncio.timeout`` rather than ``wait_for``: the latter wraps every operation in a
+    task of its own, which a full-rate run's profile showed as a visible cost per operation.
+    """
     try:
-        result = await asyncio.wait_for(action, ctx.op_timeout)
+        async with asyncio.timeout(ctx.op_timeout):
+            result = await action
     except Definite as exc:
         return "fail", None, str(exc)[:300]
     except TimeoutError:
@@ -84,7 +112,7 @@ class Workload(ABC):
     name: str = "?"
     checker: str = "?"  # the checker's workload (model) name
 
-    def __init__(self, backend: Backend, ctx: RunContext) -> None:
+    def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
         self.backend = backend
         self.ctx = ctx
 
@@ -94,6 +122,10 @@ class Workload(ABC):
 
     async def final(self) -> None:
         """After every fault is healed: drains and final reads (none by default)."""
+        return None
+
+    async def close(self) -> None:
+        """Release what the workload shares between its clients (a worker's last step)."""
         return None
 
     def summary(self) -> dict[str, Any]:
@@ -107,12 +139,12 @@ class LogWorkload(Workload):
     checker = "log"
     key = "0"
 
-    def __init__(self, backend: Backend, ctx: RunContext, send_ratio: float = 0.75, poll_max: int = 50) -> None:
+    def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
         super().__init__(backend, ctx)
-        self.send_ratio = send_ratio
-        self.poll_max = poll_max
-        self._values = itertools.count(1)
-        self.drained: list[tuple[int, Any]] | None = None
+        self.send_ratio = ctx.send_ratio
+        self.poll_max = ctx.poll_max
+        self._values = ctx.values
+        self.drained: int | None = None  # pairs the final drain read (a count: the pairs are in the history)
 
     def client(self) -> LogClient:
         c = self.backend.log_client()
@@ -132,8 +164,16 @@ class LogWorkload(Workload):
                     v = next(self._values)
                     h.invoke(proc, "send", v, key=key)
                     typ, off, err = await attempt(ctx, client.send(v))
-                    h.complete(proc, typ, "send", v, key=key, offset=off if typ == "ok" else None,
-                               error=err, node=client.node)
+                    h.complete(
+                        proc,
+                        typ,
+                        "send",
+                        v,
+                        key=key,
+                        offset=off if typ == "ok" else None,
+                        error=err,
+                        node=client.node,
+                    )
                 else:
                     h.invoke(proc, "poll", {"from": pos, "max": self.poll_max}, key=key)
                     typ, pairs, err = await attempt(ctx, client.poll(pos, self.poll_max), read_only=True)
@@ -157,17 +197,18 @@ class LogWorkload(Workload):
             for _ in range(10):
                 h.invoke(proc, "drain", {"from": 0, "max": None}, key=key)
                 typ, pairs, err = await attempt(self.ctx, client.drain(), read_only=True)
-                value = [[o, v] for o, v in pairs] if typ == "ok" and pairs is not None else None
+                # (offset, value) tuples encode as the contract's [offset, value] pairs: no copy of a long drain
+                value = pairs if typ == "ok" and pairs is not None else None
                 h.complete(proc, typ, "drain", value, key=key, error=err, node=client.node)
                 if typ == "ok":
-                    self.drained = [(o, v) for o, v in value or []]
+                    self.drained = len(value or [])
                     return
                 await asyncio.sleep(1.0)
         finally:
             await client.close()
 
     def summary(self) -> dict[str, Any]:
-        return {"drained": None if self.drained is None else len(self.drained)}
+        return {"drained": self.drained}
 
 
 class RegisterWorkload(Workload):
@@ -176,7 +217,7 @@ class RegisterWorkload(Workload):
     name = "register"
     checker = "register"
 
-    def __init__(self, backend: Backend, ctx: RunContext, keys: int = 3, values: int = 5) -> None:
+    def __init__(self, backend: ClientSource, ctx: RunContext, keys: int = 3, values: int = 5) -> None:
         super().__init__(backend, ctx)
         self.keys = [f"r{i}" for i in range(keys)]
         self.values = values

@@ -107,6 +107,12 @@ def load_settings(
             raw = tomllib.loads(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {p} does not exist") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {p} is not UTF-8 text (byte {exc.start}): is it the right file?"
+            ) from None
+        except OSError as exc:  # a directory, no permission, an I/O error
+            raise ConfigError(f"config file {p} cannot be read: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {p}: invalid TOML: {exc}") from None
         if section is not None:

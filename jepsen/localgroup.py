@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ledger.localcluster import ProcessSet, free_port, write_toml
+from common.process import ProcessSet, free_port, write_toml
 from remoting import RemotingClient, RemotingCommand, RequestCode
 
 
@@ -53,7 +53,9 @@ class LocalBrokerGroup(ProcessSet):
         self.topics = list(topics)
         self.settings = dict(settings or {})
         self.namesrv_ids = [f"ns{i + 1}" for i in range(nameservers)]
-        self.ns_addr = {ns: f"127.0.0.{i + 1}:{free_port(f'127.0.0.{i + 1}')}" for i, ns in enumerate(self.namesrv_ids)}
+        self.ns_addr = {
+            ns: f"127.0.0.{i + 1}:{free_port(f'127.0.0.{i + 1}')}" for i, ns in enumerate(self.namesrv_ids)
+        }
         self.node_ids = [f"n{i + 1}" for i in range(brokers)]
         self.broker_addr: dict[str, str] = {}
         self.ledger_addr: dict[str, str] = {}

@@ -1,0 +1,146 @@
+"""Checker on local[2], a standalone cluster and Spark Connect: the same histories, timed.
+
+Starts a cluster with ``jepsen spark start`` (master, worker, Connect server from pip's
+pyspark) in a temporary state folder, generates correct log histories of the given
+sizes once, and analyzes each on every engine in a fresh process (one Spark session
+per process, as ``jepsen analyze`` has). Session start-up is timed apart from the
+analysis. For local and standalone runs the per-stage task counts are read from
+Spark's status tracker, which shows how far the plan spreads: on standalone the
+session asks for one-core executors (``spark.executor.cores=1``), so its tasks run on
+several executors. The cluster is stopped at the end, whatever happens.
+
+    python bench/checker_cluster_bench.py                       # 100k and 1M
+    python bench/checker_cluster_bench.py --sizes 100000,1000000,10000000
+
+Ends with one JSON line: {"<engine>_<size>_s": seconds, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jepsen import spark_cluster  # noqa: E402
+from jepsen.checker.synth import generate_log_history  # noqa: E402
+
+LABELS = {100_000: "100k", 1_000_000: "1m", 10_000_000: "10m"}
+
+# One analysis in a fresh interpreter; prints one JSON line.
+INNER = r"""
+import json, sys, time
+from jepsen.checker.analyze import analyze_files
+from jepsen.checker.spark import get_spark, is_connect
+master, path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+t0 = time.monotonic()
+spark = get_spark(master)
+opened = time.monotonic() - t0
+tracker = None if is_connect(master) else spark.sparkContext.statusTracker()
+if tracker is not None:
+    spark.sparkContext.setJobGroup("bench", "checker bench")
+t0 = time.monotonic()
+res = analyze_files([path], workload="log", out_dir=out, master=master, engine="spark", report=False)
+secs = time.monotonic() - t0
+o = res["files"][0]
+stages = []
+if tracker is not None:
+    for job in sorted(tracker.getJobIdsForGroup("bench")):
+        info = tracker.getJobInfo(job)
+        for sid in sorted(info.stageIds if info else []):
+            st = tracker.getStageInfo(sid)
+            if st is not None:
+                stages.append(st.numTasks)
+executors = None if tracker is None else spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - (0 if master.startswith("local") else 1)
+print(json.dumps({"open_s": round(opened, 2), "analyze_s": round(secs, 2), "valid": o.valid,
+                  "error": o.error, "stages": stages, "executors": executors}))
+"""
+
+
+def run_inner(master: str, path: Path, out: Path, submit_args: str | None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if submit_args:
+        env["PYSPARK_SUBMIT_ARGS"] = f"{submit_args} pyspark-shell"
+    res = subprocess.run(
+        [sys.executable, "-c", INNER, master, str(path), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        raise SystemExit(f"{master}: analysis failed (exit {res.returncode}): {res.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100000,1000000", help="comma-separated operation counts")
+    ap.add_argument("--cores", type=int, default=None, help="cores for the cluster (default: all)")
+    ap.add_argument("--runs", type=int, default=1, help="runs per engine and size (median reported)")
+    ap.add_argument("--engines", default="local,standalone,connect")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    engines = [e for e in args.engines.split(",") if e]
+    work = Path(tempfile.mkdtemp(prefix="checker-cluster-bench-"))
+    state = work / "spark"
+    figures: dict[str, float] = {}
+    try:
+        c = None
+        if {"standalone", "connect"} & set(engines):
+            t0 = time.monotonic()
+            c = spark_cluster.start(state, cores=args.cores)
+            print(f"cluster up in {time.monotonic() - t0:.1f} s: {c.master} {c.connect}", flush=True)
+        for n in sizes:
+            label = LABELS.get(n, str(n))
+            path = work / f"log-{label}.jsonl"
+            st = generate_log_history(path, n, seed=n)
+            print(f"\n{n:,} ops ({st.events:,} events, {path.stat().st_size / 1e6:,.0f} MB)", flush=True)
+            for engine in engines:
+                master = {
+                    "local": "local[2]",
+                    "standalone": c.master if c else "",
+                    "connect": c.connect if c else "",
+                }[engine]
+                submit = None
+                if engine == "standalone":
+                    # one-core executors, two of them: the plan's tasks spread over both
+                    submit = "--conf spark.executor.cores=1 --conf spark.cores.max=2 --conf spark.executor.memory=1g"
+                runs = [
+                    run_inner(master, path, work / f"out-{engine}-{label}", submit) for _ in range(args.runs)
+                ]
+                r = runs[-1]
+                if r["valid"] is not True:
+                    raise SystemExit(f"{engine}: correct history judged {r['valid']}: {r['error']}")
+                secs = statistics.median(x["analyze_s"] for x in runs)
+                figures[f"{engine}_{label}_s"] = secs
+                stages = r["stages"]
+                spread = (
+                    f"{len(stages)} stages, tasks per stage {min(stages)}-{max(stages)} "
+                    f"(median {statistics.median(stages):g}), {r['executors']} executor(s)"
+                    if stages
+                    else "task counts not visible through Connect"
+                )
+                print(
+                    f"  {engine:<10} {master:<28} open {r['open_s']:6.1f} s  analyze {secs:7.1f} s "
+                    f"= {n / secs:>9,.0f} ops/s   {spread}",
+                    flush=True,
+                )
+            path.unlink()
+    finally:
+        spark_cluster.stop(state)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,350 @@
+"""Recovery per fault, from the history alone: OpenChaos' "failure recovery time" and more.
+
+For every fault in a history (``shared/HISTORY.md``, "faults"), how long until every key
+that was being served before it was served again (``recovery_ms``), the longest stretch
+with no successful operation at all (``gap_ms``), and the ok throughput before, during and
+after. Nothing but the history is used, so it works for any system's history that records
+its faults, Jepsen's own included.
+
+The inputs are small aggregates, never the operations themselves, so a history of
+millions of operations costs two grouped queries (``spark_faults``) or one pass in Python
+(``faults_from_rows``):
+
+* per key and millisecond of invocation, the earliest completion of an ok operation
+  invoked in that millisecond (so "the first ok invoked after the start" is a suffix
+  minimum: operations invoked in the same millisecond as the fault starts are left out,
+  which can only make a recovery look later, by under a millisecond of invocations);
+* per key and millisecond of completion, how many ok operations completed.
+
+Faults are read from the nemesis events: an operation is a start event and an end event
+with the same ``f`` (the harness's and Jepsen's convention); a fault opens with a breaking
+operation (``kill``, ``pause``, ``start-partition``, Jepsen's ``start``, ...) and closes
+when the matching healing operation (``restart``, ``resume``, ``stop-partition``,
+``stop``, ...) ends. Operations that neither break nor heal (``corrupt`` of an already
+stopped node) are annotations of the fault in force; any other ``f`` is a fault of its own
+lasting as long as its operation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+WINDOW_NS = 10_000_000_000  # "the 10 s before it", "end + 10 s" (HISTORY.md)
+BUCKET_NS = 1_000_000  # aggregates are per millisecond
+MS = 1e6
+
+#: breaking f -> the f(s) that heal it
+HEALS: dict[str, tuple[str, ...]] = {
+    "kill": ("restart", "start"),
+    "pause": ("resume",),
+    "start-partition": ("stop-partition",),
+    "fill-disk": ("free-disk",),
+    "start": ("stop",),
+    "partition": ("heal",),
+    "bump-clock": ("reset-clock",),
+    "strobe-clock": ("reset-clock",),
+}
+HEALING = frozenset(f for fs in HEALS.values() for f in fs)
+ANNOTATIONS = frozenset({"corrupt"})
+
+
+@dataclass
+class Fault:
+    """One fault window, in the history's clock (nanoseconds)."""
+
+    f: str
+    kind: str
+    nodes: list[str]
+    start: int
+    end: int | None = None
+    heal_f: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+
+def _value(text: Any) -> Any:
+    if isinstance(text, str) and text[:1] in "{[":
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _nodes(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        nodes = value.get("nodes") or value.get("node") or []
+        return [str(n) for n in (nodes if isinstance(nodes, list) else [nodes])]
+    return []
+
+
+def faults_from_nemesis(events: Iterable[tuple[int, int, str, Any]]) -> list[Fault]:
+    """Fault windows from nemesis events ``(index, time, f, value)`` (any order)."""
+    evs = sorted(events)
+    ops: list[tuple[str, int, int, Any]] = []  # (f, start time, end time, value of the end event)
+    i = 0
+    while i < len(evs):
+        _, t, f, v = evs[i]
+        if i + 1 < len(evs) and evs[i + 1][2] == f:
+            ops.append(
+                (f, t, evs[i + 1][1], _value(evs[i + 1][3]) if evs[i + 1][3] is not None else _value(v))
+            )
+            i += 2
+        else:
+            ops.append((f, t, t, _value(v)))
+            i += 1
+    faults: list[Fault] = []
+    open_: list[Fault] = []
+    for f, t_start, t_end, value in ops:
+        if f in HEALING and any(f in x.heal_f for x in open_):
+            nodes = set(_nodes(value))
+            match = [x for x in open_ if f in x.heal_f]
+            # the earliest open fault this heals, preferring one on the same nodes
+            pick = next((x for x in match if nodes and nodes & set(x.nodes)), match[0])
+            pick.end = t_end
+            open_.remove(pick)
+            # one heal that covers several open faults of the same kind (heal-all) closes them all
+            for x in [x for x in match if x is not pick and nodes and set(x.nodes) <= nodes]:
+                x.end = t_end
+                open_.remove(x)
+            continue
+        if f in HEALING and f not in HEALS:
+            continue  # a heal with nothing open (e.g. a restart of a node that was never killed)
+        if f in ANNOTATIONS:
+            if open_:
+                open_[-1].notes.append(f)
+            continue
+        kind = value.get("fault", f) if isinstance(value, dict) else f
+        fault = Fault(f, str(kind), _nodes(value), t_start, heal_f=HEALS.get(f, ()))
+        faults.append(fault)
+        if fault.heal_f:
+            open_.append(fault)
+        else:
+            fault.end = t_end
+    return faults
+
+
+class OkIndex:
+    """The per-key, per-millisecond aggregates of ok operations that recovery needs."""
+
+    def __init__(
+        self,
+        first_ok: Iterable[tuple[str, int, int]],
+        done: Iterable[tuple[str, int, int]],
+    ) -> None:
+        """``first_ok``: (key, invoke ms, earliest completion ns); ``done``: (key, completion ms, count)."""
+        inv: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for key, b, t in first_ok:
+            inv[key].append((int(b), int(t)))
+        self.inv_buckets: dict[str, list[int]] = {}
+        self.suffix_min: dict[str, list[int]] = {}
+        for key, pairs in inv.items():
+            pairs.sort()
+            self.inv_buckets[key] = [b for b, _ in pairs]
+            mins = [t for _, t in pairs]
+            for j in range(len(mins) - 2, -1, -1):
+                mins[j] = min(mins[j], mins[j + 1])
+            self.suffix_min[key] = mins
+        per_key: dict[str, list[int]] = defaultdict(list)
+        total: dict[int, int] = defaultdict(int)
+        for key, b, n in done:
+            per_key[key].append(int(b))
+            total[int(b)] += int(n)
+        self.done_buckets = {k: sorted(v) for k, v in per_key.items()}
+        self.buckets = sorted(total)
+        self.prefix = [0]
+        for b in self.buckets:
+            self.prefix.append(self.prefix[-1] + total[b])
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> OkIndex:
+        """From paired operation rows (``frames.pair_ops`` columns; only ok ops with times count)."""
+        first: dict[tuple[str, int], int] = {}
+        done: dict[tuple[str, int], int] = defaultdict(int)
+        for r in rows:
+            if r["kind"] != "op" or r["type"] != "ok" or r["cmp_time"] is None or r["inv_time"] is None:
+                continue
+            key = r["key"] or ""
+            k = (key, r["inv_time"] // BUCKET_NS)
+            t = r["cmp_time"]
+            if k not in first or t < first[k]:
+                first[k] = t
+            done[(key, t // BUCKET_NS)] += 1
+        return cls(((k, b, t) for (k, b), t in first.items()), ((k, b, n) for (k, b), n in done.items()))
+
+    def keys_active(self, lo: int, hi: int) -> list[str]:
+        """Keys with an ok completion in [lo, hi) (ns, at millisecond resolution)."""
+        blo, bhi = lo // BUCKET_NS, hi // BUCKET_NS
+        out = []
+        for key, bs in self.done_buckets.items():
+            j = bisect.bisect_left(bs, blo)
+            if j < len(bs) and bs[j] < bhi:
+                out.append(key)
+        return out
+
+    def first_ok_after(self, key: str, start: int) -> int | None:
+        """Earliest completion of an ok operation on ``key`` invoked after ``start``."""
+        bs = self.inv_buckets.get(key)
+        if not bs:
+            return None
+        j = bisect.bisect_left(bs, -(-start // BUCKET_NS))
+        return self.suffix_min[key][j] if j < len(bs) else None
+
+    def count(self, lo: int, hi: int) -> int:
+        """ok completions in [lo, hi)."""
+        a = bisect.bisect_left(self.buckets, lo // BUCKET_NS)
+        b = bisect.bisect_left(self.buckets, hi // BUCKET_NS)
+        return self.prefix[b] - self.prefix[a]
+
+    def longest_gap(self, lo: int, hi: int) -> float:
+        """The longest stretch in [lo, hi) with no ok completion, in ms (millisecond resolution)."""
+        blo, bhi = lo // BUCKET_NS, hi // BUCKET_NS
+        a = bisect.bisect_left(self.buckets, blo)
+        b = bisect.bisect_left(self.buckets, bhi)
+        inside = self.buckets[a:b]
+        if not inside:
+            return (hi - lo) / MS
+        gap = max((inside[0] * BUCKET_NS - lo) / MS, (hi - (inside[-1] + 1) * BUCKET_NS) / MS)
+        for x, y in zip(inside, inside[1:], strict=False):
+            gap = max(gap, float(y - x - 1))
+        return max(0.0, gap)
+
+
+def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[str, Any]]:
+    """The ``faults`` list of results.json for a history spanning [t0, t1] (ns)."""
+    out = []
+    for x in faults:
+        s = x.start
+        end = x.end if x.end is not None else t1
+        before_lo = max(t0, s - WINDOW_NS)
+        keys = idx.keys_active(before_lo, s)
+        recovery: float | None = None
+        entry: dict[str, Any] = {}
+        if not keys:
+            entry["note"] = "no ok operation in the 10 s before the fault: nothing to recover"
+        else:
+            firsts = [idx.first_ok_after(k, s) for k in keys]
+            if all(t is not None for t in firsts):
+                recovery = round((max(t for t in firsts if t is not None) - s) / MS, 3)
+            else:
+                entry["unrecovered_keys"] = sorted(k for k, t in zip(keys, firsts, strict=True) if t is None)[
+                    :8
+                ]
+        after_hi = min(t1, end + WINDOW_NS)
+        gap_hi = max(s, after_hi)
+        out.append(
+            {
+                "f": x.f,
+                "kind": x.kind,
+                "nodes": x.nodes,
+                "start_s": round((s - t0) / 1e9, 3),
+                "end_s": None if x.end is None else round((x.end - t0) / 1e9, 3),
+                "recovery_ms": recovery,
+                "gap_ms": round(idx.longest_gap(s, gap_hi), 3),
+                "ok_per_s_before": _rate(idx.count(before_lo, s), s - before_lo),
+                "ok_per_s_during": _rate(idx.count(s, end), end - s),
+                "ok_per_s_after": _rate(idx.count(end, after_hi), after_hi - end),
+                "keys": len(keys),
+                **({"notes": x.notes} if x.notes else {}),
+                **entry,
+            }
+        )
+    return out
+
+
+def _rate(n: int, span_ns: int) -> float:
+    return round(n / (span_ns / 1e9), 1) if span_ns > 0 else 0.0
+
+
+def summarize(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per fault kind: how many, how many recovered, p50 / max recovery and the longest gap."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for x in faults:
+        by[x["kind"]].append(x)
+    out = {}
+    for kind, xs in by.items():
+        rec = [x["recovery_ms"] for x in xs if x["recovery_ms"] is not None]
+        out[kind] = {
+            "faults": len(xs),
+            "recovered": len(rec),
+            "recovery_p50_ms": round(statistics.median(rec), 3) if rec else None,
+            "recovery_max_ms": max(rec) if rec else None,
+            "gap_max_ms": max(x["gap_ms"] for x in xs),
+        }
+    return out
+
+
+def faults_from_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ``faults`` list from paired operation rows of one history (the in-process path)."""
+    nem = [
+        (r["inv_index"], r["inv_time"], r["f"], r["inv_value"])
+        for r in rows
+        if r["kind"] == "nemesis" and r["inv_time"] is not None
+    ]
+    if not nem:
+        return []
+    times = [t for r in rows for t in (r["inv_time"], r.get("cmp_time")) if t is not None]
+    return compute(faults_from_nemesis(nem), OkIndex.from_rows(rows), min(times), max(times))
+
+
+def spark_faults(
+    ops: DataFrame, srcs: list[int], bounds: dict[int, tuple[int, int]]
+) -> dict[int, list[dict[str, Any]]]:
+    """The ``faults`` list per source, from the paired operations (two grouped queries)."""
+    from pyspark.sql import functions as F
+
+    if not srcs:
+        return {}
+    src = F.col("src")
+    nem_rows = (
+        ops.filter((F.col("kind") == "nemesis") & src.isin(srcs) & F.col("inv_time").isNotNull())
+        .select("src", "inv_index", "inv_time", "f", "inv_value")
+        .collect()
+    )
+    nemesis: dict[int, list[tuple[int, int, str, Any]]] = defaultdict(list)
+    for r in nem_rows:
+        nemesis[r["src"]].append((r["inv_index"], r["inv_time"], r["f"], r["inv_value"]))
+    with_faults = sorted(nemesis)
+    if not with_faults:
+        return {}
+    ok = ops.filter(
+        (F.col("kind") == "op")
+        & (F.col("type") == "ok")
+        & src.isin(with_faults)
+        & F.col("inv_time").isNotNull()
+        & F.col("cmp_time").isNotNull()
+    )
+    first = (
+        ok.groupBy("src", "key", F.floor(F.col("inv_time") / BUCKET_NS).alias("b"))
+        .agg(F.min("cmp_time").alias("t"))
+        .collect()
+    )
+    done = ok.groupBy("src", "key", F.floor(F.col("cmp_time") / BUCKET_NS).alias("b")).count().collect()
+    firsts: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+    dones: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
+    for r in first:
+        firsts[r["src"]].append((r["key"], r["b"], r["t"]))
+    for r in done:
+        dones[r["src"]].append((r["key"], r["b"], r["count"]))
+    out = {}
+    for s in with_faults:
+        t0, t1 = bounds[s]
+        times = [t for _, t, _, _ in nemesis[s]]
+        t0, t1 = min([t0, *times]), max([t1, *times])
+        out[s] = compute(faults_from_nemesis(nemesis[s]), OkIndex(firsts[s], dones[s]), t0, t1)
+    return out
+
+
+def attach(result: dict[str, Any], faults: list[dict[str, Any]]) -> None:
+    """Put the ``faults`` list and its per-kind summary into a results.json document."""
+    result["faults"] = faults
+    if faults:
+        result["recovery"] = summarize(faults)

@@ -1,0 +1,458 @@
+"""Client authentication and authorisation the RocketMQ ACL 1.0 way (``plain_acl.yml``).
+
+A client holds an access key and a secret key. Before each request it adds the extField
+``AccessKey`` and then ``Signature`` = base64(HmacSHA1(secret key, the values of every other
+extField in key order, concatenated, followed by the body)), as RocketMQ's
+``AclClientRPCHook`` and ``AclUtils.combineRequestContent`` do, so RocketMQ's Java and C++
+clients configured with ``AclClientRPCHook`` are accepted as they are. The server looks the
+access key up among its accounts, recomputes the signature with that account's secret, and
+checks the request's resources against the account's permissions:
+
+- topics: ``PUB`` to send, ``SUB`` to pull, query or commit offsets (``DENY`` refuses both);
+- groups: ``SUB`` for a consumer group's pulls, offsets, heartbeats and consumer lists (a
+  retry topic ``%RETRY%g`` counts as group ``g``);
+- admin operations (topic create/update/delete, broker write permission, KV config, broker
+  registration, config updates) only for accounts with ``admin = true`` (the superuser).
+
+An account's file (TOML) mirrors plain_acl.yml::
+
+    [[accounts]]
+    access_key = "ops"
+    secret_key = "a-long-secret"
+    admin = true                      # may run admin operations
+    default_topic_perm = "PUB|SUB"    # for topics not listed in topic_perms (default DENY;
+    default_group_perm = "SUB"        #  admin accounts default to PUB|SUB)
+    topic_perms = ["orders=PUB|SUB", "audit=DENY"]
+    group_perms = ["billing=SUB"]
+
+Refusals are answered NO_PERMISSION (16) with a remark that says which key, resource and
+permission; nothing is logged per refusal beyond a bounded count, so a flood cannot fill the log.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from common.settings import ConfigError
+from remoting.codes import RequestCode, ResponseCode, request_code_name
+from remoting.protocol import HeaderValue, RemotingCommand
+
+log = logging.getLogger("remoting.acl")
+
+ACCESS_KEY: Final = "AccessKey"
+SIGNATURE: Final = "Signature"
+UNIQUE_KEY_QUERY: Final = "_UNIQUE_KEY_QUERY"  # MixAll.UNIQUE_MSG_QUERY_FLAG: not signed (RocketMQ)
+_UNSIGNED: Final = frozenset({SIGNATURE, UNIQUE_KEY_QUERY})
+RETRY_PREFIX: Final = "%RETRY%"
+
+DENY: Final = 0
+PUB: Final = 1
+SUB: Final = 2
+_PERM_NAMES: Final = {"DENY": DENY, "PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB}
+_LOG_FIRST = 10
+_MAX_DECISIONS = 65536  # cached permission decisions per validator
+
+
+def _text(value: HeaderValue) -> str:
+    """An extField value as it crosses the wire (protocol.py writes the same strings)."""
+    if type(value) is str:
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _content(headers: Mapping[str, HeaderValue], decoded: bool = False) -> bytes:
+    """What RocketMQ signs before the body: every extField's value but Signature's, in key order.
+
+    ``decoded``: the headers came off the wire, so every value is a string and one join does.
+    """
+    keys = sorted(headers)
+    for unsigned in _UNSIGNED:
+        if unsigned in headers:
+            keys.remove(unsigned)
+    if decoded:
+        try:
+            return "".join([headers[k] for k in keys]).encode()  # type: ignore[misc]
+        except TypeError:  # a value put in after decoding: convert below
+            pass
+    parts = []
+    append = parts.append
+    for key in keys:  # inline conversions: a producer's headers are half ints and bools
+        value = headers[key]
+        kind = type(value)
+        if kind is str:
+            append(value)
+        elif kind is int:
+            append(str(value))
+        elif kind is bool:
+            append("true" if value else "false")
+        elif value is not None:
+            append(_text(value))
+    return "".join(parts).encode()  # type: ignore[arg-type]
+
+
+class SigningKey:
+    """HmacSHA1 with one secret, its inner and outer pads hashed once (RFC 2104).
+
+    Each request then costs two SHA-1 copies and updates instead of a fresh HMAC with its key
+    schedule; measured about 40% cheaper than ``hmac.digest`` on a 1 KiB message, and this runs
+    twice per message (the client signs, the broker verifies).
+    """
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, secret: str | bytes) -> None:
+        key = secret.encode() if isinstance(secret, str) else secret
+        if len(key) > 64:
+            key = hashlib.sha1(key).digest()
+        key = key.ljust(64, b"\0")
+        self._inner = hashlib.sha1(bytes(b ^ 0x36 for b in key))
+        self._outer = hashlib.sha1(bytes(b ^ 0x5C for b in key))
+
+    def sign(
+        self, headers: Mapping[str, HeaderValue], body: bytes | bytearray | memoryview, decoded: bool = False
+    ) -> str:
+        inner = self._inner.copy()
+        inner.update(_content(headers, decoded))
+        if body:
+            inner.update(body)  # hashed in place: a batch's body is not copied
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return binascii.b2a_base64(outer.digest(), newline=False).decode()
+
+
+def signature(
+    secret_key: str | bytes, headers: Mapping[str, HeaderValue], body: bytes | bytearray | memoryview
+) -> str:
+    """RocketMQ's ACL 1.0 signature: base64(HmacSHA1(secret, signed content)); see SigningKey."""
+    return base64.b64encode(
+        hmac.digest(_key_bytes(secret_key), _content(headers) + bytes(body), "sha1")
+    ).decode()
+
+
+def _key_bytes(secret: str | bytes) -> bytes:
+    return secret.encode() if isinstance(secret, str) else secret
+
+
+class RequestSigner:
+    """A client's RPC hook: adds AccessKey and Signature to each request before it is sent."""
+
+    __slots__ = ("access_key", "_key")
+
+    def __init__(self, access_key: str, secret_key: str) -> None:
+        if not access_key or not secret_key:
+            raise ValueError("an ACL signer needs both an access key and a secret key")
+        self.access_key = access_key
+        self._key = SigningKey(secret_key)
+
+    def __call__(self, request: RemotingCommand) -> None:
+        headers = request.headers
+        headers[ACCESS_KEY] = self.access_key
+        headers[SIGNATURE] = self._key.sign(headers, request.body)
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"RequestSigner(access_key={self.access_key!r})"
+
+
+def parse_perm(text: str, where: str) -> int:
+    perm = _PERM_NAMES.get(text.strip().upper().replace(" ", ""))
+    if perm is None:
+        raise ConfigError(f"{where}: permission {text!r} must be DENY, PUB, SUB or PUB|SUB")
+    return perm
+
+
+@dataclass(frozen=True)
+class Account:
+    access_key: str
+    secret_key: str = field(repr=False)
+    admin: bool = False
+    default_topic_perm: int = DENY
+    default_group_perm: int = DENY
+    topic_perms: Mapping[str, int] = field(default_factory=dict)
+    group_perms: Mapping[str, int] = field(default_factory=dict)
+
+    def topic_perm(self, topic: str) -> int:
+        return self.topic_perms.get(topic, self.default_topic_perm)
+
+    def group_perm(self, group: str) -> int:
+        return self.group_perms.get(group, self.default_group_perm)
+
+
+def _resource_perms(items: Any, where: str) -> dict[str, int]:
+    if not isinstance(items, list):
+        raise ConfigError(f"{where} must be a list of 'name=PERM' strings")
+    out: dict[str, int] = {}
+    for i, item in enumerate(items):
+        name, sep, perm = str(item).partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"{where}[{i}]: expected 'name=PERM', got {item!r}")
+        out[name.strip()] = parse_perm(perm, f"{where}[{i}]")
+    return out
+
+
+def accounts_from_doc(doc: Mapping[str, Any], where: str) -> dict[str, Account]:
+    """Accounts from a parsed accounts document (``[[accounts]]`` tables); errors name the entry."""
+    raw = doc.get("accounts")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: no [[accounts]] entries")
+    accounts: dict[str, Account] = {}
+    for i, entry in enumerate(raw):
+        at = f"{where}: accounts[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{at} must be a table")
+        unknown = set(entry) - {
+            "access_key",
+            "secret_key",
+            "admin",
+            "default_topic_perm",
+            "default_group_perm",
+            "topic_perms",
+            "group_perms",
+        }
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {sorted(unknown)}")
+        ak, sk = entry.get("access_key"), entry.get("secret_key")
+        if not isinstance(ak, str) or not ak or not isinstance(sk, str) or len(sk) < 6:
+            raise ConfigError(
+                f"{at}: access_key must be a non-empty string and secret_key at least 6 characters"
+            )
+        if ak in accounts:
+            raise ConfigError(f"{at}: access_key {ak!r} listed twice")
+        admin = entry.get("admin", False)
+        if not isinstance(admin, bool):
+            raise ConfigError(f"{at}: admin must be true or false")
+        fallback = "PUB|SUB" if admin else "DENY"
+        accounts[ak] = Account(
+            ak,
+            sk,
+            admin,
+            parse_perm(str(entry.get("default_topic_perm", fallback)), f"{at}.default_topic_perm"),
+            parse_perm(str(entry.get("default_group_perm", fallback)), f"{at}.default_group_perm"),
+            _resource_perms(entry.get("topic_perms", []), f"{at}.topic_perms"),
+            _resource_perms(entry.get("group_perms", []), f"{at}.group_perms"),
+        )
+    return accounts
+
+
+def load_accounts(path: str | Path) -> dict[str, Account]:
+    """Read an accounts file; a missing, unreadable or malformed file is a ConfigError naming it."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"ACL accounts file {p}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"ACL accounts file {p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"ACL accounts file {p}: {exc}") from None
+    return accounts_from_doc(doc, f"ACL accounts file {p}")
+
+
+def server_accounts(
+    acl_file: str, admin_access_key: str = "", admin_secret_key: str = ""
+) -> dict[str, Account]:
+    """A server's accounts: those of ``acl_file`` (if set) plus a superuser given in settings
+    (``acl_admin_access_key``/``acl_admin_secret_key``, e.g. from the environment in
+    docker-compose, so no secret has to be baked into a file)."""
+    accounts = load_accounts(acl_file) if acl_file else {}
+    if admin_access_key or admin_secret_key:
+        if not admin_access_key or len(admin_secret_key) < 6:
+            raise ConfigError(
+                "keys 'acl_admin_access_key' and 'acl_admin_secret_key' (at least 6 characters) go together"
+            )
+        if admin_access_key in accounts:
+            raise ConfigError(f"key 'acl_admin_access_key': {admin_access_key!r} is also in {acl_file}")
+        accounts[admin_access_key] = Account(admin_access_key, admin_secret_key, True, PUB | SUB, PUB | SUB)
+    if not accounts:
+        raise ConfigError("ACL is on but no account is configured (set 'acl_file' or 'acl_admin_access_key')")
+    return accounts
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """What a request code needs: admin, or permissions on the topic / group its headers name."""
+
+    admin: bool = False
+    topic_header: str = ""
+    topic_perm: int = DENY
+    group_header: str = ""
+    group_perm: int = DENY
+    heartbeat: bool = False  # groups and topics are in the JSON body
+
+
+ADMIN_CODES: Final = frozenset(
+    {
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        RequestCode.DELETE_TOPIC_IN_BROKER,
+        RequestCode.DELETE_TOPIC_IN_NAMESRV,
+        RequestCode.WIPE_WRITE_PERM_OF_BROKER,
+        RequestCode.ADD_WRITE_PERM_OF_BROKER,
+        RequestCode.PUT_KV_CONFIG,
+        RequestCode.DELETE_KV_CONFIG,
+        RequestCode.UPDATE_NAMESRV_CONFIG,
+        RequestCode.UPDATE_BROKER_CONFIG,
+        RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+        RequestCode.DELETE_SUBSCRIPTIONGROUP,
+        RequestCode.REGISTER_BROKER,
+        RequestCode.UNREGISTER_BROKER,
+    }
+)
+
+RULES: Final[dict[int, Rule]] = {
+    **{int(code): Rule(admin=True) for code in ADMIN_CODES},
+    RequestCode.SEND_MESSAGE: Rule(topic_header="topic", topic_perm=PUB),
+    RequestCode.SEND_MESSAGE_V2: Rule(topic_header="b", topic_perm=PUB),
+    RequestCode.SEND_BATCH_MESSAGE: Rule(topic_header="b", topic_perm=PUB),
+    RequestCode.PULL_MESSAGE: Rule(
+        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
+    ),
+    RequestCode.QUERY_CONSUMER_OFFSET: Rule(
+        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
+    ),
+    RequestCode.UPDATE_CONSUMER_OFFSET: Rule(
+        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
+    ),
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP: Rule(group_header="consumerGroup", group_perm=SUB),
+    RequestCode.UNREGISTER_CLIENT: Rule(group_header="consumerGroup", group_perm=SUB),
+    RequestCode.HEART_BEAT: Rule(heartbeat=True),
+}
+
+
+class AccessValidator:
+    """The server side: verifies signatures and permissions (a remoting.server RequestGate).
+
+    ``require_signature``: a broker refuses unsigned requests of every kind (RocketMQ's broker
+    with aclEnable); a nameserver serves unsigned lookups and refuses only unsigned admin
+    operations and registrations.
+    """
+
+    def __init__(self, accounts: Mapping[str, Account], *, require_signature: bool) -> None:
+        self.accounts = dict(accounts)
+        self._keys = {ak: SigningKey(a.secret_key) for ak, a in self.accounts.items()}
+        self.require_signature = require_signature
+        self.refused = 0
+        # (access key, code, topic, group) -> None or the refusal's reason: a producer sends to
+        # the same few topics, so permission checks become one dict lookup. Bounded: cleared when full.
+        self._decisions: dict[tuple[str, int, object, object], str | None] = {}
+
+    def check(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+        headers = request.headers
+        rule = RULES.get(request.code)
+        if not self.require_signature and (rule is None or not rule.admin):
+            return None  # a nameserver's lookups are open, signed or not (its accounts are for admins)
+        ak = headers.get(ACCESS_KEY)
+        if ak is None:
+            return self._refuse(
+                conn,
+                request,
+                f"{request_code_name(request.code)} is not signed: ACL is on, sign requests with an access "
+                "key and secret key (AccessKey/Signature extFields)",
+            )
+        key = self._keys.get(ak)  # type: ignore[arg-type]
+        if key is None:
+            return self._refuse(conn, request, f"no ACL account for AccessKey {ak!r}")
+        sent = headers.get(SIGNATURE)
+        if (
+            type(sent) is not str
+            or not sent.isascii()
+            or not hmac.compare_digest(sent, key.sign(headers, request.body, decoded=True))
+        ):
+            return self._refuse(
+                conn,
+                request,
+                f"signature of {request_code_name(request.code)} by AccessKey {ak!r} does not verify",
+            )
+        if rule is None:
+            return None
+        account = self.accounts[ak]  # type: ignore[index]
+        if rule.admin:
+            if account.admin:
+                return None
+            return self._refuse(
+                conn,
+                request,
+                f"{request_code_name(request.code)} is an admin operation; AccessKey {ak!r} is not an admin account",
+            )
+        if rule.heartbeat:  # resources are in the body: not cached
+            denied = self._denied(account, request, rule)
+        else:
+            decisions = self._decisions
+            cache_key = (
+                account.access_key,
+                request.code,
+                headers.get(rule.topic_header),
+                headers.get(rule.group_header),
+            )
+            try:
+                denied = decisions[cache_key]
+            except KeyError:
+                denied = self._denied(account, request, rule)
+                if len(decisions) >= _MAX_DECISIONS:
+                    decisions.clear()
+                decisions[cache_key] = denied
+        return None if denied is None else self._refuse(conn, request, f"AccessKey {ak!r}: {denied}")
+
+    def _denied(self, account: Account, request: RemotingCommand, rule: Rule) -> str | None:
+        headers = request.headers
+        needs: list[tuple[bool, str, int]] = []  # (is_group, name, perm)
+        if rule.topic_header:
+            topic = headers.get(rule.topic_header)
+            if isinstance(topic, str) and topic:
+                if topic.startswith(RETRY_PREFIX):
+                    needs.append((True, topic[len(RETRY_PREFIX) :], SUB))
+                else:
+                    needs.append((False, topic, rule.topic_perm))
+        if rule.group_header:
+            group = headers.get(rule.group_header)
+            if isinstance(group, str) and group:
+                needs.append((True, group, rule.group_perm))
+        if rule.heartbeat:
+            try:
+                doc = json.loads(bytes(request.body) or b"{}")
+            except ValueError:
+                return None  # the processor answers a malformed heartbeat
+            consumers = doc.get("consumerDataSet") if isinstance(doc, dict) else None
+            for consumer in consumers if isinstance(consumers, list) else []:
+                if not isinstance(consumer, dict):
+                    continue
+                if isinstance(consumer.get("groupName"), str):
+                    needs.append((True, consumer["groupName"], SUB))
+                subs = consumer.get("subscriptionDataSet")
+                for sub in subs if isinstance(subs, list) else []:
+                    topic = sub.get("topic") if isinstance(sub, dict) else None
+                    if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
+                        needs.append((False, topic, SUB))
+        for is_group, name, perm in needs:
+            owned = account.group_perm(name) if is_group else account.topic_perm(name)
+            if owned & perm != perm:
+                kind = "group" if is_group else "topic"
+                need = {PUB: "PUB", SUB: "SUB"}.get(perm, "PUB|SUB")
+                return f"{request_code_name(request.code)} needs {need} on {kind} {name!r}"
+        return None
+
+    def _refuse(self, conn: Any, request: RemotingCommand, reason: str) -> RemotingCommand:
+        self.refused += 1
+        if self.refused <= _LOG_FIRST or self.refused % 1000 == 0:
+            log.warning(
+                "request refused by ACL: %s",
+                reason,
+                extra={
+                    "peer": getattr(conn, "remote_addr", "?"),
+                    "code": request.code,
+                    "so_far": self.refused,
+                },
+            )
+        return request.make_response(ResponseCode.NO_PERMISSION, reason)

@@ -1,0 +1,189 @@
+"""The broker's state machine alone: committed entries in, consume queues, offsets, topics,
+de-duplication and key index out. No ledger, no sockets, no event loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import codec
+from broker.meta import offset_op, topic_op
+from broker.state import BrokerState, Stored
+from remoting.message import make_position, properties_to_bytes
+
+
+def record(
+    body: bytes, queue_id: int = 0, pid: str = "", seq: int = 0, topic: bytes = b"T", **props: str
+) -> bytes:
+    """A RocketMQ stored record; ``pid``/``seq`` become its UNIQ_KEY (the de-duplication key)."""
+    if pid:
+        props["UNIQ_KEY"] = f"{pid}-{seq}"
+    raw = properties_to_bytes(props)
+    return codec.build_stored_record(topic, queue_id, body, raw, 0, 0, 1, b"\x00" * 8, 2, b"\x00" * 8)
+
+
+def encode_batch_entry(records: list[bytes]) -> bytes:
+    """A batch entry: the records back to back, as RocketMQ's commit log holds a batch."""
+    return b"".join(records)
+
+
+def broken_record(body: bytes) -> bytes:
+    """A record whose size is right but whose body length runs past its topic and properties."""
+    raw = bytearray(record(body))
+    raw[84:88] = (len(body) + 50).to_bytes(4, "big")
+    return bytes(raw)
+
+
+def applied(state: BrokerState, *payloads: bytes) -> list[list[Stored]]:
+    """Apply payloads as the next entries; the placement of each.
+
+    Also checks that a hint (the queue a master sent to) never changes a placement, whether
+    it names the right queue, another one or none that exists, and that ``record_count``
+    agrees with ``entry_records``.
+    """
+    first = state.applied + 1
+    entries = list(enumerate(payloads, first))
+    state.apply(entries)
+    placed = [state.placement(i, p) for i, p in entries]
+    hints = [(t.encode(), q) for t, q in state.queues] + [(b"no-such-topic", 0)]
+    for hint in hints:
+        assert [state.placement(i, p, hint) for i, p in entries] == placed, f"hint {hint}"
+    for p in payloads:
+        try:
+            n = len(codec.entry_records(p))
+        except codec.CodecError:
+            with pytest.raises(codec.CodecError):
+                codec.record_count(p)
+        else:
+            assert codec.record_count(p) == n
+    return placed
+
+
+def test_messages_get_queue_offsets_and_duplicates_point_at_the_copy_that_stands():
+    state = BrokerState()
+    applied(state, topic_op("T", 2, 2, 6), offset_op("g", "T", 1, 5))
+    assert state.topics["T"].write_queue_nums == 2 and state.offsets[("g", "T", 1)] == 5
+    assert state.data_version.counter == 1, "a topic change bumps the data version"
+    (a,), (b,), (c,), (p,) = applied(
+        state, record(b"a"), record(b"b", 1), record(b"c"), record(b"p", 0, "pid", 7)
+    )
+    assert [(x.queue_offset, x.duplicate) for x in (a, b, c, p)] == [
+        (0, False),
+        (0, False),
+        (1, False),
+        (2, False),
+    ]
+    assert p.ledger_index == 6 and p.position == make_position(6)
+    ((again,),) = applied(state, record(b"p-retry", 0, "pid", 7))
+    assert again == Stored(2, p.position, True), "a retried send is answered with the original's offset"
+    assert state.offsets_of("T", 0) == (0, 3)
+    assert state.dispatched_messages == 4 and state.applied == 7
+
+
+def test_a_batch_entry_is_placed_slot_by_slot_even_with_duplicates_and_broken_records():
+    state = BrokerState()
+    applied(state, topic_op("T", 2, 2, 6), record(b"p1", 0, "pid", 1))
+    broken = broken_record(b"zz")  # lengths no longer add up
+    mixed = [
+        record(b"a", 0, "pid", 2),
+        record(b"b", 1),
+        record(b"p1-again", 0, "pid", 1),
+        broken,
+        record(b"c", 1, "other", 1),
+        record(b"p2-again", 0, "pid", 2),
+    ]
+    (r,) = applied(state, encode_batch_entry(mixed))
+    assert [(x.queue_offset, x.duplicate) for x in r] == [
+        (1, False),
+        (0, False),
+        (0, True),
+        (-1, False),
+        (1, False),
+        (1, True),
+    ]
+    assert r[2].position == make_position(2) and r[5].position == make_position(3, 0)
+    assert list(state.queue("T", 0).positions) == [make_position(2), make_position(3, 0)]
+    assert list(state.queue("T", 1).positions) == [make_position(3, 1), make_position(3, 4)]
+
+
+def test_a_resent_batch_whose_head_is_duplicate_places_its_new_tail_correctly():
+    state = BrokerState()
+    recs = [record(f"m{i}".encode(), 0, "pid", i + 1) for i in range(5)]
+    (first,) = applied(state, encode_batch_entry(recs))
+    (again,) = applied(state, encode_batch_entry([*recs[3:], record(b"m5", 0, "pid", 6)]))
+    assert [(x.queue_offset, x.duplicate) for x in first] == [(i, False) for i in range(5)]
+    assert [(x.queue_offset, x.duplicate) for x in again] == [(3, True), (4, True), (5, False)]
+    assert again[0].position == first[3].position and again[2].position == make_position(2, 2)
+
+
+def test_corrupt_entries_metadata_and_noops_place_nothing_and_do_not_stop_the_rest():
+    state = BrokerState()
+    good = encode_batch_entry([record(b"a"), record(b"b")])
+    bad_meta = bytes((codec.KIND_META,)) + b"{not json"
+    corrupt, meta, ok, broken_meta = applied(state, good[:-3], topic_op("T", 1, 1, 6), good, bad_meta)
+    assert corrupt == [Stored(-1, make_position(1))]
+    assert meta == [Stored(-1, make_position(2))]
+    assert [x.queue_offset for x in ok] == [0, 1]
+    assert broken_meta == [Stored(-1, make_position(4))]
+    effects = state.apply([(5, b""), (6, b"\x09unknown")])  # a leader's no-op, an unknown record type
+    assert state.applied == 6 and not effects.queues and not effects.topics_changed
+    assert state.queue("T", 0).max_offset == 2
+
+
+def test_effects_name_the_queues_that_got_messages_and_topic_changes():
+    state = BrokerState()
+    e1 = state.apply([(1, topic_op("T", 4, 4, 6))])
+    assert e1.topics_changed and not e1.queues
+    e2 = state.apply(
+        [(2, record(b"x", 3)), (3, encode_batch_entry([record(b"y", 1), record(b"z", 1, topic=b"U")]))]
+    )
+    assert e2.queues == {("T", 3), ("T", 1), ("U", 1)} and not e2.topics_changed
+    e3 = state.apply([(4, offset_op("g", "T", 3, 1))])
+    assert not e3.topics_changed and not e3.queues, "an offset commit wakes nobody"
+
+
+def test_apply_refuses_an_entry_twice_and_placement_of_an_entry_not_applied_yet():
+    state = BrokerState()
+    state.apply([(1, record(b"a"))])
+    with pytest.raises(ValueError, match="applied twice"):
+        state.apply([(1, record(b"a"))])
+    with pytest.raises(ValueError, match="not applied yet"):
+        state.placement(2, record(b"b"))
+    state.skip_to(10)  # retention removed entries the state never saw
+    state.apply([(11, record(b"b"))])
+    assert state.queue("T", 0).max_offset == 2
+
+
+def test_dedup_window_forgets_the_oldest_unique_keys():
+    state = BrokerState(dedup_window=3)
+    applied(state, *(record(b"m", 0, "pid", s) for s in range(1, 6)))
+    assert list(state.uniq) == [b"pid-3", b"pid-4", b"pid-5"]
+    ((old,),) = applied(state, record(b"m", 0, "pid", 1))
+    assert not old.duplicate and old.queue_offset == 5, "outside the window a resend is stored again"
+    ((recent,),) = applied(state, record(b"m", 0, "pid", 5))
+    assert recent.duplicate and recent.queue_offset == 4
+    with pytest.raises(ValueError, match="dedup_window"):
+        BrokerState(dedup_window=0)
+
+
+def test_key_index_and_snapshot_replay_into_a_fresh_state():
+    state = BrokerState()
+    ((k1,), (k2,)) = applied(state, record(b"a", KEYS="order-1 order-2"), record(b"b", KEYS="order-2"))
+    applied(state, topic_op("T", 4, 4, 6), offset_op("g", "T", 3, 42))
+    assert state.positions_by_key("T", "order-2") == [k1.position, k2.position]
+    assert state.positions_by_key("T", "order-1") == [k1.position]
+    assert state.positions_by_key("U", "order-1") == []
+    fresh = BrokerState(applied=100)  # as after retention removed everything but a checkpoint
+    fresh.apply([(101, state.snapshot_record())])
+    assert fresh.topics["T"].read_queue_nums == 4 and fresh.offsets[("g", "T", 3)] == 42
+    assert fresh.data_version.timestamp == 101
+    assert fresh.topic_config_wrapper().topic_config_table.keys() == {"T"}
+
+
+def test_offsets_of_forgets_messages_retention_removed():
+    state = BrokerState()
+    applied(state, *(record(bytes([65 + i])) for i in range(6)))
+    assert state.offsets_of("T", 0) == (0, 6)
+    assert state.offsets_of("T", 0, first_index=4) == (3, 6)
+    assert state.queue_offset_of("T", 0, make_position(5)) == 4
+    assert state.queue_offset_of("T", 0, make_position(2)) == -1
+    assert state.offsets_of("T", 9) == (0, 0)
