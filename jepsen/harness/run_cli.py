@@ -54,12 +54,14 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 )
 @click.option(
     "--system",
-    type=click.Choice(["ledger", "pysyncobj", "broker", "rocketmq"]),
+    type=click.Choice(["ledger", "pysyncobj", "broker", "rocketmq", "rocketmq-rust"]),
     default="ledger",
     show_default=True,
     help="the system under test (pysyncobj: the log workload on a 3-node pysyncobj group; "
     "broker: 2 nameservers + 3 brokers, chosen automatically for the queue workload; "
-    "rocketmq: the queue workload against a RocketMQ-protocol cluster you run, see --namesrv)",
+    "rocketmq: the queue workload against a RocketMQ-protocol cluster you run, see --namesrv; "
+    "rocketmq-rust: the queue workload on RocketMQ-Rust's nameserver, master and 2 slaves, "
+    "built by scripts/build-rocketmq-rust.sh)",
 )
 @click.option(
     "--namesrv",
@@ -95,14 +97,15 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
 @click.option(
     "--topic",
     default=None,
-    help="--system rocketmq: the run's topic, created on one group's master [default: a new JepsenQueue-<time>-<pid>]",
+    help="--system rocketmq, rocketmq-rust: the run's topic, created on one group's master "
+    "[default: a new JepsenQueue-<time>-<pid>]",
 )
 @click.option(
     "--queues",
     type=click.IntRange(1, 64),
     default=2,
     show_default=True,
-    help="--system rocketmq: queues of the run's topic (one history key each)",
+    help="--system rocketmq, rocketmq-rust: queues of the run's topic (one history key each)",
 )
 @click.option(
     "--broker-name",
@@ -256,6 +259,17 @@ def run(
             "queues": queues,
             "broker_name": broker_name,
         }
+    elif system == "rocketmq-rust":
+        if any(
+            v is not None for v in (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, broker_name)
+        ):
+            raise click.UsageError(
+                "--system rocketmq-rust starts its own cluster: --namesrv, --nodes, --broker-name and "
+                "the --*-cmd hooks apply to --system rocketmq only"
+            )
+        if ctx.get_parameter_source("workload") is click.core.ParameterSource.DEFAULT:
+            workload = "queue"
+        system_options = {"topic": topic, "queues": queues}
     elif any(v is not None for v in external):
         raise click.UsageError(
             "--namesrv, --nodes, --topic, --broker-name and the --*-cmd hooks apply to --system rocketmq only"

@@ -420,8 +420,10 @@ def run(cfg: RunConfig) -> RunResult:
         cfg.system = "broker"  # queues live on brokers (each embedding a ledger node)
     if cfg.system == "pysyncobj" and cfg.workload != "log":
         raise Unsupported("the pysyncobj system runs the log workload only")
-    if (cfg.system in ("broker", "rocketmq")) != (cfg.workload == "queue"):
-        raise Unsupported("the queue workload runs on the broker and rocketmq systems, and they run only it")
+    if (cfg.system in ("broker", "rocketmq", "rocketmq-rust")) != (cfg.workload == "queue"):
+        raise Unsupported(
+            "the queue workload runs on the broker, rocketmq and rocketmq-rust systems, and they run only it"
+        )
     if (cfg.send_batch or 1) > 1 and cfg.workload != "queue":
         raise Unsupported("--send-batch applies to the queue workload only")
     resolve_load(cfg)

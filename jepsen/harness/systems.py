@@ -19,13 +19,20 @@ from .workloads import ClientSource
 
 def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
     """The backend for ``--backend`` and the system under test (``ledger``, ``pysyncobj``, ``broker``,
-    or ``rocketmq``: a RocketMQ-protocol cluster the user runs, reached through ``namesrv=...``)."""
+    ``rocketmq``: a RocketMQ-protocol cluster the user runs, reached through ``namesrv=...``, or
+    ``rocketmq-rust``: RocketMQ-Rust's binaries run as local processes)."""
     if system == "rocketmq":
         if name != "local":
             raise Unsupported("--system rocketmq tests a cluster you already run: leave --backend at local")
         from .external import RocketMQBackend
 
         return RocketMQBackend(base_dir, **kw)
+    if system == "rocketmq-rust":
+        if name != "local":
+            raise Unsupported("--system rocketmq-rust runs local processes: leave --backend at local")
+        from .rocketmq_rust import RocketMQRustBackend
+
+        return RocketMQRustBackend(base_dir, **kw)
     if name == "docker":
         if system != "broker":
             raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
