@@ -9,12 +9,14 @@ to a client that asked the wrong one.
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.settings import ConfigError, parse_host_port
 from ledger.config import NodeConfig
 from remoting.config import RemotingConfig
+from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*?(\d+)$")
 
@@ -74,6 +76,14 @@ class BrokerConfig:
     secret_key: str = field(default="", repr=False)
     cluster_secret: str = field(default="", repr=False)  # the group's ledger peers prove it (ledger.config)
     cluster_secret_file: str = ""
+    tls_server_mode: str = TLS_DISABLED  # both listeners: disabled, permissive or enforcing (tls.server.mode)
+    tls_cert_file: str = ""  # PEM chain presented by the listeners, and to nameservers when tls_enable
+    tls_key_file: str = ""
+    tls_ca_file: str = ""  # checks client certificates, and the nameservers' when tls_enable
+    tls_require_client_cert: bool = False  # refuse TLS clients without a certificate from tls_ca_file
+    tls_enable: bool = False  # dial the nameservers with TLS (RocketMQ's tls.enable)
+    server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
+    client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
 
     def validate(self) -> None:
@@ -129,6 +139,14 @@ class BrokerConfig:
             raise ConfigError(
                 "keys 'max_heartbeat_clients' (>= 1) and 'max_suspended_pulls' (>= 0) out of range"
             )
+        self.server_ssl = server_ssl(
+            self.tls_server_mode,
+            self.tls_cert_file,
+            self.tls_key_file,
+            self.tls_ca_file,
+            self.tls_require_client_cert,
+        )
+        self.client_ssl = client_ssl(self.tls_enable, self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         try:
             self.remoting_config()
         except ValueError as exc:
@@ -147,7 +165,13 @@ class BrokerConfig:
             handshake_timeout_s=self.handshake_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+            tls_mode=self.tls_server_mode,
+            server_ssl=self.server_ssl,
         )
+
+    def outgoing_remoting_config(self) -> RemotingConfig:
+        """The broker's own dials (registration with every nameserver): TLS when tls_enable."""
+        return RemotingConfig(client_ssl=self.client_ssl)
 
     @property
     def me(self) -> GroupMember:

@@ -45,7 +45,9 @@ class BrokerController:
         self.switch_times_ms: list[float] = []
         self._leader_at: float | None = None
         self._leader_term: int | None = None  # the term this broker's ledger member leads in
-        self.outer_api = BrokerOuterAPI(config.namesrv_addr)
+        self.outer_api = BrokerOuterAPI(
+            config.namesrv_addr, remoting_config=config.outgoing_remoting_config()
+        )
         if config.access_key:  # set before the first connection: each connection takes the hook then
             self.outer_api.client.rpc_hook = RequestSigner(config.access_key, config.secret_key)
         self.registration: PeriodicRegistration | None = None

@@ -21,6 +21,7 @@ from common.settings import ConfigError, parse_host_port
 from remoting import headers as H
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode, response_code_name
+from remoting.config import RemotingConfig
 from remoting.exceptions import RemotingCommandError, RemotingError
 from remoting.jsonbody import Fields, deflate, dump_body, load_body
 from remoting.protocol import HeaderValue, RemotingCommand
@@ -98,9 +99,12 @@ class BrokerOuterAPI:
         client: RemotingClient | None = None,
         *,
         compressed: bool = False,
+        remoting_config: RemotingConfig | None = None,
     ) -> None:
+        """``remoting_config`` is for the client made here (none given): its ``client_ssl`` dials
+        the nameservers with TLS when they require it."""
         self._own_client = client is None
-        self.client = client or RemotingClient(name="broker-outer-api")
+        self.client = client or RemotingClient(remoting_config, name="broker-outer-api")
         self.compressed = compressed
         self._namesrv_addrs = validate_namesrv_addrs(namesrv_addrs)
 

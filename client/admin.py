@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -16,13 +17,23 @@ import click
 
 from client.admin_api import AdminClient
 from client.errors import ClientError
-from client.instance import ACCESS_KEY_ENV, SECRET_KEY_ENV
+from client.instance import (
+    ACCESS_KEY_ENV,
+    SECRET_KEY_ENV,
+    TLS_CA_FILE_ENV,
+    TLS_CERT_FILE_ENV,
+    TLS_ENABLE_ENV,
+    TLS_KEY_FILE_ENV,
+    ClientInstance,
+)
 from client.namesrv_client import NAMESRV_ADDR_ENV, parse_namesrv_addrs
 from client.producer import Producer
 from client.route import MessageQueue
+from common.settings import ConfigError
 from remoting.exceptions import RemotingError
 from remoting.message import Message
 from remoting.route import MASTER_ID
+from remoting.tls import client_ssl
 from remoting.topic import perm_to_string
 
 T = TypeVar("T")
@@ -35,11 +46,13 @@ class _Ctx:
         timeout_s: float,
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.namesrv = namesrv
         self.timeout_s = timeout_s
         self.access_key = access_key
         self.secret_key = secret_key
+        self.tls = tls
 
     def run(self, work: Callable[[AdminClient], Awaitable[T]]) -> T:
         """Run one operation against a fresh AdminClient; failures become a one-line error, exit 1."""
@@ -53,13 +66,28 @@ class _Ctx:
             )
 
         async def main() -> T:
+            instance = None
+            if self.tls is not None:
+                instance = ClientInstance(
+                    addrs,
+                    name="admin-cli",
+                    access_key=self.access_key,
+                    secret_key=self.secret_key,
+                    tls=self.tls,
+                )
             admin = AdminClient(
-                addrs, timeout_s=self.timeout_s, access_key=self.access_key, secret_key=self.secret_key
+                addrs,
+                timeout_s=self.timeout_s,
+                access_key=self.access_key,
+                secret_key=self.secret_key,
+                instance=instance,
             )
             try:
                 return await work(admin)
             finally:
                 await admin.close()
+                if instance is not None:
+                    await instance.close()
 
         try:
             return asyncio.run(main())
@@ -147,14 +175,41 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     envvar=SECRET_KEY_ENV,
     help=f"ACL secret key, with --access-key (env {SECRET_KEY_ENV}).",
 )
+@click.option(
+    "--tls/--no-tls",
+    "tls_enable",
+    envvar=TLS_ENABLE_ENV,
+    default=False,
+    help=f"Dial nameservers and brokers with TLS (env {TLS_ENABLE_ENV}).",
+)
+@click.option(
+    "--tls-ca-file",
+    envvar=TLS_CA_FILE_ENV,
+    default="",
+    help=f"CA that signed the servers' certificates (env {TLS_CA_FILE_ENV}; default: system CAs).",
+)
+@click.option("--tls-cert-file", envvar=TLS_CERT_FILE_ENV, default="", help="Client certificate (PEM).")
+@click.option("--tls-key-file", envvar=TLS_KEY_FILE_ENV, default="", help="Client certificate's key (PEM).")
 @click.pass_context
 def main(
-    ctx: click.Context, namesrv: str | None, timeout: float, access_key: str | None, secret_key: str | None
+    ctx: click.Context,
+    namesrv: str | None,
+    timeout: float,
+    access_key: str | None,
+    secret_key: str | None,
+    tls_enable: bool,
+    tls_ca_file: str,
+    tls_cert_file: str,
+    tls_key_file: str,
 ) -> None:
     """Administer a ledgermq cluster: topics, routes, brokers, messages, consumer offsets."""
     if bool(access_key) != bool(secret_key):
         raise click.UsageError("--access-key and --secret-key go together (or neither)")
-    ctx.obj = _Ctx(namesrv, timeout, access_key or None, secret_key or None)
+    try:
+        tls = client_ssl(tls_enable, tls_ca_file, tls_cert_file, tls_key_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    ctx.obj = _Ctx(namesrv, timeout, access_key or None, secret_key or None, tls)
 
 
 # --- topics ---------------------------------------------------------------------------------------

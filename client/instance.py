@@ -7,12 +7,14 @@ consumers the same way (each one otherwise makes its own). It is closed by whoev
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
 import socket
+import ssl
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from client.namesrv_client import DEFAULT_NAMESRV_TIMEOUT_S, NamesrvClient
@@ -22,6 +24,7 @@ from remoting.client import RemotingClient
 from remoting.codes import RequestCode
 from remoting.config import RemotingConfig
 from remoting.protocol import RemotingCommand
+from remoting.tls import client_ssl
 
 log = logging.getLogger("client")
 
@@ -58,6 +61,33 @@ def make_signer(access_key: str | None = None, secret_key: str | None = None) ->
     return RequestSigner(access_key, secret_key)
 
 
+TLS_ENABLE_ENV = "LEDGERMQ_TLS_ENABLE"
+TLS_CA_FILE_ENV = "LEDGERMQ_TLS_CA_FILE"
+TLS_CERT_FILE_ENV = "LEDGERMQ_TLS_CERT_FILE"
+TLS_KEY_FILE_ENV = "LEDGERMQ_TLS_KEY_FILE"
+
+
+def tls_from_env(environ: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
+    """The client TLS context the LEDGERMQ_TLS_* variables ask for, or None when TLS is off.
+
+    RocketMQ's clients take ``-Dtls.enable=true`` and the tls.client.* paths as system
+    properties, so a deployment turns TLS on for every client at once; these variables do the
+    same for every producer, consumer and admin command of a process.
+    """
+    env = os.environ if environ is None else environ
+    flag = env.get(TLS_ENABLE_ENV, "").strip().lower()
+    if flag in ("", "0", "false", "no", "off"):
+        return None
+    if flag not in ("1", "true", "yes", "on"):
+        raise ValueError(f"environment variable {TLS_ENABLE_ENV} must be true or false, got {flag!r}")
+    try:
+        return client_ssl(
+            True, env.get(TLS_CA_FILE_ENV, ""), env.get(TLS_CERT_FILE_ENV, ""), env.get(TLS_KEY_FILE_ENV, "")
+        )
+    except ValueError as exc:  # ConfigError names the key; say which variables feed it
+        raise ValueError(f"{exc} (client TLS from the {TLS_ENABLE_ENV} / LEDGERMQ_TLS_* variables)") from None
+
+
 class ClientInstance:
     """Shared plumbing: RemotingClient + NamesrvClient + RouteTable, plus a client id."""
 
@@ -71,9 +101,16 @@ class ClientInstance:
         name: str = "ledgermq-client",
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls`` dials nameservers and brokers with TLS (remoting.tls.client_ssl builds one);
+        without it, a ``remoting_config`` carrying ``client_ssl``, else the LEDGERMQ_TLS_* variables."""
         self.client_id = make_client_id()
         self.signer = make_signer(access_key, secret_key)
+        if remoting_config is None or remoting_config.client_ssl is None:
+            tls = tls or tls_from_env()
+            if tls is not None:
+                remoting_config = dataclasses.replace(remoting_config or RemotingConfig(), client_ssl=tls)
         self.remoting = RemotingClient(remoting_config, name=name, rpc_hook=self.signer)
         self.namesrv = NamesrvClient(namesrv_addrs, self.remoting, timeout_s=namesrv_timeout_s)
         self.routes = RouteTable(self.namesrv, ttl_s=route_ttl_s)

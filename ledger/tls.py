@@ -8,6 +8,7 @@ including the host name (or IP address) it dialled.
 
 from __future__ import annotations
 
+import os
 import ssl
 
 from common.settings import ConfigError
@@ -17,7 +18,9 @@ def _load_chain(ctx: ssl.SSLContext, cert_file: str, key_file: str) -> None:
     try:
         ctx.load_cert_chain(cert_file, key_file)
     except FileNotFoundError as exc:
-        raise ConfigError(f"key 'tls_cert_file'/'tls_key_file': {exc.filename} does not exist") from None
+        # ssl leaves exc.filename unset: find out which of the two is missing to name it
+        missing = exc.filename or next((f for f in (cert_file, key_file) if not os.path.exists(f)), cert_file)
+        raise ConfigError(f"key 'tls_cert_file'/'tls_key_file': {missing} does not exist") from None
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(
             f"key 'tls_cert_file'/'tls_key_file': cannot load {cert_file} with {key_file}: {exc}"

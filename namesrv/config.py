@@ -7,6 +7,7 @@ interval longer than the expiry, for instance, would keep dead brokers routable)
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from common.settings import ConfigError, load_settings
 from remoting.config import RemotingConfig
 from remoting.protocol import MAX_HEADER_WIRE_BYTES
+from remoting.tls import TLS_DISABLED, server_ssl
 
 ENV_PREFIX = "NAMESRV_"
 _LEVELS = ("debug", "info", "warning", "error")
@@ -60,6 +62,17 @@ class NamesrvConfig:
     acl_admin_access_key: str = ""
     """A superuser account given in settings/env instead of (or besides) ``acl_file``."""
     acl_admin_secret_key: str = field(default="", repr=False)
+    tls_server_mode: str = TLS_DISABLED
+    """disabled, permissive (TLS and plaintext clients both served) or enforcing (TLS only);
+    RocketMQ's tls.server.mode."""
+    tls_cert_file: str = ""
+    """PEM certificate chain the listener presents (needed unless tls_server_mode is disabled)."""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    """CA that client certificates are checked against (clients that present one)."""
+    tls_require_client_cert: bool = False
+    """Refuse TLS clients without a certificate from tls_ca_file (RocketMQ's tls.server.need.client.auth)."""
+    server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     log_level: str = "info"
     node_name: str = ""
     """Name put in every log line; defaults to namesrv-<port>."""
@@ -92,6 +105,13 @@ class NamesrvConfig:
             raise ConfigError(
                 "key 'acl_enable' is true but neither 'acl_file' nor 'acl_admin_access_key' is set"
             )
+        self.server_ssl = server_ssl(
+            self.tls_server_mode,
+            self.tls_cert_file,
+            self.tls_key_file,
+            self.tls_ca_file,
+            self.tls_require_client_cert,
+        )
         try:
             self.remoting_config()
         except ValueError as exc:
@@ -107,6 +127,8 @@ class NamesrvConfig:
             handshake_timeout_s=self.handshake_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+            tls_mode=self.tls_server_mode,
+            server_ssl=self.server_ssl,
         )
 
 

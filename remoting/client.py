@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -77,15 +78,27 @@ class RemotingClient:
             raise RemotingConnectError(f"cannot connect to {addr!r}: {exc}") from None
         host = host.strip("[]")
         loop = asyncio.get_running_loop()
+        tls = self.config.client_ssl
         try:
             _transport, conn = await asyncio.wait_for(
-                loop.create_connection(self._make_connection, host, port),
+                loop.create_connection(
+                    self._make_connection,
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                    ssl_handshake_timeout=self.config.connect_timeout_s if tls is not None else None,
+                ),
                 self.config.connect_timeout_s,
             )
         except TimeoutError:
             raise RemotingConnectError(
                 f"connect to {addr} timed out after {self.config.connect_timeout_s:g}s"
             ) from None
+        except (
+            ssl.SSLError
+        ) as exc:  # wrong CA, name mismatch, a plaintext server, a refused client certificate
+            raise RemotingConnectError(f"TLS handshake with {addr} failed: {exc}") from None
         except OSError as exc:
             raise RemotingConnectError(f"connect to {addr} failed: {exc.strerror or exc}") from None
         old = self._conns.get(addr)

@@ -6,6 +6,7 @@ same fields and hand them over, and so both ends agree on limits by default.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 
 from remoting.protocol import (
@@ -15,6 +16,7 @@ from remoting.protocol import (
     SERIALIZE_NAMES,
     SERIALIZE_ROCKETMQ,
 )
+from remoting.tls import TLS_DISABLED, TLS_MODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,14 @@ class RemotingConfig:
     max_buffered_frame_bytes: int = 256 * 1024 * 1024
     """Bytes of unfinished frames a server holds over all its connections; a connection that
     would push the total past it is closed, so half-sent frames cannot grow memory without end."""
+    tls_mode: str = TLS_DISABLED
+    """A server's TLS: disabled, permissive (TLS and plaintext clients) or enforcing (TLS only);
+    RocketMQ's tls.server.mode. Needs ``server_ssl`` unless disabled."""
+    server_ssl: ssl.SSLContext | None = None
+    """The listener's certificate and client-certificate policy (remoting.tls.server_ssl builds it)."""
+    client_ssl: ssl.SSLContext | None = None
+    """Set: a client dials every address with TLS (RocketMQ's tls.enable), checking the server's
+    certificate and host name with it (remoting.tls.client_ssl builds it)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.max_body_bytes <= 1 << 31:
@@ -68,6 +78,10 @@ class RemotingConfig:
             raise ValueError(
                 f"max_buffered_frame_bytes must be at least 65536, got {self.max_buffered_frame_bytes}"
             )
+        if self.tls_mode not in TLS_MODES:
+            raise ValueError(f"tls_mode must be one of {', '.join(TLS_MODES)}, got {self.tls_mode!r}")
+        if self.tls_mode != TLS_DISABLED and self.server_ssl is None:
+            raise ValueError(f"tls_mode {self.tls_mode!r} needs a server certificate (server_ssl)")
         if self.write_buffer_high_bytes < 64 * 1024:
             raise ValueError(
                 f"write_buffer_high_bytes must be at least 65536, got {self.write_buffer_high_bytes}"

@@ -10,6 +10,8 @@ complete frame within ``handshake_timeout_s`` and then at least one every ``idle
 and unfinished frames held over all connections never exceed ``max_buffered_frame_bytes``
 (the connection that would pass it is closed). An optional request gate (remoting.acl's
 AccessValidator) checks each request's signature and permissions before its processor runs.
+With ``tls_mode`` permissive or enforcing, remoting.tls's SniffingListener accepts the
+connections instead of asyncio's server, to tell TLS from plaintext clients by their first byte.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from remoting.config import RemotingConfig
 from remoting.connection import RemotingConnection, RemotingStats
 from remoting.dispatcher import Processor, RequestDispatcher
 from remoting.protocol import FLAG_ONEWAY, RemotingCommand
+from remoting.tls import TLS_DISABLED, SniffingListener
 
 log = logging.getLogger("remoting.server")
 
@@ -41,7 +44,15 @@ class RequestGate(Protocol):
 class LimitStats:
     """What the listener's bounds refused; read by tests and metrics."""
 
-    __slots__ = ("refused_connections", "handshake_timeouts", "idle_closed", "buffer_closed", "gated")
+    __slots__ = (
+        "refused_connections",
+        "handshake_timeouts",
+        "idle_closed",
+        "buffer_closed",
+        "gated",
+        "plaintext_refused",
+        "tls_failed",
+    )
 
     def __init__(self) -> None:
         self.refused_connections = 0
@@ -49,6 +60,8 @@ class LimitStats:
         self.idle_closed = 0
         self.buffer_closed = 0
         self.gated = 0
+        self.plaintext_refused = 0  # plaintext clients of a tls_mode=enforcing listener
+        self.tls_failed = 0  # TLS handshakes that failed (bad or missing certificate, wrong CA)
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -115,11 +128,10 @@ class _ServerConnection(RemotingConnection):
         server = self._server
         if len(server._connections) >= server.config.max_connections:
             self.refused = True
-            server.limits.refused_connections += 1
-            server._log_refusal(
+            server.refuse(
+                "refused_connections",
                 "connection refused: max_connections reached",
                 transport.get_extra_info("peername"),
-                server.limits.refused_connections,
             )
             transport.abort()
             return
@@ -178,6 +190,7 @@ class RemotingServer:
         self._open_listeners: list[ConnectionListener] = []
         self._close_listeners: list[ConnectionListener] = []
         self._server: asyncio.base_events.Server | None = None
+        self._sniffer: SniffingListener | None = None
 
     # --- configuration ------------------------------------------------------------------
     def register_processor(self, code: int, processor: Processor) -> None:
@@ -206,15 +219,26 @@ class RemotingServer:
     async def start(self) -> None:
         """Bind and listen; ``port`` becomes the bound port (useful with port 0)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._make_connection, self.host, self.port, reuse_address=True, backlog=1024
-        )
-        sockets = self._server.sockets or ()
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        cfg = self.config
+        if cfg.tls_mode == TLS_DISABLED:
+            self._server = await loop.create_server(
+                self._make_connection, self.host, self.port, reuse_address=True, backlog=1024
+            )
+            sockets = self._server.sockets or ()
+            if sockets:
+                self.port = sockets[0].getsockname()[1]
+        else:
+            assert cfg.server_ssl is not None  # RemotingConfig refuses a TLS mode without a context
+            self._sniffer = SniffingListener(
+                self, cfg.tls_mode, cfg.server_ssl, self._make_connection, cfg.handshake_timeout_s
+            )
+            self.port = await self._sniffer.listen(self.host, self.port)
         self._sweeper = loop.create_task(self._sweep())
-        _warn_if_over_fd_limit(self.name, self.config.max_connections)
-        log.info("listening", extra={"server": self.name, "host": self.host, "port": self.port})
+        _warn_if_over_fd_limit(self.name, cfg.max_connections)
+        log.info(
+            "listening",
+            extra={"server": self.name, "host": self.host, "port": self.port, "tls_mode": cfg.tls_mode},
+        )
 
     @property
     def address(self) -> str:
@@ -234,6 +258,9 @@ class RemotingServer:
         """Stop accepting, cancel requests in progress, close every connection (flushing replies)."""
         if self._server is not None:
             self._server.close()
+        if self._sniffer is not None:
+            await self._sniffer.close()
+            self._sniffer = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -298,6 +325,21 @@ class RemotingServer:
     def _log_refusal(self, message: str, peer: object, count: int) -> None:
         if count <= _LOG_FIRST or count % 1000 == 0:
             log.warning(message, extra={"server": self.name, "peer": str(peer), "so_far": count})
+
+    def admit(self, peer: object) -> bool:
+        """Whether one more accepted connection fits max_connections (ones still in their TLS
+        handshake count too); refuses and logs it if not."""
+        pending = len(self._sniffer.pending) if self._sniffer is not None else 0
+        if len(self._connections) + pending < self.config.max_connections:
+            return True
+        self.refuse("refused_connections", "connection refused: max_connections reached", peer)
+        return False
+
+    def refuse(self, counter: str, message: str, peer: object) -> None:
+        """Count a closed or refused connection in LimitStats ``counter`` and log it (rate-limited)."""
+        count = getattr(self.limits, counter) + 1
+        setattr(self.limits, counter, count)
+        self._log_refusal(message, peer, count)
 
     def _opened(self, conn: RemotingConnection) -> None:
         self._connections.add(conn)
