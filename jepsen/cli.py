@@ -15,11 +15,11 @@ from jepsen.checker.analyze import DEFAULT_BUDGET, FileOutcome, analyze_files
 
 
 class _LazyGroup(click.Group):
-    """``jepsen run`` and ``jepsen campaign`` (the harness) are imported only when asked for: every other command,
+    """``jepsen run``, ``jepsen campaign`` and ``jepsen probe`` (the harness) are imported only when asked for: every other command,
     ``jepsen analyze`` above all, then starts without loading the harness and its clients."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), "run", "campaign"})
+        return sorted({*super().list_commands(ctx), "run", "campaign", "probe"})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "run" and "run" not in self.commands:
@@ -30,6 +30,10 @@ class _LazyGroup(click.Group):
             from jepsen.harness.campaign_cli import campaign
 
             self.add_command(campaign)
+        if cmd_name == "probe" and "probe" not in self.commands:
+            from jepsen.harness.probe import probe
+
+            self.add_command(probe)
         return super().get_command(ctx, cmd_name)
 
 

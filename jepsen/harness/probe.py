@@ -1,0 +1,791 @@
+"""``jepsen probe``: replay issue 15's hostile-input probes against a running group and tabulate outcomes.
+
+Every probe is one attack on one listener over a real socket, followed by a normal request
+to the same listener; it passes only when the listener reacted as expected (closed the
+connection, answered with an error, refused the connection) AND still served that normal
+request afterwards. The probes:
+
+* malformed frames (``garbage``, ``oversize-length``, ``truncated-header``, ``bad-json-header``,
+  ``unknown-code``) to every listener: nameserver, broker (main and fast port), ledger;
+* ``slowloris``: connections that send part of a frame and stall must be closed by the
+  listener's handshake timeout;
+* ``flood``: connections past ``max_connections`` (or, on a ledger listener, past its
+  unfinished-handshake limit) are closed at once while an established client is still served;
+* ``peer-old-hello`` / ``peer-wrong-secret`` against ledger listeners: a forged peer is refused;
+* ``heartbeat-growth``: heartbeats from more client ids than ``max_heartbeat_clients``; the
+  excess is refused (SYSTEM_BUSY) so the table stays bounded;
+* ``dedup-growth``: idempotent producers sending more distinct keys than ``dedup_window``;
+  the broker keeps at most the window and its RSS (read from /proc when the process runs
+  on this machine) grows less than a stated bound.
+
+The limits the probes expect are the servers' defaults unless given (``--remoting-max-connections``
+and friends); with no address at all, the command stands up a local group itself (one
+nameserver, one broker with its ledger member) with small limits, probes it and stops it.
+Heartbeat and de-dup probes leave forged entries behind until they expire: point them at a
+production group with care.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+
+from jepsen.harness.forge import _old_hello, _wrong_secret, forged_append  # the attacks themselves
+from jepsen.localgroup import LocalBrokerGroup
+from ledger.auth import PeerAuth
+from ledger.client import LedgerClient
+from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from remoting.codes import response_code_name
+from remoting.exceptions import ProtocolError, RemotingError
+from remoting.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, FrameDecoder, encode_command
+
+NAMESRV, BROKER, LEDGER = "namesrv", "broker", "ledger"
+HTTP_GARBAGE = b"GET / HTTP/1.1\r\nHost: probe\r\nUser-Agent: jepsen-probe\r\n\r\n"
+REACTION_WAIT_S = 3.0  # how long a listener has to react to a malformed frame
+SLOWLORIS_CONNECTIONS = 16
+FLOOD_EXTRA = 50  # connections opened past the listener's limit
+_FD_MARGIN = 128
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # NAMESRV, BROKER or LEDGER
+    addr: str
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.label or self.kind}@{self.addr}"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, port = self.addr.rsplit(":", 1)
+        return host.strip("[]"), int(port)
+
+
+@dataclass
+class Limits:
+    """What the probed servers are configured with (defaults: the servers' own defaults)."""
+
+    remoting_handshake_timeout_s: float = 10.0
+    ledger_handshake_timeout_s: float = 5.0
+    remoting_max_connections: int = 4096
+    ledger_max_connections: int = 1024
+    ledger_max_pending_handshakes: int = 128
+    max_heartbeat_clients: int = 20_000
+    dedup_window: int = 100_000
+    rss_bound_mib: float = 64.0
+    topic: str = ""
+    ledger_secret: bytes | None = field(default=None, repr=False)
+    ledger_claim: str = ""
+    """Member id a forged peer claims; default the leader's (the node's own id when it leads)."""
+
+    def handshake_timeout(self, t: Target) -> float:
+        return self.ledger_handshake_timeout_s if t.kind == LEDGER else self.remoting_handshake_timeout_s
+
+    def connection_cap(self, t: Target) -> tuple[int, str]:
+        """Connections that say nothing the listener holds before refusing new ones at once, and
+        the setting that bounds them (a ledger listener caps unfinished handshakes first)."""
+        if t.kind == LEDGER:
+            if self.ledger_max_pending_handshakes < self.ledger_max_connections:
+                return self.ledger_max_pending_handshakes, "max_pending_handshakes"
+            return self.ledger_max_connections, "max_connections"
+        return self.remoting_max_connections, "max_connections"
+
+
+@dataclass
+class Row:
+    probe: str
+    target: str
+    expected: str
+    outcome: str
+    passed: bool | None  # None: skipped (cannot run here), neither pass nor fail
+
+    @property
+    def verdict(self) -> str:
+        return "skip" if self.passed is None else "pass" if self.passed else "FAIL"
+
+
+# --- sockets --------------------------------------------------------------------------------------
+
+
+async def _open(t: Target) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = t.host_port
+    return await asyncio.wait_for(asyncio.open_connection(host, port), 3.0)
+
+
+async def _reaction(reader: asyncio.StreamReader, timeout: float) -> tuple[str, bytes]:
+    """('closed', b'') when the peer hung up, ('answered', first bytes) when it wrote, ('silent', b'')."""
+    try:
+        data = await asyncio.wait_for(reader.read(65536), timeout)
+    except TimeoutError:
+        return "silent", b""
+    except (ConnectionError, OSError):
+        return "closed", b""
+    return ("answered", data) if data else ("closed", b"")
+
+
+def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.transport.abort()
+
+
+# --- normal requests ------------------------------------------------------------------------------
+
+
+async def serves(t: Target, limits: Limits) -> str | None:
+    """None when the listener answers a normal request on a fresh connection, else why not."""
+    try:
+        if t.kind == LEDGER:
+            async with LedgerClient(
+                [t.addr], timeout=3.0, attempt_timeout=3.0, secret=limits.ledger_secret
+            ) as lc:
+                await lc.status(t.addr)
+            return None
+        code = (
+            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER
+            if t.kind == NAMESRV
+            else RequestCode.GET_BROKER_RUNTIME_INFO
+        )
+        async with RemotingClient(name="probe") as rc:
+            resp = await rc.invoke_sync(t.addr, RemotingCommand.request(code), 3.0)
+        return None if resp.is_success else f"answered {response_code_name(resp.code)}"
+    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+        return f"{type(exc).__name__}: {exc}"[:160]
+
+
+async def _with_serving_check(t: Target, limits: Limits, outcome: str, ok: bool) -> tuple[str, bool]:
+    failure = await serves(t, limits)
+    if failure is None:
+        return f"{outcome}; still serves", ok
+    return f"{outcome}; NOT serving afterwards ({failure})", False
+
+
+# --- malformed frames -----------------------------------------------------------------------------
+
+
+def _remoting_frame(header: bytes, serialize_type: int = 0) -> bytes:
+    return struct.pack(">II", 4 + len(header), (serialize_type << 24) | len(header)) + header
+
+
+def malformed_payloads(kind: str) -> dict[str, tuple[list[bytes], set[str], str]]:
+    """Per probe name: the frames sent, the acceptable reactions, and what is expected in words."""
+    if kind == LEDGER:
+        cut_hello = PeerAuth(b"p" * 32).hello("n1", "n2")[0]
+        le = struct.Struct("<I")
+
+        def lf(body: bytes) -> bytes:
+            return le.pack(len(body)) + body
+
+        return {
+            "garbage": ([HTTP_GARBAGE], {"closed"}, "closed (an HTTP request is no ledger frame)"),
+            "oversize-length": ([le.pack(0x7FFFFFF0) + b"\0" * 16], {"closed"}, "closed before buffering"),
+            "truncated-header": (
+                [lf(cut_hello[: len(cut_hello) // 2])],
+                {"closed"},
+                "closed (half a peer hello)",
+            ),
+            "bad-json-header": (
+                [lf(b"C"), lf(b'{"op": "status", "broken": ')],
+                {"closed", "answered"},
+                "closed or error answer",
+            ),
+            "unknown-code": (
+                [lf(b"C"), lf(struct.pack("<BQ", 0x6E, 7))],
+                {"closed", "answered"},
+                "closed or error answer",
+            ),
+        }
+    unknown = RemotingCommand.request(9999)
+    unknown.opaque = 7
+    return {
+        "garbage": ([HTTP_GARBAGE], {"closed"}, "closed (an HTTP request is no RocketMQ frame)"),
+        "oversize-length": (
+            [struct.pack(">I", 0x7FFFFFF0) + b"\0" * 16],
+            {"closed"},
+            "closed before buffering",
+        ),
+        "truncated-header": (
+            [struct.pack(">II", 8, 1000) + b"\0" * 4],
+            {"closed", "answered"},
+            "closed or error answer (header longer than its frame)",
+        ),
+        "bad-json-header": (
+            [_remoting_frame(b'{"code": 105, "opaque": ')],
+            {"closed", "answered"},
+            "closed or error answer",
+        ),
+        "unknown-code": (
+            [encode_command(unknown)],
+            {"answered:REQUEST_CODE_NOT_SUPPORTED"},
+            "answered REQUEST_CODE_NOT_SUPPORTED",
+        ),
+    }
+
+
+def _describe_answer(kind: str, data: bytes) -> str:
+    """``answered:<response code name>`` for a RocketMQ response frame, else plain ``answered``."""
+    if kind == LEDGER:
+        return "answered"
+    try:
+        events = FrameDecoder(DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, False).feed(data)
+    except ProtocolError:
+        return "answered"
+    for ev in events:
+        if isinstance(ev, RemotingCommand):
+            return f"answered:{response_code_name(ev.code)}"
+    return "answered"
+
+
+async def probe_malformed(t: Target, limits: Limits) -> list[Row]:
+    rows = []
+    for name, (frames, accept, expected) in malformed_payloads(t.kind).items():
+        try:
+            reader, writer = await _open(t)
+        except (OSError, TimeoutError) as exc:
+            rows.append(Row(name, t.name, expected, f"cannot connect: {exc}", False))
+            continue
+        started = time.monotonic()
+        try:
+            for f in frames:
+                writer.write(f)
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            reaction, data = await _reaction(reader, REACTION_WAIT_S)
+        finally:
+            _close(writer)
+        if reaction == "answered":
+            reaction = _describe_answer(t.kind, data)
+        ok = reaction in accept or reaction.split(":")[0] in accept
+        outcome = f"{reaction} after {time.monotonic() - started:.2f}s"
+        outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+        rows.append(Row(name, t.name, expected, outcome, ok))
+    return rows
+
+
+# --- slowloris ------------------------------------------------------------------------------------
+
+
+def _partial_frame(kind: str) -> bytes:
+    if kind == LEDGER:
+        return struct.pack("<I", 200) + b"C"  # promises 200 bytes, sends one
+    cmd = RemotingCommand.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+    return encode_command(cmd)[:5]
+
+
+async def probe_slowloris(t: Target, limits: Limits) -> Row:
+    timeout = limits.handshake_timeout(t)
+    allowed = timeout + max(2.0, timeout / 2)
+    expected = f"{SLOWLORIS_CONNECTIONS} stalled connections closed within {allowed:g}s (handshake timeout {timeout:g}s)"
+    conns = []
+    try:
+        for _ in range(SLOWLORIS_CONNECTIONS):
+            reader, writer = await _open(t)
+            writer.write(_partial_frame(t.kind))
+            conns.append((reader, writer))
+        started = time.monotonic()
+
+        async def until_closed(reader: asyncio.StreamReader) -> float | None:
+            reaction, _ = await _reaction(reader, allowed)
+            while reaction == "answered":  # nothing is owed to half a frame, but keep reading
+                reaction, _ = await _reaction(reader, max(0.01, allowed - (time.monotonic() - started)))
+            return time.monotonic() - started if reaction == "closed" else None
+
+        waits = await asyncio.gather(*(until_closed(r) for r, _ in conns))
+    except (OSError, TimeoutError) as exc:
+        return Row("slowloris", t.name, expected, f"cannot connect: {exc}", False)
+    finally:
+        for _, w in conns:
+            _close(w)
+    closed = [w for w in waits if w is not None]
+    outcome = f"{len(closed)}/{len(waits)} closed" + (f", slowest {max(closed):.1f}s" if closed else "")
+    outcome, ok = await _with_serving_check(t, limits, outcome, len(closed) == len(waits))
+    return Row("slowloris", t.name, expected, outcome, ok)
+
+
+# --- connection flood -----------------------------------------------------------------------------
+
+
+def _fd_room(wanted: int) -> bool:
+    """Make room for ``wanted`` more descriptors (raising the soft limit up to the hard one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 64
+    need = in_use + wanted + _FD_MARGIN
+    if need <= soft:
+        return True
+    if hard != resource.RLIM_INFINITY and need > hard:
+        return False
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return True
+    return False
+
+
+def _open_flood(host: str, port: int, count: int, deadline: float) -> tuple[list[socket.socket], int]:
+    """Open up to ``count`` plain connections; returns them and how many could not even connect."""
+    socks: list[socket.socket] = []
+    failed = 0
+    for _ in range(count):
+        if time.monotonic() > deadline:
+            failed += count - len(socks) - failed
+            break
+        try:
+            socks.append(socket.create_connection((host, port), timeout=1.0))
+        except OSError:
+            failed += 1
+    return socks, failed
+
+
+def _is_closed(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class _Established:
+    """A client connected (and used) before the flood, to show the listener still serves it."""
+
+    def __init__(self, t: Target, limits: Limits) -> None:
+        self.t, self.limits = t, limits
+        self.ledger: LedgerClient | None = None
+        self.remoting: RemotingClient | None = None
+
+    async def call(self) -> str | None:
+        t = self.t
+        try:
+            if t.kind == LEDGER:
+                if self.ledger is None:
+                    self.ledger = LedgerClient(
+                        [t.addr], timeout=3.0, attempt_timeout=3.0, secret=self.limits.ledger_secret
+                    )
+                await self.ledger.status(t.addr)
+                return None
+            if self.remoting is None:
+                self.remoting = RemotingClient(name="probe-established")
+            code = (
+                RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER
+                if t.kind == NAMESRV
+                else RequestCode.GET_BROKER_RUNTIME_INFO
+            )
+            resp = await self.remoting.invoke_sync(t.addr, RemotingCommand.request(code), 3.0)
+            return None if resp.is_success else f"answered {response_code_name(resp.code)}"
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc}"[:160]
+
+    async def close(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
+        if self.remoting is not None:
+            await self.remoting.close()
+
+
+async def probe_flood(t: Target, limits: Limits) -> Row:
+    cap, setting = limits.connection_cap(t)
+    total = cap + FLOOD_EXTRA
+    expected = f"of {total} connections, >= {FLOOD_EXTRA} past {setting}={cap} closed at once; established client served"
+    if not _fd_room(total):
+        return Row("flood", t.name, expected, f"skipped: cannot open {total} descriptors here", None)
+    established = _Established(t, limits)
+    socks: list[socket.socket] = []
+    try:
+        before = await established.call()
+        if before is not None:
+            return Row("flood", t.name, expected, f"could not connect before the flood: {before}", False)
+        host, port = t.host_port
+        socks, failed = await asyncio.to_thread(_open_flood, host, port, total, time.monotonic() + 30)
+        await asyncio.sleep(0.5)
+        refused = failed + sum(_is_closed(s) for s in socks)
+        during = await established.call()
+    finally:
+        for s in socks:
+            s.close()
+        await established.close()
+    outcome = f"{refused}/{total} refused; established client " + (
+        "served" if during is None else f"NOT served ({during})"
+    )
+    ok = refused >= FLOOD_EXTRA and during is None
+    await asyncio.sleep(0.2)  # let the listener see the flood go
+    outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+    return Row("flood", t.name, expected, outcome, ok)
+
+
+# --- forged ledger peers --------------------------------------------------------------------------
+
+
+async def _ledger_status(t: Target, limits: Limits) -> dict[str, Any]:
+    async with LedgerClient([t.addr], timeout=3.0, attempt_timeout=3.0, secret=limits.ledger_secret) as lc:
+        return await lc.status(t.addr)
+
+
+async def probe_peer_hello(t: Target, limits: Limits) -> list[Row]:
+    """forge's two peer attacks, each judged by the node hanging up AND by its term: a forged
+    append carries the term + 100, so a node that took it in has jumped terms even if it later
+    dropped the connection for another reason."""
+    expected = "refused: hung up, term unchanged by the forged append (term + 100)"
+    rows = []
+    for name, attempt in (("peer-old-hello", _old_hello), ("peer-wrong-secret", _wrong_secret)):
+        try:
+            st = await _ledger_status(t, limits)
+            target_id, term = str(st["id"]), int(st.get("term") or 0)
+            claim = limits.ledger_claim or str(st.get("leader") or target_id)
+            forged = forged_append(term, target_id, claim, int(st.get("last_index") or 0), term)
+            args = (t.addr, claim, forged) if attempt is _old_hello else (t.addr, claim, target_id, forged)
+            reaction = await attempt(*args)  # type: ignore[operator]
+            after = int((await _ledger_status(t, limits)).get("term") or 0)
+        except Exception as exc:  # noqa: BLE001 - the row says what stopped the attempt
+            rows.append(Row(name, t.name, expected, f"{type(exc).__name__}: {exc}"[:200], False))
+            continue
+        own = ", its own id" if claim == target_id else ""
+        outcome = f"{reaction} (claimed {claim}{own}); term {term} -> {after}"
+        ok = reaction == "refused" and after < term + 100
+        outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+        rows.append(Row(name, t.name, expected, outcome, ok))
+    return rows
+
+
+# --- broker tables and memory ---------------------------------------------------------------------
+
+
+def pid_listening_on(addr: str) -> int | None:
+    """The PID of a process of this machine listening on ``addr``'s port (via /proc), else None."""
+    try:
+        port = int(addr.rsplit(":", 1)[1])
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as f:
+                for line in f.readlines()[1:]:
+                    cols = line.split()
+                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                        inodes.add(f"socket:[{cols[9]}]")
+        if not inodes:
+            return None
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            fd_dir = f"/proc/{pid}/fd"
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(fd_dir):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"{fd_dir}/{fd}") in inodes:
+                            return int(pid)
+    except (ValueError, IndexError, OSError):
+        return None
+    return None
+
+
+def rss_kib(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return None
+
+
+def _rss_note(pid: int | None, before: int | None, bound_mib: float) -> tuple[str, bool]:
+    if pid is None or before is None:
+        return "RSS not measured (process not on this machine)", True
+    after = rss_kib(pid)
+    if after is None:
+        return "RSS not measured (process gone?)", False
+    grown = (after - before) / 1024
+    return f"RSS {grown:+.1f} MiB (bound {bound_mib:g})", grown <= bound_mib
+
+
+async def probe_heartbeats(t: Target, limits: Limits) -> Row:
+    cap = limits.max_heartbeat_clients
+    count = cap + max(50, cap // 10)
+    expected = f"of {count} forged client ids, <= {cap} accepted, the rest SYSTEM_BUSY; RSS +<= {limits.rss_bound_mib:g} MiB"
+    pid = pid_listening_on(t.addr)
+    before = rss_kib(pid) if pid else None
+    codes: dict[int, int] = {}
+    run = os.getpid()
+    try:
+        async with RemotingClient(name="probe-heartbeats") as rc:
+
+            async def beat(i: int) -> None:
+                body = json.dumps(
+                    {
+                        "clientID": f"jepsen-probe-{run}-{i}",
+                        "consumerDataSet": [{"groupName": f"jepsen-probe-G{i}", "subscriptionDataSet": []}],
+                        "producerDataSet": [],
+                    }
+                ).encode()
+                resp = await rc.invoke_sync(
+                    t.addr, RemotingCommand.request(RequestCode.HEART_BEAT, body=body), 5.0
+                )
+                codes[resp.code] = codes.get(resp.code, 0) + 1
+
+            for lo in range(0, count, 200):
+                await asyncio.gather(*(beat(i) for i in range(lo, min(count, lo + 200))))
+    except (RemotingError, OSError, TimeoutError) as exc:
+        return Row("heartbeat-growth", t.name, expected, f"heartbeats failed: {exc}", False)
+    ok_count, busy = codes.get(ResponseCode.SUCCESS, 0), codes.get(ResponseCode.SYSTEM_BUSY, 0)
+    rss, rss_ok = _rss_note(pid, before, limits.rss_bound_mib)
+    outcome = f"{ok_count} accepted, {busy} SYSTEM_BUSY, {count - ok_count - busy} other; {rss}"
+    ok = ok_count <= cap and busy >= count - cap and rss_ok
+    outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+    return Row("heartbeat-growth", t.name, expected, outcome, ok)
+
+
+async def _dedup_keys(addr: str) -> tuple[str, int] | None:
+    async with RemotingClient(name="probe-dedup") as rc:
+        resp = await rc.invoke_sync(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0)
+    if not resp.is_success:
+        return None
+    info = json.loads(bytes(resp.body))
+    return str(info.get("role")), int(info.get("store", {}).get("dedup_keys", -1))
+
+
+async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Limits) -> Row:
+    from client.producer import Producer
+    from remoting.message import Message
+
+    window = limits.dedup_window
+    producers = 20
+    per_producer = max(1, (window + window // 2) // producers)
+    expected = f"{producers * per_producer} idempotent keys kept to <= dedup_window ({window}); RSS +<= {limits.rss_bound_mib:g} MiB"
+    target = "?"
+    try:
+        master = None
+        for b in brokers:
+            info = await _dedup_keys(b.addr)
+            if info is not None and info[0] == "MASTER":
+                master = b
+        if master is None:
+            return Row(
+                "dedup-growth",
+                ",".join(b.addr for b in brokers),
+                expected,
+                "no master among the brokers",
+                False,
+            )
+        target = master.name
+        pid = pid_listening_on(master.addr)
+        before = rss_kib(pid) if pid else None
+        ns = ";".join(n.addr for n in namesrvs)
+        for p in range(producers):
+            async with Producer(f"jepsen-probe-dedup-{p}", ns, idempotent=True) as producer:
+                for lo in range(0, per_producer, 100):
+                    n = min(100, per_producer - lo)
+                    await producer.send_batch([Message(limits.topic, b"probe") for _ in range(n)])
+        info = await _dedup_keys(master.addr)
+    except Exception as exc:  # noqa: BLE001 - report, do not crash the table
+        return Row("dedup-growth", target, expected, f"{type(exc).__name__}: {exc}"[:200], False)
+    keys = info[1] if info else -1
+    rss, rss_ok = _rss_note(pid, before, limits.rss_bound_mib)
+    outcome = f"{keys} keys kept; {rss}"
+    outcome, ok = await _with_serving_check(master, limits, outcome, 0 < keys <= window and rss_ok)
+    return Row("dedup-growth", target, expected, outcome, ok)
+
+
+# --- the whole run --------------------------------------------------------------------------------
+
+
+async def run_probes(targets: list[Target], limits: Limits) -> list[Row]:
+    """Every probe that applies to ``targets``; the group is checked to serve after each one."""
+    rows: list[Row] = []
+    for t in targets:
+        rows += await probe_malformed(t, limits)
+    rows += list(await asyncio.gather(*(probe_slowloris(t, limits) for t in targets)))
+    for t in targets:
+        rows.append(await probe_flood(t, limits))
+    for t in targets:
+        if t.kind == LEDGER:
+            rows += await probe_peer_hello(t, limits)
+    brokers = [t for t in targets if t.kind == BROKER and not t.label.endswith("fast")]
+    namesrvs = [t for t in targets if t.kind == NAMESRV]
+    if brokers and namesrvs and limits.topic:  # before the heartbeat probe fills the client table
+        rows.append(await probe_dedup(brokers, namesrvs, limits))
+    else:
+        rows.append(Row("dedup-growth", "-", "needs --broker, --namesrv and --topic", "skipped", None))
+    for t in brokers:
+        rows.append(await probe_heartbeats(t, limits))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    head = ("probe", "target", "expected", "outcome", "result")
+    cells = [head] + [(r.probe, r.target, r.expected, r.outcome, r.verdict) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+# --- a local group to probe -----------------------------------------------------------------------
+
+
+class ProbeGroup(LocalBrokerGroup):
+    """One nameserver and a broker group with small limits, so every probe runs in seconds."""
+
+    NAMESRV_SETTINGS: dict[str, Any] = {"max_connections": 64, "handshake_timeout_s": 1.5}  # noqa: RUF012
+
+    def start_namesrv(self, ns: str) -> None:
+        from common.process import write_toml
+
+        host, port = self.ns_addr[ns].rsplit(":", 1)
+        d = self.base_dir / ns
+        d.mkdir(parents=True, exist_ok=True)
+        write_toml(
+            d / "namesrv.toml",
+            {"listen_host": host, "listen_port": int(port), "node_name": ns, **self.NAMESRV_SETTINGS},
+        )
+        self.spawn(ns, [self.python, "-m", "namesrv", "--config", str(d / "namesrv.toml")], d / "namesrv.log")
+
+
+LOCAL_LIMITS = Limits(
+    remoting_handshake_timeout_s=1.5,
+    ledger_handshake_timeout_s=5.0,  # the broker's ledger member keeps the ledger's defaults
+    remoting_max_connections=64,
+    max_heartbeat_clients=200,
+    dedup_window=500,
+    rss_bound_mib=48.0,
+    topic="ProbeTopic",
+)
+
+
+@contextlib.contextmanager
+def local_group(base_dir: Path, brokers: int) -> Iterator[tuple[list[Target], ProbeGroup]]:
+    """Start a ProbeGroup, wait for its master, yield its listeners; always stops every process."""
+    secret = base_dir / "cluster.secret"
+    base_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    g = ProbeGroup(
+        base_dir,
+        brokers=brokers,
+        nameservers=1,
+        topics=("ProbeTopic:2",),
+        settings={
+            "cluster_secret_file": str(secret),
+            "max_connections": LOCAL_LIMITS.remoting_max_connections,
+            "handshake_timeout_s": LOCAL_LIMITS.remoting_handshake_timeout_s,
+            "max_heartbeat_clients": LOCAL_LIMITS.max_heartbeat_clients,
+            "dedup_window": LOCAL_LIMITS.dedup_window,
+            "register_interval_s": 10,
+        },
+    )
+    try:
+        g.start()
+        asyncio.run(g.wait_for_master(timeout=60))
+        targets = [Target(NAMESRV, a) for a in g.namesrv_addrs]
+        for nid in g.node_ids:
+            host, port = g.broker_addr[nid].rsplit(":", 1)
+            targets.append(Target(BROKER, g.broker_addr[nid], "broker"))
+            targets.append(Target(BROKER, f"{host}:{int(port) - 2}", "broker-fast"))
+            targets.append(Target(LEDGER, g.ledger_addr[nid]))
+        yield targets, g
+    finally:
+        g.stop()
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def _check_addrs(kind: str, addrs: tuple[str, ...]) -> list[Target]:
+    out = []
+    for a in addrs:
+        for one in a.replace(";", ",").split(","):
+            one = one.strip()
+            host, sep, port = one.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise click.BadParameter(f"expected host:port, got {one!r}", param_hint=f"--{kind}")
+            out.append(Target(kind, one))
+    return out
+
+
+@click.command()
+@click.option(
+    "--namesrv", "namesrvs", multiple=True, metavar="HOST:PORT", help="A nameserver to probe (repeatable)."
+)
+@click.option(
+    "--broker", "brokers", multiple=True, metavar="HOST:PORT", help="A broker's main port (repeatable)."
+)
+@click.option(
+    "--ledger", "ledgers", multiple=True, metavar="HOST:PORT", help="A ledger node / broker's ledger port."
+)
+@click.option("--topic", default="", help="Topic for the de-dup probe (needs --namesrv and --broker).")
+@click.option("--remoting-handshake-timeout-s", type=float, default=10.0, show_default=True)
+@click.option("--ledger-handshake-timeout-s", type=float, default=5.0, show_default=True)
+@click.option("--remoting-max-connections", type=int, default=4096, show_default=True)
+@click.option("--ledger-max-connections", type=int, default=1024, show_default=True)
+@click.option("--ledger-max-pending-handshakes", type=int, default=128, show_default=True)
+@click.option("--max-heartbeat-clients", type=int, default=20_000, show_default=True)
+@click.option("--dedup-window", type=int, default=100_000, show_default=True)
+@click.option(
+    "--rss-bound-mib", type=float, default=64.0, show_default=True, help="Allowed RSS growth per probe."
+)
+@click.option("--ledger-claim", default="", help="Member id forged peers claim (default: the leader's).")
+@click.option(
+    "--ledger-secret-file", type=click.Path(dir_okay=False, exists=True), help="For ledgers with client_auth."
+)
+@click.option(
+    "--local-brokers",
+    type=click.IntRange(1, 3),
+    default=1,
+    show_default=True,
+    help="Brokers of the local group.",
+)
+@click.option(
+    "--work-dir", type=click.Path(file_okay=False), help="Where the local group keeps its files and logs."
+)
+def probe(
+    namesrvs: tuple[str, ...],
+    brokers: tuple[str, ...],
+    ledgers: tuple[str, ...],
+    topic: str,
+    ledger_secret_file: str | None,
+    local_brokers: int,
+    work_dir: str | None,
+    **limit_opts: Any,
+) -> None:
+    """Replay malformed-frame, slowloris, flood, forged-peer and growth probes; print a table.
+
+    Without addresses, stands up a local group (nameserver + broker + its ledger member),
+    probes it and stops it. Exit status 1 when any probe fails.
+    """
+    targets = _check_addrs(NAMESRV, namesrvs) + _check_addrs(BROKER, brokers) + _check_addrs(LEDGER, ledgers)
+    secret = Path(ledger_secret_file).read_bytes().rstrip(b"\r\n") if ledger_secret_file else None
+    started = time.monotonic()
+    if targets:
+        limits = Limits(topic=topic, ledger_secret=secret, **limit_opts)
+        rows = asyncio.run(run_probes(targets, limits))
+    else:
+        base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="jepsen-probe-"))
+        click.echo(f"no addresses given: starting a local group in {base}", err=True)
+        try:
+            with local_group(base, local_brokers) as (local_targets, _group):
+                rows = asyncio.run(run_probes(local_targets, LOCAL_LIMITS))
+        except (TimeoutError, OSError, RuntimeError) as exc:
+            raise click.ClickException(f"the local group did not start: {exc} (logs in {base})") from None
+    click.echo(format_table(rows))
+    failed = sum(1 for r in rows if r.passed is False)
+    summary = {
+        "probes": [asdict(r) | {"result": r.verdict} for r in rows],
+        "passed": sum(1 for r in rows if r.passed),
+        "failed": failed,
+        "skipped": sum(1 for r in rows if r.passed is None),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    click.echo(json.dumps(summary, sort_keys=True))
+    sys.exit(1 if failed else 0)
+
+
+__all__ = ["Limits", "Row", "Target", "probe", "run_probes"]
