@@ -82,6 +82,7 @@ class BrokerConfig:
     tls_ca_file: str = ""  # checks client certificates, and the nameservers' when tls_enable
     tls_require_client_cert: bool = False  # refuse TLS clients without a certificate from tls_ca_file
     tls_enable: bool = False  # dial the nameservers with TLS (RocketMQ's tls.enable)
+    ledger_tls: bool = False  # the group's ledger members talk TLS too, with the same three files
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
@@ -147,6 +148,8 @@ class BrokerConfig:
             self.tls_require_client_cert,
         )
         self.client_ssl = client_ssl(self.tls_enable, self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if self.ledger_tls and not (self.tls_cert_file and self.tls_key_file and self.tls_ca_file):
+            raise ConfigError("key 'ledger_tls' needs 'tls_cert_file', 'tls_key_file' and 'tls_ca_file'")
         try:
             self.remoting_config()
         except ValueError as exc:
@@ -211,5 +214,8 @@ class BrokerConfig:
             cluster_secret=self.cluster_secret,
             cluster_secret_file=self.cluster_secret_file,
         )
+        if self.ledger_tls:  # certificates must then also name the ledger addresses of 'group'
+            cfg.tls_cert_file, cfg.tls_key_file = self.tls_cert_file, self.tls_key_file
+            cfg.tls_ca_file, cfg.tls_require_client_cert = self.tls_ca_file, self.tls_require_client_cert
         cfg.validate()
         return cfg

@@ -27,6 +27,9 @@ from client.producer import Producer
 from common.process import free_port
 from common.settings import ConfigError
 from jepsen.localgroup import LocalBrokerGroup
+from ledger.client import LedgerClient
+from ledger.tls import client_context
+from ledger.wire import LedgerError
 from namesrv.config import load_config
 from remoting import RemotingClient, RemotingCommand, RequestCode
 from remoting.config import RemotingConfig
@@ -233,29 +236,41 @@ def test_tls_group_with_producer_consumer_and_admin(
         monkeypatch.setenv(f"NAMESRV_{key.upper()}", value)  # the group's nameservers read their env
     g = LocalBrokerGroup(
         tmp_path / "group",
-        brokers=1,
+        brokers=3,
         nameservers=1,
         topics=("TlsTopic:2",),
-        settings={"tls_server_mode": "enforcing", "tls_enable": True, "register_interval_s": 10, **pki},
+        settings={
+            "tls_server_mode": "enforcing",
+            "tls_enable": True,  # registrations to the nameserver
+            "ledger_tls": True,  # and the ledger members among themselves
+            "register_interval_s": 10,
+            **pki,
+        },
     )
-    ns, broker = g.namesrv_addrs[0], g.broker_addr["n1"]
+    ns = g.namesrv_addrs[0]
     ctx = client_ssl(True, pki["tls_ca_file"])
+    master: list[str] = []
 
-    async def wait_routed(client: RemotingClient) -> None:
+    async def wait_master(client: RemotingClient) -> str:
+        """The node id of the master, once the nameserver routes the topic (it registered over TLS)."""
         deadline = time.monotonic() + 60
+        route = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TlsTopic"})
         while time.monotonic() < deadline:
             try:
-                req = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TlsTopic"})
-                if (await client.invoke_sync(ns, req, 1.0)).is_success:
-                    return
+                if (await client.invoke_sync(ns, route, 1.0)).is_success:
+                    for nid, addr in g.broker_addr.items():
+                        info = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+                        resp = await client.invoke_sync(addr, info, 1.0)
+                        if resp.is_success and json.loads(bytes(resp.body))["role"] == "MASTER":
+                            return nid
             except RemotingError:
                 pass
             await asyncio.sleep(0.2)
-        raise AssertionError(f"the broker never registered over TLS; logs in {g.base_dir}")
+        raise AssertionError(f"no master registered over TLS; logs in {g.base_dir}")
 
     async def scenario() -> None:
         async with RemotingClient(RemotingConfig(client_ssl=ctx)) as client:
-            await wait_routed(client)  # the broker's registration dialled the nameserver with TLS
+            master.append(await wait_master(client))
         instance = ClientInstance(ns, tls=ctx)
         producer = Producer("tls-producer", instance=instance)
         await producer.start()
@@ -273,10 +288,18 @@ def test_tls_group_with_producer_consumer_and_admin(
                 got.update(m.body for m in r.messages)
         assert got == {f"tls-{i}".encode() for i in range(4)}
         async with RemotingClient(RemotingConfig(connect_timeout_s=2.0)) as plain:
+            info = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
             with pytest.raises(RemotingError):
-                await plain.invoke_sync(
-                    broker, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 2.0
-                )
+                await plain.invoke_sync(g.broker_addr[master[0]], info, 2.0)
+        # the ledger members elected that master over TLS; their listeners take TLS clients only
+        ledger = [g.ledger_addr[n] for n in g.node_ids]
+        trusted = client_context(pki["tls_ca_file"])
+        async with LedgerClient(ledger, timeout=3, attempt_timeout=1, ssl=trusted) as lc:
+            roles = [(await lc.status(a))["role"] for a in ledger]
+        assert sorted(roles) == ["follower", "follower", "leader"], roles
+        async with LedgerClient(ledger, timeout=1.5, attempt_timeout=0.5) as plain_ledger:
+            with pytest.raises((LedgerError, OSError)):
+                await plain_ledger.status(ledger[0])
 
     g.start()
     try:
@@ -293,7 +316,7 @@ def test_tls_group_with_producer_consumer_and_admin(
         assert out.returncode == 0 and "broker-a" in out.stdout, out
         plain = subprocess.run([*admin, "cluster-list"], capture_output=True, text=True, timeout=60, env=env)
         assert plain.returncode == 1 and "Traceback" not in plain.stderr, plain
-        log = (g.base_dir / g.name_of("n1") / "broker.log").read_text()
+        log = (g.base_dir / g.name_of(master[0]) / "broker.log").read_text()
         lines = [json.loads(x) for x in log.splitlines() if "refused plaintext connection" in x]
         assert lines and lines[0]["server"] == "broker", lines
     finally:
