@@ -37,7 +37,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -441,14 +441,17 @@ async def probe_peer_hello(t: Target, limits: Limits) -> list[Row]:
     dropped the connection for another reason."""
     expected = "refused: hung up, term unchanged by the forged append (term + 100)"
     rows = []
-    for name, attempt in (("peer-old-hello", _old_hello), ("peer-wrong-secret", _wrong_secret)):
+    attacks: dict[str, Callable[[str, str, bytes], Awaitable[str]]] = {
+        "peer-old-hello": lambda claim, _target, forged: _old_hello(t.addr, claim, forged),
+        "peer-wrong-secret": lambda claim, target, forged: _wrong_secret(t.addr, claim, target, forged),
+    }
+    for name, attack in attacks.items():
         try:
             st = await _ledger_status(t, limits)
             target_id, term = str(st["id"]), int(st.get("term") or 0)
             claim = limits.ledger_claim or str(st.get("leader") or target_id)
             forged = forged_append(term, target_id, claim, int(st.get("last_index") or 0), term)
-            args = (t.addr, claim, forged) if attempt is _old_hello else (t.addr, claim, target_id, forged)
-            reaction = await attempt(*args)  # type: ignore[operator]
+            reaction = await attack(claim, target_id, forged)
             after = int((await _ledger_status(t, limits)).get("term") or 0)
         except Exception as exc:  # noqa: BLE001 - the row says what stopped the attempt
             rows.append(Row(name, t.name, expected, f"{type(exc).__name__}: {exc}"[:200], False))
@@ -464,17 +467,32 @@ async def probe_peer_hello(t: Target, limits: Limits) -> list[Row]:
 # --- broker tables and memory ---------------------------------------------------------------------
 
 
-def pid_listening_on(addr: str) -> int | None:
-    """The PID of a process of this machine listening on ``addr``'s port (via /proc), else None."""
+def _proc_net_ip(host: str) -> set[str]:
+    """How /proc/net/tcp spells ``host`` as a listener's address (and the wildcard that covers it)."""
     try:
-        port = int(addr.rsplit(":", 1)[1])
+        packed = socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        return set()
+    return {packed[::-1].hex().upper(), "00000000"}  # little-endian IPv4, or 0.0.0.0
+
+
+def pid_listening_on(addr: str) -> int | None:
+    """The PID of a process of this machine listening on ``addr`` (via /proc), else None.
+
+    A listening socket on this host and port (or the wildcard address) is looked up in
+    /proc/net/tcp, then the process holding that socket in /proc/<pid>/fd; a remote
+    address, or a process of another user, gives None.
+    """
+    try:
+        host, port_text = addr.rsplit(":", 1)
+        port, ips = int(port_text), _proc_net_ip(host.strip("[]"))
         inodes = set()
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            with contextlib.suppress(OSError), open(table) as f:
-                for line in f.readlines()[1:]:
-                    cols = line.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
-                        inodes.add(f"socket:[{cols[9]}]")
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                ip, _, hex_port = cols[1].partition(":")
+                if cols[3] == "0A" and ip in ips and int(hex_port, 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
         if not inodes:
             return None
         for pid in filter(str.isdigit, os.listdir("/proc")):
