@@ -116,18 +116,15 @@ class AdminClient(ConsumerBase):
         perm: int = PERM_READ_WRITE,
         cluster: str | None = None,
         broker_addr: str | None = None,
+        order: bool = False,
     ) -> list[TopicUpdateResult]:
         """Create or update ``topic`` on one broker (``broker_addr``) or every group's master of
-        ``cluster`` (default: every group known). A slave's NOT_MASTER is followed to its master."""
+        ``cluster`` (default: every group known). A slave's NOT_MASTER is followed to its master.
+        ``order`` marks it an ordered topic, as mqadmin's ``-o true`` does."""
         problem = topic_name_error(topic)
         if problem:
             raise ClientError(f"topic: {problem}")
-        headers: dict[str, HeaderValue] = {
-            B.TOPIC: topic,
-            B.READ_QUEUE_NUMS: read_queue_nums,
-            B.WRITE_QUEUE_NUMS: write_queue_nums,
-            B.PERM: perm,
-        }
+        headers = create_topic_headers(topic, read_queue_nums, write_queue_nums, perm, order)
         targets: list[tuple[str, str]] = []
         if broker_addr:
             targets.append(("", broker_addr))
@@ -270,6 +267,23 @@ class AdminClient(ConsumerBase):
                 return QueueProgress(q, None, None, str(exc))
 
         return list(await asyncio.gather(*(one(q) for q in queues)))
+
+
+def create_topic_headers(
+    topic: str, read_queue_nums: int, write_queue_nums: int, perm: int, order: bool = False
+) -> dict[str, HeaderValue]:
+    """UPDATE_AND_CREATE_TOPIC's header, RocketMQ's CreateTopicRequestHeader as mqadmin's
+    updateTopic fills it: an Apache broker requires every field but topicSysFlag."""
+    return {
+        B.TOPIC: topic,
+        B.DEFAULT_TOPIC: B.DEFAULT_TOPIC_NAME,
+        B.READ_QUEUE_NUMS: read_queue_nums,
+        B.WRITE_QUEUE_NUMS: write_queue_nums,
+        B.PERM: perm,
+        B.TOPIC_FILTER_TYPE: B.SINGLE_TAG,
+        B.TOPIC_SYS_FLAG: 0,
+        B.ORDER: order,
+    }
 
 
 def _request(code: int, headers: dict[str, HeaderValue]) -> RemotingCommand:

@@ -18,6 +18,7 @@ from remoting.client import RemotingClient
 from remoting.codes import RequestCode, ResponseCode
 from remoting.connection import RemotingConnection, ResponseCallback
 from remoting.exceptions import RemotingCommandError, RemotingError
+from remoting.headers import SEND_V2_NAMES
 from remoting.jsonbody import Fields, dump_body, load_body
 from remoting.message import Message, decode_stored_messages, java_string_hash
 from remoting.protocol import HeaderValue, RemotingCommand
@@ -61,6 +62,38 @@ BATCH = "batch"
 DEFAULT_TOPIC_NAME = "TBW102"
 """RocketMQ's template topic: brokers that auto-create topics serve it."""
 DEFAULT_TOPIC_QUEUES = 4
+UNIT_MODE = "unitMode"
+TOPIC_FILTER_TYPE = "topicFilterType"
+TOPIC_SYS_FLAG = "topicSysFlag"
+ORDER = "order"
+SINGLE_TAG = "SINGLE_TAG"
+"""RocketMQ's TopicFilterType for every topic a 4.x client creates."""
+
+# SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): SendMessageRequestHeaderV2's one-letter
+# names, what a Java 4.9 producer sends and an Apache broker reads for these codes.
+V2_PRODUCER_GROUP = SEND_V2_NAMES[PRODUCER_GROUP]
+V2_TOPIC = SEND_V2_NAMES[TOPIC]
+V2_DEFAULT_TOPIC = SEND_V2_NAMES[DEFAULT_TOPIC]
+V2_DEFAULT_TOPIC_QUEUE_NUMS = SEND_V2_NAMES[DEFAULT_TOPIC_QUEUE_NUMS]
+V2_QUEUE_ID = SEND_V2_NAMES[QUEUE_ID]
+V2_SYS_FLAG = SEND_V2_NAMES[SYS_FLAG]
+V2_BORN_TIMESTAMP = SEND_V2_NAMES[BORN_TIMESTAMP]
+V2_FLAG = SEND_V2_NAMES[FLAG]
+V2_PROPERTIES = SEND_V2_NAMES[PROPERTIES]
+V2_RECONSUME_TIMES = SEND_V2_NAMES[RECONSUME_TIMES]
+V2_UNIT_MODE = SEND_V2_NAMES[UNIT_MODE]
+V2_BATCH = SEND_V2_NAMES[BATCH]
+V2_CODES = frozenset((int(RequestCode.SEND_MESSAGE_V2), int(RequestCode.SEND_BATCH_MESSAGE)))
+"""Request codes whose headers use the V2 names."""
+JAVA_FALSE = "false"
+JAVA_TRUE = "true"
+"""Booleans as Java's String.valueOf writes them (as strings: the encoder's fast path)."""
+
+
+def queue_id_header(code: int) -> str:
+    """The header naming the queue in a send request with this code (``e`` in V2 headers)."""
+    return V2_QUEUE_ID if code in V2_CODES else QUEUE_ID
+
 
 # PULL_MESSAGE sysFlag bits (RocketMQ's PullSysFlag)
 PULL_FLAG_COMMIT_OFFSET = 0x1
@@ -170,7 +203,11 @@ def pull_request(
     commit_offset: int | None = None,
     subscription: str | None = None,
 ) -> RemotingCommand:
-    """A RocketMQ PULL_MESSAGE request; ``sysFlag`` says which of the optional parts count."""
+    """A RocketMQ PULL_MESSAGE request; ``sysFlag`` says which of the optional parts count.
+
+    ``commitOffset`` and ``subVersion`` are always sent (0 when unused, as the Java client
+    does): PullMessageRequestHeader requires them, so an Apache broker refuses a pull without.
+    """
     sys_flag = 0
     headers: dict[str, HeaderValue] = {
         CONSUMER_GROUP: group,
@@ -179,16 +216,16 @@ def pull_request(
         QUEUE_OFFSET: offset,
         MAX_MSG_NUMS: max_nums,
         SUSPEND_TIMEOUT_MILLIS: suspend_ms,
+        COMMIT_OFFSET: 0 if commit_offset is None else commit_offset,
+        SUB_VERSION: 0,
     }
     if commit_offset is not None:
-        headers[COMMIT_OFFSET] = commit_offset
         sys_flag |= PULL_FLAG_COMMIT_OFFSET
     if suspend_ms > 0:
         sys_flag |= PULL_FLAG_SUSPEND
     if subscription and subscription.strip() != "*":
         headers[SUBSCRIPTION] = subscription  # the broker skips other tags
         headers[EXPRESSION_TYPE] = EXPRESSION_TAG
-        headers[SUB_VERSION] = 0
         sys_flag |= PULL_FLAG_SUBSCRIPTION
     headers[SYS_FLAG] = sys_flag
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)

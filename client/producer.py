@@ -50,6 +50,13 @@ R = TypeVar("R")
 DEFAULT_SEND_TIMEOUT_S = 3.0
 DEFAULT_RETRIES = 2
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+MAX_CHECKED_TOPICS = 1024
+"""Valid topic names a producer remembers having checked (cleared when full)."""
+_SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
+_DEFAULT_TOPIC_QUEUES = str(B.DEFAULT_TOPIC_QUEUES)
+_BATCH_PROPERTIES = "WAIT\x01true\x02"
+"""A Java MessageBatch's own properties: waitStoreMsgOK, the default (every message waits)."""
 
 
 class Producer:
@@ -100,6 +107,7 @@ class Producer:
         self._async_in_flight = 0
         self._async_idle: asyncio.Event | None = None
         self._retry_tasks: set[asyncio.Task[Any]] = set()
+        self._checked_topics: set[str] = set()  # valid topic names seen (checked once, not per message)
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -146,9 +154,14 @@ class Producer:
     def _check(self, msg: Message) -> None:
         if not isinstance(msg, Message):
             raise MessageInvalidError(f"expected a remoting.message.Message, got {type(msg).__name__}")
-        problem = topic_name_error(msg.topic)
-        if problem:
-            raise MessageInvalidError(f"message topic: {problem}")
+        topic = msg.topic
+        if topic not in self._checked_topics:
+            problem = topic_name_error(topic)
+            if problem:
+                raise MessageInvalidError(f"message topic: {problem}")
+            if len(self._checked_topics) >= MAX_CHECKED_TOPICS:
+                self._checked_topics.clear()
+            self._checked_topics.add(topic)
         body = msg.body
         if not isinstance(body, bytes | bytearray | memoryview):
             raise MessageInvalidError(f"message body must be bytes, got {type(body).__name__}")
@@ -185,21 +198,39 @@ class Producer:
         except MessageFormatError as exc:
             raise MessageInvalidError(str(exc)) from None
 
+    @staticmethod
+    def _props_text(msg: Message) -> str:
+        """The properties as the header's string (the common case built as text, not re-decoded)."""
+        if msg.tags is None and not msg.keys and len(msg.properties) == 1:
+            key = msg.properties.get(PROPERTY_UNIQ_KEY)
+            if key is not None and key.isalnum():
+                return "UNIQ_KEY\x01" + key + "\x02"
+        try:
+            return properties_to_bytes(msg.all_properties()).decode()
+        except MessageFormatError as exc:
+            raise MessageInvalidError(str(exc)) from None
+
     def _message_request(self, msg: Message) -> RemotingCommand:
         self._check(msg)
         self._stamp(msg, int(time.time() * 1000))
-        # RocketMQ's SendMessageRequestHeader; the optional defaultTopic, defaultTopicQueueNums,
-        # sysFlag and reconsumeTimes are left out (the broker's defaults are RocketMQ's): the
-        # header is parsed for every message.
+        # SEND_MESSAGE_V2 with every field a Java 4.9 producer sends, in its order, so an Apache
+        # broker takes it as it is (maxReconsumeTimes only goes with retry topics). Booleans
+        # and constants as strings: the binary encoder writes those without a conversion.
         headers: dict[str, HeaderValue] = {
-            B.PRODUCER_GROUP: self.group,
-            B.TOPIC: msg.topic,
-            B.QUEUE_ID: 0,
-            B.BORN_TIMESTAMP: msg.born_ms,
-            B.FLAG: msg.flag,
-            B.PROPERTIES: self._props(msg).decode(),
+            B.V2_PRODUCER_GROUP: self.group,
+            B.V2_TOPIC: msg.topic,
+            B.V2_DEFAULT_TOPIC: B.DEFAULT_TOPIC_NAME,
+            B.V2_DEFAULT_TOPIC_QUEUE_NUMS: _DEFAULT_TOPIC_QUEUES,
+            B.V2_QUEUE_ID: 0,
+            B.V2_SYS_FLAG: "0",
+            B.V2_BORN_TIMESTAMP: msg.born_ms,
+            B.V2_FLAG: msg.flag or "0",  # the usual 0 as text: a repeated field costs least
+            B.V2_PROPERTIES: self._props_text(msg),
+            B.V2_RECONSUME_TIMES: "0",
+            B.V2_UNIT_MODE: B.JAVA_FALSE,
+            B.V2_BATCH: B.JAVA_FALSE,
         }
-        return RemotingCommand(int(RequestCode.SEND_MESSAGE), headers, bytes(msg.body))
+        return RemotingCommand(_SEND_V2, headers, bytes(msg.body))
 
     def _attempts(
         self,
@@ -261,6 +292,13 @@ class Producer:
         All or nothing from the broker's side: one answer covers the whole batch.
         """
         self._check_running()
+        request = self._batch_request(msgs)
+        parse = batch_result(msgs)
+        topic = str(request.headers[B.V2_TOPIC])
+        return await self._attempts(topic, request, parse, timeout_s, self.retries, queue, queue_id).run()
+
+    def _batch_request(self, msgs: Sequence[Message]) -> RemotingCommand:
+        """The SEND_BATCH_MESSAGE request of ``msgs`` (checked and stamped), built once for all tries."""
         if not msgs:
             raise MessageInvalidError("batch is empty")
         first = msgs[0]
@@ -290,17 +328,23 @@ class Producer:
             raise MessageInvalidError(
                 f"batch of {len(msgs)} messages is {len(body)} bytes, over the {limit}-byte request limit; split it"
             )
+        # What a Java 4.9 producer sends with a batch, except the batch's own UNIQ_KEY: brokers
+        # that merge batch properties into each message would give every message that one key.
         headers: dict[str, HeaderValue] = {
-            B.PRODUCER_GROUP: self.group,
-            B.TOPIC: topic,
-            B.QUEUE_ID: 0,
-            B.BORN_TIMESTAMP: now_ms,
-            B.FLAG: 0,
-            B.BATCH: True,
+            B.V2_PRODUCER_GROUP: self.group,
+            B.V2_TOPIC: topic,
+            B.V2_DEFAULT_TOPIC: B.DEFAULT_TOPIC_NAME,
+            B.V2_DEFAULT_TOPIC_QUEUE_NUMS: _DEFAULT_TOPIC_QUEUES,
+            B.V2_QUEUE_ID: 0,
+            B.V2_SYS_FLAG: "0",
+            B.V2_BORN_TIMESTAMP: now_ms,
+            B.V2_FLAG: "0",
+            B.V2_PROPERTIES: _BATCH_PROPERTIES,
+            B.V2_RECONSUME_TIMES: "0",
+            B.V2_UNIT_MODE: B.JAVA_FALSE,
+            B.V2_BATCH: B.JAVA_TRUE,
         }
-        request = RemotingCommand(int(RequestCode.SEND_BATCH_MESSAGE), headers, body)
-        parse = batch_result(msgs)
-        return await self._attempts(topic, request, parse, timeout_s, self.retries, queue, queue_id).run()
+        return RemotingCommand(_SEND_BATCH, headers, body)
 
     # --- async ------------------------------------------------------------------------------------------
     async def send_async(

@@ -222,6 +222,7 @@ class SendAttempts(Generic[R]):
         "wait",
         "mq",
         "addr",
+        "queue_header",
     )
 
     def __init__(
@@ -263,6 +264,7 @@ class SendAttempts(Generic[R]):
         self.wait = False
         self.mq: MessageQueue | None = None
         self.addr = ""
+        self.queue_header = B.queue_id_header(request.code)  # "e" in V2 headers
 
     @property
     def remaining(self) -> float:
@@ -371,7 +373,7 @@ class SendAttempts(Generic[R]):
     async def oneway(self, timeout_s: float) -> None:
         """One attempt without an answer: raises route errors and SendFailedError if it could not be written."""
         mq, addr = await self._choose()
-        self.request.headers[B.QUEUE_ID] = mq.queue_id
+        self.request.headers[self.queue_header] = mq.queue_id
         try:
             await invoke_tracked_oneway(self.remoting, addr, self.request, timeout_s)
         except NotSentError as exc:
@@ -391,7 +393,7 @@ class SendAttempts(Generic[R]):
         self.mq, self.addr = mq, addr
         self.attempts += 1
         self.tried.append(f"{mq.broker_name}@{addr}")
-        self.request.headers[B.QUEUE_ID] = mq.queue_id
+        self.request.headers[self.queue_header] = mq.queue_id
         return addr
 
     async def _choose(self) -> tuple[MessageQueue, str]:

@@ -320,6 +320,12 @@ class BadFrame:
 # --------------------------------------------------------------------------------------
 _KEY_CACHE: dict[str, bytes] = {}
 _KEY_CACHE_MAX = 4096  # header names are a small fixed vocabulary; bound it against odd callers
+_LAST_FIELD: dict[str, tuple[str, bytes]] = {}
+"""Per header name, its last short string value and that whole encoded extField (name,
+length, value): most of a send's header repeats from one request to the next (group, topic,
+SendMessageRequestHeaderV2's constant fields), so each costs a lookup and a comparison instead
+of an encode, a pack and three appends. Bounded like _KEY_CACHE (one entry per name)."""
+_LAST_FIELD_VALUE_MAX = 16  # longer values (properties, ids) rarely repeat
 
 
 def _value_bytes(cmd: RemotingCommand, key: str, value: object) -> bytes:
@@ -363,12 +369,21 @@ def _binary_ext(cmd: RemotingCommand, extra: tuple[str, str] | None) -> bytes:
     append = parts.append
     pack_len = _I32.pack
     cache = _KEY_CACHE
-    items: Any = cmd.headers.items()
-    if extra is not None:
-        items = [*items, extra]
-    for key, value in items:
+    last_field = _LAST_FIELD
+    for key, value in cmd.headers.items():
         kind = type(value)
         if kind is str:
+            if len(value) <= _LAST_FIELD_VALUE_MAX:
+                last = last_field.get(key)
+                if last is not None and last[0] == value:
+                    append(last[1])
+                    continue
+                raw = value.encode()
+                field = (cache.get(key) or _key_prefix(cmd, key)) + pack_len(len(raw)) + raw
+                if last is not None or len(last_field) < _KEY_CACHE_MAX:
+                    last_field[key] = (value, field)
+                append(field)
+                continue
             raw = value.encode()
         elif kind is int:
             raw = b"%d" % value
@@ -376,6 +391,12 @@ def _binary_ext(cmd: RemotingCommand, extra: tuple[str, str] | None) -> bytes:
             continue
         else:
             raw = _value_bytes(cmd, key, value)
+        append(cache.get(key) or _key_prefix(cmd, key))
+        append(pack_len(len(raw)))
+        append(raw)
+    if extra is not None:  # after the loop: no list of the headers plus one is built per frame
+        key, text = extra
+        raw = text.encode()
         append(cache.get(key) or _key_prefix(cmd, key))
         append(pack_len(len(raw)))
         append(raw)

@@ -22,6 +22,7 @@ from broker.registration import BrokerIdentity, BrokerOuterAPI
 from namesrv.config import NamesrvConfig
 from namesrv.controller import NamesrvController
 from remoting import RemotingCommand, RemotingServer, RequestCode, ResponseCode
+from remoting.headers import SEND_V2_FULL_NAMES
 from remoting.jsonbody import dump_body, load_body
 from remoting.message import (
     PROPERTY_KEYS,
@@ -101,6 +102,7 @@ class FakeNode:
         self.alive = False
         for code, handler in {
             RequestCode.SEND_MESSAGE: self.send,
+            RequestCode.SEND_MESSAGE_V2: self.send,
             RequestCode.SEND_BATCH_MESSAGE: self.send_batch,
             RequestCode.PULL_MESSAGE: self.pull,
             RequestCode.QUERY_CONSUMER_OFFSET: self.query_offset,
@@ -230,7 +232,18 @@ class FakeNode:
         return "store"
 
     # --- sends ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _full_names(req: RemotingCommand) -> RemotingCommand:
+        """A V2 send (310/320) with SendMessageRequestHeader's full names, as RocketMQ's broker reads it."""
+        if "b" not in req.headers:
+            return req
+        full = {SEND_V2_FULL_NAMES.get(k, k): v for k, v in req.headers.items()}
+        return RemotingCommand(
+            req.code, full, req.body, opaque=req.opaque, flags=req.flags, serialize_type=req.serialize_type
+        )
+
     async def send(self, conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+        req = self._full_names(req)
         h = dict(req.headers)
         self.requests.append(("SEND", h))
         action = self.script.pop(0) if self.script else None
@@ -284,6 +297,7 @@ class FakeNode:
         return ok
 
     async def send_batch(self, conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+        req = self._full_names(req)
         h = dict(req.headers)
         self.requests.append(("BATCH", h))
         action = self.script.pop(0) if self.script else None

@@ -1,19 +1,27 @@
-"""RocketMQ's message formats byte for byte: properties, stored records, batches, message ids.
+"""RocketMQ's message formats byte for byte: properties, stored records, batches, message ids,
+and the request headers our clients send (SendMessageRequestHeaderV2, pulls, topic creation).
 
 The expected bytes are built field by field from RocketMQ's documented layouts
-(``MessageDecoder``), independently of the encoder under test.
+(``MessageDecoder``, ``RocketMQSerializable``), independently of the encoder under test.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 
 import pytest
 
+from client.admin_api import create_topic_headers
+from client.broker_api import pull_request
+from client.producer import Producer
+from remoting.codes import RequestCode
+from remoting.headers import SEND_V2_FULL_NAMES, SEND_V2_NAMES
 from remoting.message import (
     MESSAGE_MAGIC_CODE,
     SYSFLAG_COMPRESSED,
+    Message,
     MessageFormatError,
     UniqueIdGenerator,
     body_crc,
@@ -28,6 +36,7 @@ from remoting.message import (
     properties_from_bytes,
     properties_to_bytes,
 )
+from remoting.protocol import SERIALIZE_JSON, FrameDecoder, RemotingCommand, encode_command
 
 
 def test_properties_are_name_value_pairs_with_control_separators() -> None:
@@ -177,3 +186,174 @@ def test_unique_ids_are_32_hex_and_distinct() -> None:
     assert len(set(ids)) == 1000
     assert all(len(i) == 32 and i.startswith("C0A80001") for i in ids)
     int(ids[0], 16)
+
+
+# --- SendMessageRequestHeaderV2 (codes 310 and 320) and the other request headers ---------------------
+# Fields of RocketMQ's SendMessageRequestHeaderV2 with the SendMessageRequestHeader field each one
+# stands for (createSendMessageRequestHeaderV1), in declaration order; "n" (brokerName) is 5.x's.
+ROCKETMQ_V2_FIELDS = [
+    ("a", "producerGroup"),
+    ("b", "topic"),
+    ("c", "defaultTopic"),
+    ("d", "defaultTopicQueueNums"),
+    ("e", "queueId"),
+    ("f", "sysFlag"),
+    ("g", "bornTimestamp"),
+    ("h", "flag"),
+    ("i", "properties"),
+    ("j", "reconsumeTimes"),
+    ("k", "unitMode"),
+    ("l", "maxReconsumeTimes"),
+    ("m", "batch"),
+    ("n", "brokerName"),
+]
+V2_REQUIRED = set("abcdefgh")  # its @CFNotNull fields
+
+
+def rocketmq_frame(code: int, opaque: int, fields: list[tuple[str, str]], body: bytes) -> bytes:
+    """A request as RocketMQSerializable writes it, built from the documented layout: i16 code,
+    u8 language (PYTHON = 3), i16 version (V4_9_4 = 401), i32 opaque, i32 flag, i32 remark length,
+    i32 extFields length, then (u16 name length, name, i32 value length, value) per field."""
+    ext = b"".join(
+        struct.pack(">H", len(k)) + k.encode() + struct.pack(">i", len(v.encode())) + v.encode()
+        for k, v in fields
+    )
+    header = (
+        struct.pack(">hBhii", code, 3, 401, opaque, 0)
+        + struct.pack(">i", 0)
+        + struct.pack(">i", len(ext))
+        + ext
+    )
+    return (
+        struct.pack(">i", 4 + len(header) + len(body))
+        + struct.pack(">i", 1 << 24 | len(header))
+        + header
+        + body
+    )
+
+
+def decoded(frame: bytes) -> RemotingCommand:
+    (cmd,) = FrameDecoder().feed(frame)
+    assert isinstance(cmd, RemotingCommand)
+    return cmd
+
+
+def test_v2_names_are_those_of_rocketmqs_header_class_at_both_ends() -> None:
+    from broker.processors import V2_HEADER_NAMES
+
+    assert list(SEND_V2_NAMES.items()) == [(full, short) for short, full in ROCKETMQ_V2_FIELDS]
+    assert SEND_V2_FULL_NAMES == dict(ROCKETMQ_V2_FIELDS) == V2_HEADER_NAMES  # the broker reads what we send
+
+
+def test_producer_send_request_is_a_java_producers_send_message_v2_byte_for_byte() -> None:
+    producer = Producer("pg-codec", "127.0.0.1:9876")
+    msg = Message("TopicCodec", b"hello", flag=7)
+    req = producer._message_request(msg)
+    req.opaque = 42
+    assert req.code == RequestCode.SEND_MESSAGE_V2
+    props = "UNIQ_KEY\x01" + msg.properties["UNIQ_KEY"] + "\x02"
+    # what DefaultMQProducerImpl puts in a plain send, in the order its HashMap iterates the names
+    java = [
+        ("a", "pg-codec"),
+        ("b", "TopicCodec"),
+        ("c", "TBW102"),
+        ("d", "4"),
+        ("e", "0"),
+        ("f", "0"),
+        ("g", str(msg.born_ms)),
+        ("h", "7"),
+        ("i", props),
+        ("j", "0"),
+        ("k", "false"),
+        ("m", "false"),
+    ]
+    want = rocketmq_frame(310, 42, java, b"hello")
+    assert encode_command(req, crc=False) == want
+    assert encode_command(req, crc=False) == want  # again: the cached repeated fields are the same bytes
+    # a retry to another queue, another group's producer: changed values are written afresh
+    req.headers["e"] = 3
+    other = Producer("pg-other", "127.0.0.1:9876")._message_request(Message("TopicCodec", b"hello"))
+    other.opaque = 43
+    assert encode_command(req, crc=False) == rocketmq_frame(
+        310, 42, [*java[:4], ("e", "3"), *java[5:]], b"hello"
+    )
+    got = decoded(encode_command(other, crc=False)).headers
+    assert got["a"] == "pg-other" and got["h"] == "0" and got["b"] == "TopicCodec"
+    # with our CRC: the same fields, then the CRC extField (checked and removed by the receiver)
+    with_crc = encode_command(req)
+    crc_field = (
+        b"\x00\x0clmqBodyCrc32"
+        + struct.pack(">i", len(str(zlib.crc32(b"hello"))))
+        + b"%d" % zlib.crc32(b"hello")
+    )
+    assert with_crc.endswith(crc_field + b"hello")
+    assert list(decoded(with_crc).headers) == [k for k, _ in java]
+
+
+def test_producer_batch_request_decoded_field_by_field() -> None:
+    producer = Producer("pg-batch", "127.0.0.1:9876")
+    msgs = [Message("TopicBatch", b"one", tags="TagA"), Message("TopicBatch", b"two", keys=["k2"])]
+    req = producer._batch_request(msgs)
+    assert req.code == RequestCode.SEND_BATCH_MESSAGE
+    h = decoded(encode_command(req, crc=False)).headers
+    assert V2_REQUIRED <= set(h) and "topic" not in h and "queueId" not in h
+    assert h == {
+        "a": "pg-batch",
+        "b": "TopicBatch",
+        "c": "TBW102",
+        "d": "4",
+        "e": "0",
+        "f": "0",
+        "g": str(msgs[0].born_ms),
+        "h": "0",
+        "i": "WAIT\x01true\x02",  # the batch's own properties; each message carries its own UNIQ_KEY
+        "j": "0",
+        "k": "false",
+        "m": "true",
+    }
+    stored = decode_message_batch(bytes(req.body), 1 << 20)
+    assert [body for _flag, body, _props in stored] == [b"one", b"two"]
+    props = [properties_from_bytes(p) for _flag, _body, p in stored]
+    assert props[0]["TAGS"] == "TagA" and props[1]["KEYS"] == "k2"
+    assert props[0]["UNIQ_KEY"] != props[1]["UNIQ_KEY"]
+
+
+def test_json_send_v2_header_carries_strings_only() -> None:
+    req = Producer("pg-json", "127.0.0.1:9876")._message_request(Message("TopicJson", b"x"))
+    frame = encode_command(req, crc=False, serialize_type=SERIALIZE_JSON)
+    (hlen,) = struct.unpack(">i", frame[4:8])
+    doc = json.loads(frame[8 : 8 + hlen])
+    assert doc["code"] == 310 and doc["serializeTypeCurrentRPC"] == "JSON"
+    assert set(doc["extFields"]) == set("abcdefghijkm")
+    assert all(isinstance(v, str) for v in doc["extFields"].values())
+
+
+def test_pull_and_create_topic_requests_carry_every_required_field() -> None:
+    # PullMessageRequestHeader's @CFNotNull fields, also when nothing is committed or filtered
+    pull = pull_request("cg", "T", 1, 5, 32, 0)
+    assert {
+        "consumerGroup",
+        "topic",
+        "queueId",
+        "queueOffset",
+        "maxMsgNums",
+        "sysFlag",
+        "commitOffset",
+        "suspendTimeoutMillis",
+        "subVersion",
+    } <= set(pull.headers)
+    assert pull.headers["sysFlag"] == 0 and pull.headers["commitOffset"] == 0
+    assert pull_request("cg", "T", 1, 5, 32, 1000, commit_offset=4).headers["sysFlag"] == 0x1 | 0x2
+    # CreateTopicRequestHeader as mqadmin's updateTopic fills it
+    headers = create_topic_headers("T", 8, 4, 6)
+    got = decoded(encode_command(RemotingCommand(17, headers), crc=False)).headers
+    assert got == {
+        "topic": "T",
+        "defaultTopic": "TBW102",
+        "readQueueNums": "8",
+        "writeQueueNums": "4",
+        "perm": "6",
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0",
+        "order": "false",
+    }
