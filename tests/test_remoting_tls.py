@@ -225,6 +225,36 @@ def test_slow_tls_handshake_is_closed(
     assert wait_log(ns, "no TLS handshake or frame within handshake_timeout_s")
 
 
+def test_probe_against_an_enforcing_namesrv(namesrv_factory: Any, pki: dict[str, str]) -> None:  # noqa: F811
+    """`jepsen probe` over TLS: malformed frames, slowloris and a flood of plain sockets (which the
+    listener holds while it waits for their first byte) stay within the listener's bounds."""
+    ns = namesrv_factory(tls_server_mode="enforcing", handshake_timeout_s=1.0, max_connections=20, **pki)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "jepsen", "probe", "--namesrv", ns.addr),
+            *("--tls-ca-file", pki["tls_ca_file"]),
+            *("--remoting-handshake-timeout-s", "1", "--remoting-max-connections", "20"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    verdicts = {r["probe"]: r["result"] for r in summary["probes"]}
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verdicts == {
+        "garbage": "pass",
+        "oversize-length": "pass",
+        "truncated-header": "pass",
+        "bad-json-header": "pass",
+        "unknown-code": "pass",
+        "slowloris": "pass",
+        "flood": "pass",
+        "dedup-growth": "skip",
+    }, summary
+    assert wait_log(ns, "connection refused: max_connections reached")
+
+
 # --- a TLS broker group: registration, producer, consumer, admin ------------------------------------
 
 

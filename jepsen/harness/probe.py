@@ -21,6 +21,8 @@ request afterwards. The probes:
 The limits the probes expect are the servers' defaults unless given (``--remoting-max-connections``
 and friends); with no address at all, the command stands up a local group itself (one
 nameserver, one broker with its ledger member) with small limits, probes it and stops it.
+With ``--tls-ca-file`` every probe speaks TLS (as the clients of a ``tls_server_mode``
+listener must) except the flood, whose plain sockets must be bounded all the same.
 Heartbeat and de-dup probes leave forged entries behind until they expire: point them at a
 production group with care.
 """
@@ -33,6 +35,7 @@ import json
 import os
 import resource
 import socket
+import ssl
 import struct
 import sys
 import tempfile
@@ -44,14 +47,17 @@ from typing import Any
 
 import click
 
+from common.settings import ConfigError
 from jepsen.harness.forge import _old_hello, _wrong_secret, forged_append  # the attacks themselves
 from jepsen.localgroup import LocalBrokerGroup
 from ledger.auth import PeerAuth
 from ledger.client import LedgerClient
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.codes import response_code_name
+from remoting.config import RemotingConfig
 from remoting.exceptions import ProtocolError, RemotingError
 from remoting.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, FrameDecoder, encode_command
+from remoting.tls import client_ssl
 
 NAMESRV, BROKER, LEDGER = "namesrv", "broker", "ledger"
 HTTP_GARBAGE = b"GET / HTTP/1.1\r\nHost: probe\r\nUser-Agent: jepsen-probe\r\n\r\n"
@@ -93,6 +99,16 @@ class Limits:
     ledger_secret: bytes | None = field(default=None, repr=False)
     ledger_claim: str = ""
     """Member id a forged peer claims; default the leader's (the node's own id when it leads)."""
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
+    """Set: the probes speak TLS to every listener (as its clients must), floods stay plain TCP."""
+
+    def remoting_client(self, name: str) -> RemotingClient:
+        return RemotingClient(RemotingConfig(client_ssl=self.tls), name=name)
+
+    def ledger_client(self, t: Target) -> LedgerClient:
+        return LedgerClient(
+            [t.addr], timeout=3.0, attempt_timeout=3.0, secret=self.ledger_secret, ssl=self.tls
+        )
 
     def handshake_timeout(self, t: Target) -> float:
         return self.ledger_handshake_timeout_s if t.kind == LEDGER else self.remoting_handshake_timeout_s
@@ -123,9 +139,12 @@ class Row:
 # --- sockets --------------------------------------------------------------------------------------
 
 
-async def _open(t: Target) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open(t: Target, limits: Limits) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = t.host_port
-    return await asyncio.wait_for(asyncio.open_connection(host, port), 3.0)
+    tls = limits.tls
+    return await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), 3.0
+    )
 
 
 async def _reaction(reader: asyncio.StreamReader, timeout: float) -> tuple[str, bytes]:
@@ -151,9 +170,7 @@ async def serves(t: Target, limits: Limits) -> str | None:
     """None when the listener answers a normal request on a fresh connection, else why not."""
     try:
         if t.kind == LEDGER:
-            async with LedgerClient(
-                [t.addr], timeout=3.0, attempt_timeout=3.0, secret=limits.ledger_secret
-            ) as lc:
+            async with limits.ledger_client(t) as lc:
                 await lc.status(t.addr)
             return None
         code = (
@@ -161,7 +178,7 @@ async def serves(t: Target, limits: Limits) -> str | None:
             if t.kind == NAMESRV
             else RequestCode.GET_BROKER_RUNTIME_INFO
         )
-        async with RemotingClient(name="probe") as rc:
+        async with limits.remoting_client("probe") as rc:
             resp = await rc.invoke_sync(t.addr, RemotingCommand.request(code), 3.0)
         return None if resp.is_success else f"answered {response_code_name(resp.code)}"
     except Exception as exc:  # noqa: BLE001 - any failure is the finding
@@ -255,7 +272,7 @@ async def probe_malformed(t: Target, limits: Limits) -> list[Row]:
     rows = []
     for name, (frames, accept, expected) in malformed_payloads(t.kind).items():
         try:
-            reader, writer = await _open(t)
+            reader, writer = await _open(t, limits)
         except (OSError, TimeoutError) as exc:
             rows.append(Row(name, t.name, expected, f"cannot connect: {exc}", False))
             continue
@@ -294,7 +311,7 @@ async def probe_slowloris(t: Target, limits: Limits) -> Row:
     conns = []
     try:
         for _ in range(SLOWLORIS_CONNECTIONS):
-            reader, writer = await _open(t)
+            reader, writer = await _open(t, limits)
             writer.write(_partial_frame(t.kind))
             conns.append((reader, writer))
         started = time.monotonic()
@@ -373,13 +390,11 @@ class _Established:
         try:
             if t.kind == LEDGER:
                 if self.ledger is None:
-                    self.ledger = LedgerClient(
-                        [t.addr], timeout=3.0, attempt_timeout=3.0, secret=self.limits.ledger_secret
-                    )
+                    self.ledger = self.limits.ledger_client(t)
                 await self.ledger.status(t.addr)
                 return None
             if self.remoting is None:
-                self.remoting = RemotingClient(name="probe-established")
+                self.remoting = self.limits.remoting_client("probe-established")
             code = (
                 RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER
                 if t.kind == NAMESRV
@@ -431,7 +446,7 @@ async def probe_flood(t: Target, limits: Limits) -> Row:
 
 
 async def _ledger_status(t: Target, limits: Limits) -> dict[str, Any]:
-    async with LedgerClient([t.addr], timeout=3.0, attempt_timeout=3.0, secret=limits.ledger_secret) as lc:
+    async with limits.ledger_client(t) as lc:
         return await lc.status(t.addr)
 
 
@@ -534,7 +549,7 @@ async def probe_heartbeats(t: Target, limits: Limits) -> Row:
     codes: dict[int, int] = {}
     run = os.getpid()
     try:
-        async with RemotingClient(name="probe-heartbeats") as rc:
+        async with limits.remoting_client("probe-heartbeats") as rc:
 
             async def beat(i: int) -> None:
                 body = json.dumps(
@@ -561,8 +576,8 @@ async def probe_heartbeats(t: Target, limits: Limits) -> Row:
     return Row("heartbeat-growth", t.name, expected, outcome, ok)
 
 
-async def _dedup_keys(addr: str) -> tuple[str, int] | None:
-    async with RemotingClient(name="probe-dedup") as rc:
+async def _dedup_keys(addr: str, limits: Limits) -> tuple[str, int] | None:
+    async with limits.remoting_client("probe-dedup") as rc:
         resp = await rc.invoke_sync(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0)
     if not resp.is_success:
         return None
@@ -571,6 +586,7 @@ async def _dedup_keys(addr: str) -> tuple[str, int] | None:
 
 
 async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Limits) -> Row:
+    from client.instance import ClientInstance
     from client.producer import Producer
     from remoting.message import Message
 
@@ -582,7 +598,7 @@ async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Lim
     try:
         master = None
         for b in brokers:
-            info = await _dedup_keys(b.addr)
+            info = await _dedup_keys(b.addr, limits)
             if info is not None and info[0] == "MASTER":
                 master = b
         if master is None:
@@ -598,11 +614,17 @@ async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Lim
         before = rss_kib(pid) if pid else None
         ns = ";".join(n.addr for n in namesrvs)
         for p in range(producers):
-            async with Producer(f"jepsen-probe-dedup-{p}", ns, idempotent=True) as producer:
-                for lo in range(0, per_producer, 100):
-                    n = min(100, per_producer - lo)
-                    await producer.send_batch([Message(limits.topic, b"probe") for _ in range(n)])
-        info = await _dedup_keys(master.addr)
+            instance = ClientInstance(ns, name=f"probe-dedup-{p}", tls=limits.tls)
+            try:
+                async with Producer(
+                    f"jepsen-probe-dedup-{p}", instance=instance, idempotent=True
+                ) as producer:
+                    for lo in range(0, per_producer, 100):
+                        n = min(100, per_producer - lo)
+                        await producer.send_batch([Message(limits.topic, b"probe") for _ in range(n)])
+            finally:
+                await instance.close()
+        info = await _dedup_keys(master.addr, limits)
     except Exception as exc:  # noqa: BLE001 - report, do not crash the table
         return Row("dedup-growth", target, expected, f"{type(exc).__name__}: {exc}"[:200], False)
     keys = info[1] if info else -1
@@ -750,6 +772,9 @@ def _check_addrs(kind: str, addrs: tuple[str, ...]) -> list[Target]:
 @click.option(
     "--rss-bound-mib", type=float, default=64.0, show_default=True, help="Allowed RSS growth per probe."
 )
+@click.option("--tls-ca-file", default="", help="Speak TLS to every listener, trusting this CA (PEM).")
+@click.option("--tls-cert-file", default="", help="Client certificate for listeners that require one.")
+@click.option("--tls-key-file", default="", help="Key of --tls-cert-file.")
 @click.option("--ledger-claim", default="", help="Member id forged peers claim (default: the leader's).")
 @click.option(
     "--ledger-secret-file", type=click.Path(dir_okay=False, exists=True), help="For ledgers with client_auth."
@@ -772,6 +797,9 @@ def probe(
     ledger_secret_file: str | None,
     local_brokers: int,
     work_dir: str | None,
+    tls_ca_file: str,
+    tls_cert_file: str,
+    tls_key_file: str,
     **limit_opts: Any,
 ) -> None:
     """Replay malformed-frame, slowloris, flood, forged-peer and growth probes; print a table.
@@ -781,9 +809,13 @@ def probe(
     """
     targets = _check_addrs(NAMESRV, namesrvs) + _check_addrs(BROKER, brokers) + _check_addrs(LEDGER, ledgers)
     secret = Path(ledger_secret_file).read_bytes().rstrip(b"\r\n") if ledger_secret_file else None
+    try:
+        tls = client_ssl(bool(tls_ca_file), tls_ca_file, tls_cert_file, tls_key_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     started = time.monotonic()
     if targets:
-        limits = Limits(topic=topic, ledger_secret=secret, **limit_opts)
+        limits = Limits(topic=topic, ledger_secret=secret, tls=tls, **limit_opts)
         rows = asyncio.run(run_probes(targets, limits))
     else:
         base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="jepsen-probe-"))
