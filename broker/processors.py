@@ -34,6 +34,7 @@ from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ, PERM_WRITE, topic_name_error
 
 from . import codec
+from .admin_stats import AdminStats
 from .config import BrokerConfig
 from .message_store import MessageStore, Stored
 from .meta import offset_op, topic_op
@@ -184,6 +185,7 @@ class Processors:
         }
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
+        table.update(AdminStats.of(self).handlers())  # topic/consume stats, runtime info with KVTable
         for code, fn in table.items():
             server.register_processor(code, fn)
 

@@ -274,6 +274,19 @@ def topic_list(ctx: _Ctx) -> None:
         click.echo(t)
 
 
+@main.command("topic-status")
+@click.option("-t", "--topic", required=True)
+@pass_ctx
+def topic_status(ctx: _Ctx, topic: str) -> None:
+    """Per queue of a topic: min and max offset and when its last message was stored (mqadmin topicStatus)."""
+    table = ctx.run(lambda a: a.topic_stats(topic))
+    rows = [
+        (q.broker_name, q.queue_id, o.min_offset, o.max_offset, _ts(o.last_update_timestamp))
+        for q, o in sorted(table.items())
+    ]
+    _table(("#Broker Name", "#QID", "#Min Offset", "#Max Offset", "#Last Updated"), rows)
+
+
 # --- cluster and brokers ------------------------------------------------------------------------------
 @main.command("cluster-list")
 @click.option("-c", "--cluster", help="Only this cluster.")
@@ -507,6 +520,38 @@ def get_consumer_offset(ctx: _Ctx, group: str, topic: str) -> None:
         )
     _table(("#Broker", "#QID", "#BrokerOffset", "#ConsumerOffset", "#Diff", "#Error"), rows)
     click.echo(f"Diff Total: {total}")
+
+
+@main.command("consumer-progress")
+@click.option("-g", "--group", required=True)
+@click.option(
+    "-t",
+    "--topic",
+    default=None,
+    help="Only this topic (default: every topic the group committed offsets of).",
+)
+@pass_ctx
+def consumer_progress(ctx: _Ctx, group: str, topic: str | None) -> None:
+    """Per queue: broker offset, the group's offset, the lag and the store time of the last
+    message it consumed, then its consume rate and total lag (mqadmin consumerProgress)."""
+    stats = ctx.run(lambda a: a.consume_stats(group, topic))
+    rows = [
+        (
+            q.topic,
+            q.broker_name,
+            q.queue_id,
+            o.broker_offset,
+            o.consumer_offset,
+            o.diff,
+            _ts(o.last_timestamp),
+        )
+        for q, o in sorted(stats.offsets.items())
+    ]
+    _table(
+        ("#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime"), rows
+    )
+    click.echo(f"Consume TPS: {stats.consume_tps:.2f}")
+    click.echo(f"Diff Total: {stats.diff_total}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,10 +18,11 @@ from client.errors import BrokerError, ClientError, NoBrokerAvailableError
 from client.instance import ClientInstance
 from client.route import MessageQueue
 from remoting.codes import RequestCode, ResponseCode, response_code_name
-from remoting.exceptions import RemotingError
+from remoting.exceptions import RemotingCommandError, RemotingError
 from remoting.message import Message, parse_offset_msg_id
 from remoting.protocol import HeaderValue, RemotingCommand
 from remoting.route import MASTER_ID, BrokerData, ClusterInfo, TopicRouteData
+from remoting.stats_body import ConsumeStats, QueueKey, TopicOffset, decode_consume_stats, decode_topic_stats
 from remoting.topic import PERM_READ_WRITE, topic_name_error
 
 
@@ -174,6 +175,72 @@ class AdminClient(ConsumerBase):
         if not isinstance(info, dict):
             raise BrokerError(response.code, "runtime info is not a JSON object", addr, "broker runtime info")
         return info
+
+    async def topic_stats(self, topic: str) -> dict[QueueKey, TopicOffset]:
+        """Per queue of ``topic`` on every group serving it: min and max offset and when its last
+        message was stored (mqadmin topicStatus; GET_TOPIC_STATS_INFO of each group's master)."""
+        route = await self.instance.routes.route(topic, force=True)
+        merged: dict[QueueKey, TopicOffset] = {}
+        for bd in sorted(route.broker_datas, key=lambda b: b.broker_name):
+            addr = bd.select_broker_addr()
+            if addr is None:
+                raise NoBrokerAvailableError(
+                    f"topic stats of {topic}: broker group {bd.broker_name} has no member"
+                )
+            response = await call(
+                self.instance.remoting,
+                addr,
+                RequestCode.GET_TOPIC_STATS_INFO,
+                {B.TOPIC: topic},
+                timeout_s=self.call_timeout_s,
+                what=f"topic stats of {topic}",
+            )
+            try:
+                merged.update(decode_topic_stats(response.body))
+            except RemotingCommandError as exc:
+                raise BrokerError(response.code, str(exc), addr, f"topic stats of {topic}") from None
+        return merged
+
+    async def consume_stats(self, group: str, topic: str | None = None) -> ConsumeStats:
+        """Per queue: the broker's max offset, ``group``'s committed offset and the store time of
+        the last message it consumed, plus its consume rate (mqadmin consumerProgress;
+        GET_CONSUME_STATS). Asks the groups serving ``topic``, or every group when it is None.
+        ClientError when no broker has stats for the group."""
+        if topic is not None:
+            groups = (await self.instance.routes.route(topic, force=True)).broker_datas
+        else:
+            groups = list((await self.broker_groups()).values())
+        headers: dict[str, HeaderValue] = {B.CONSUMER_GROUP: group}
+        if topic is not None:
+            headers[B.TOPIC] = topic
+        merged = ConsumeStats({})
+        remarks: list[str] = []
+        for bd in sorted(groups, key=lambda b: b.broker_name):
+            addr = bd.select_broker_addr()
+            if addr is None:
+                remarks.append(f"{bd.broker_name}: no member")
+                continue
+            what = f"consume stats of {group}"
+            response = await call(
+                self.instance.remoting,
+                addr,
+                RequestCode.GET_CONSUME_STATS,
+                headers,
+                timeout_s=self.call_timeout_s,
+                what=what,
+            )
+            try:
+                stats = decode_consume_stats(response.body)
+            except RemotingCommandError as exc:
+                raise BrokerError(response.code, str(exc), addr, what) from None
+            merged.offsets.update(stats.offsets)
+            merged.consume_tps += stats.consume_tps
+            if response.remark:
+                remarks.append(response.remark)
+        if not merged.offsets:
+            why = "; ".join(remarks) or "no broker group is known"
+            raise ClientError(f"consumer group {group} has no consume stats on any broker: {why}")
+        return merged
 
     async def all_topic_config(self, addr: str) -> Any:
         response = await call(
