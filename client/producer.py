@@ -155,7 +155,7 @@ class Producer:
         if not isinstance(msg, Message):
             raise MessageInvalidError(f"expected a remoting.message.Message, got {type(msg).__name__}")
         topic = msg.topic
-        if topic not in self._checked_topics:
+        if topic.__class__ is not str or topic not in self._checked_topics:
             problem = topic_name_error(topic)
             if problem:
                 raise MessageInvalidError(f"message topic: {problem}")

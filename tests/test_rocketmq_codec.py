@@ -15,6 +15,7 @@ import pytest
 
 from client.admin_api import create_topic_headers
 from client.broker_api import pull_request
+from client.errors import MessageInvalidError
 from client.producer import Producer
 from remoting.codes import RequestCode
 from remoting.headers import SEND_V2_FULL_NAMES, SEND_V2_NAMES
@@ -357,3 +358,17 @@ def test_pull_and_create_topic_requests_carry_every_required_field() -> None:
         "topicSysFlag": "0",
         "order": "false",
     }
+
+
+def test_producer_checks_every_topic_before_building_a_request() -> None:
+    producer = Producer("pg-check", "127.0.0.1:9876")
+    producer._message_request(Message("GoodTopic", b"x"))  # remembered as checked
+    for bad, reason in (
+        (["GoodTopic"], "non-empty string"),
+        ("bad topic", "may only contain"),
+        ("", "non-empty"),
+    ):
+        msg = Message("GoodTopic", b"x")
+        msg.topic = bad  # type: ignore[assignment]
+        with pytest.raises(MessageInvalidError, match=reason):
+            producer._message_request(msg)
