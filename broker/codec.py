@@ -67,7 +67,8 @@ __all__ = [
     "entry_records",
     "make_position",
     "pack_entries",
-    "parse_entry",
+    "entry_store_ms",
+    "properties_in_place",
     "parse_record",
     "record_count",
     "record_keys",
@@ -196,72 +197,25 @@ def parse_record(rec: Record) -> tuple[bytes, int, int, bytes | None, bytes | No
     return topic, qid, tag_code(tags), uniq, keyed
 
 
-_FIXED = struct.Struct(">i4s4xi20xi44xi")  # total size, magic, queue id, sys flag, body length
-Parsed = tuple[bytes, int, int, bytes | None, bytes | None, int]
-"""(raw topic, queue id, tags code, UNIQ_KEY, properties if keyed, record size)."""
+RECORD_FIXED = struct.Struct(">i4s4xi20xi44xi")
+"""A stored record's total size, magic code, queue id, sys flag and body length, in one unpack."""
+V6_FLAGS = _V6
+UNIQ_PROBE = _UNIQ_PROBE
 
 
-def parse_entry(data: Record) -> list[Parsed | CodecError]:
-    """Every record of a message entry parsed in one pass over the entry (no per-record copy):
-    the dispatcher's hot path, run for every message on every broker. A record whose own
-    lengths do not add up is a CodecError in its slot; CodecError is raised when the entry's
-    record boundaries themselves are broken (then no slot can be trusted)."""
-    if type(data) is not bytes:
-        data = bytes(data)
-    n = len(data)
-    if n < 8 or data[4:8] != _MAGIC:  # not KIND_MESSAGE
-        raise CodecError(f"ledger entry of type {entry_kind(data)} holds no message records")
-    out: list[Parsed | CodecError] = []
-    unpack = _FIXED.unpack_from
-    find = data.find
-    off = 0
-    while off < n:
-        if n - off < STORED_HEADER_SIZE + 3:
-            if n - off >= 8 and data[off + 4 : off + 8] == _MAGIC:
-                size = int.from_bytes(data[off : off + 4], "big")
-                if STORED_HEADER_SIZE > size and off + size <= n:
-                    out.append(CodecError(f"stored record of {size} bytes is truncated"))
-                    off += size
-                    continue
-            raise CodecError(f"message entry: truncated record at byte {off}")
-        size, magic, qid, sysflag, blen = unpack(data, off)
-        end = off + size
-        if size < 8 or end > n or magic != _MAGIC:
-            raise CodecError(f"message entry: bad record of size {size} at byte {off}")
-        if sysflag & _V6:
-            try:
-                topic, qid, code, uniq, keyed = parse_record(data[off:end])
-            except CodecError as exc:
-                out.append(exc)
-            else:
-                out.append((topic, qid, code, uniq, keyed, size))
-            off = end
-            continue
-        p = off + STORED_HEADER_SIZE + blen
-        if blen < 0 or p + 3 > end:
-            out.append(CodecError(f"stored record at byte {off}: body length {blen} runs past its end"))
-            off = end
-            continue
-        tlen = data[p]
-        topic = data[p + 1 : p + 1 + tlen]
-        p += 1 + tlen
-        if p + 2 > end or p + 2 + (data[p] << 8 | data[p + 1]) != end:
-            out.append(CodecError(f"stored record at byte {off}: lengths do not add up to its {size} bytes"))
-            off = end
-            continue
-        p += 2
-        if p == end:
-            out.append((topic, qid, 0, None, None, size))
-        elif data.startswith(_UNIQ_PROBE, p) and find(b"\x02", p, end) == end - 1:
-            # Only a UNIQ_KEY: what producers send when a message has no tags, keys or properties.
-            out.append((topic, qid, 0, data[p + len(_UNIQ_PROBE) : end - 1], None, size))
-        else:
-            tags = _prop(data, _TAGS_PROBE, p, end)
-            uniq = _prop(data, _UNIQ_PROBE, p, end)
-            keyed = data[p:end] if find(_KEYS_PROBE, p, end) >= 0 else None
-            out.append((topic, qid, tag_code(tags), uniq, keyed, size))
-        off = end
-    return out
+def entry_store_ms(data: bytes) -> int:
+    """When the master stored the first record of a message entry (ms since the epoch)."""
+    at = 68 if int.from_bytes(data[36:40], "big") & SYSFLAG_BORNHOST_V6 else 56  # after the born host
+    return int.from_bytes(data[at : at + 8], "big", signed=True)
+
+
+def properties_in_place(data: bytes, start: int, end: int) -> tuple[int, bytes | None, bytes | None]:
+    """(tags code, UNIQ_KEY or None, the properties if they carry KEYS) of the properties
+    text ``data[start:end]``, looked up in place."""
+    tags = _prop(data, _TAGS_PROBE, start, end)
+    uniq = _prop(data, _UNIQ_PROBE, start, end)
+    keyed = data[start:end] if data.find(_KEYS_PROBE, start, end) >= 0 else None
+    return tag_code(tags), uniq, keyed
 
 
 def record_keys(props: Record) -> list[str]:

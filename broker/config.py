@@ -47,7 +47,8 @@ class BrokerConfig:
     long_poll_max_ms: int = 30_000
     slave_read_enable: bool = True
     pull_read_index: bool = True  # masters confirm leadership before a pull (no stale reads)
-    dedup_window: int = 100_000  # sequence numbers remembered per idempotent producer
+    dedup_window: int = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
+    dedup_ttl_s: float = 600.0  # ... for at most this long, by the records' store time (0: no limit)
     apply_slice_bytes: int = 1 << 20  # committed entries applied per event-loop turn (replay, catch-up)
     read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
@@ -156,6 +157,8 @@ class BrokerConfig:
             raise ConfigError(str(exc)) from None
         if self.dedup_window < 1:
             raise ConfigError(f"key 'dedup_window' must be at least 1, got {self.dedup_window}")
+        if not self.dedup_ttl_s >= 0:
+            raise ConfigError(f"key 'dedup_ttl_s' must be 0 (no limit) or more, got {self.dedup_ttl_s}")
         if self.max_message_bytes < 1 or self.max_message_bytes > 64 << 20:
             raise ConfigError("key 'max_message_bytes' must be between 1 and 64 MiB")
 

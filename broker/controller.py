@@ -62,7 +62,9 @@ class BrokerController:
         """Open the ledger, replay it into the message store, and set up listeners and processors."""
         cfg = self.config
         self.ledger = EmbeddedLedger(cfg.ledger_config())
-        self._store = MessageStore(self.ledger, cfg.broker_name, cfg.dedup_window, cfg.apply_slice_bytes)
+        self._store = MessageStore(
+            self.ledger, cfg.broker_name, cfg.dedup_window, cfg.apply_slice_bytes, cfg.dedup_ttl_s
+        )
         self.ledger.on_role(self._on_role)
         self.ledger.on_leader_ready(self._on_leader_ready)
         self._store.topic_listeners.append(lambda: self.trigger_register())

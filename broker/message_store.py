@@ -30,7 +30,7 @@ from remoting.topic import TopicConfig, TopicConfigWrapper
 from . import codec
 from .codec import SLOT_BITS, CodecError, Record
 from .consume_queue import ConsumeQueue
-from .state import DEFAULT_DEDUP_WINDOW, BrokerState, Effects, Stored
+from .state import DEFAULT_DEDUP_TTL_S, DEFAULT_DEDUP_WINDOW, BrokerState, Effects, Stored
 
 __all__ = ["MessageStore", "Stored"]
 
@@ -38,6 +38,11 @@ log = logging.getLogger("broker.store")
 
 DEFAULT_APPLY_SLICE_BYTES = 1 << 20  # committed entries applied per event-loop turn
 MAX_COALESCED_PAYLOADS = 4096  # entries of appends proposed together; more are proposed at once
+# Bytes of appends proposed together: once the appends queued in a turn hold this much, they
+# are proposed at once. A producer batch is already one large write; holding it to the end of
+# the turn would make every batch of the turn wait for all of them and move through the
+# group in lockstep (one proposal in flight, the pipeline idle during each fsync).
+MAX_COALESCED_BYTES = 64 << 10
 SLOT_MASK = (1 << SLOT_BITS) - 1
 SPLIT_CACHE_ENTRIES = 16  # batch entries kept split for pulls that walk them a slice at a time
 
@@ -52,11 +57,12 @@ class MessageStore:
         broker_name: str,
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         apply_slice_bytes: int = DEFAULT_APPLY_SLICE_BYTES,
+        dedup_ttl_s: float = DEFAULT_DEDUP_TTL_S,
     ) -> None:
         self.ledger = ledger
         self.broker_name = broker_name
         self.apply_slice_bytes = apply_slice_bytes
-        self.state = BrokerState(dedup_window, applied=ledger.first_index - 1)
+        self.state = BrokerState(dedup_window, applied=ledger.first_index - 1, dedup_ttl_s=dedup_ttl_s)
         self.waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
         self.topic_listeners: list[Callable[[], None]] = []
         # (index, tie-breaker, callback): run once the state has applied that index
@@ -67,6 +73,7 @@ class MessageStore:
         # appends of this event-loop turn, proposed together at its end (see append)
         self._queued: list[_Queued] = []
         self._queued_payloads = 0
+        self._queued_bytes = 0
         ledger.on_commit(self._on_commit)
 
     # ------------------------------------------------------------------ state, as the processors see it
@@ -182,14 +189,15 @@ class MessageStore:
         queued = self._queued
         queued.append((payloads, done, hint))
         self._queued_payloads += len(payloads)
-        if self._queued_payloads >= MAX_COALESCED_PAYLOADS:
+        self._queued_bytes += sum(map(len, payloads))
+        if self._queued_payloads >= MAX_COALESCED_PAYLOADS or self._queued_bytes >= MAX_COALESCED_BYTES:
             self._propose_queued()
         elif len(queued) == 1:
             asyncio.get_running_loop().call_soon(self._propose_queued)
 
     def _propose_queued(self) -> None:
         """Propose the appends queued this turn as one proposal; answer each from its share."""
-        queued, self._queued, self._queued_payloads = self._queued, [], 0
+        queued, self._queued, self._queued_payloads, self._queued_bytes = self._queued, [], 0, 0
         if not queued:
             return
         if len(queued) == 1:

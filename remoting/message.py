@@ -32,6 +32,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD-accelerated: 5x faster on 1 KiB bodies
+
 SLOT_BITS = 16
 MAX_BATCH_SLOTS = 1 << SLOT_BITS
 _SLOT_MASK = MAX_BATCH_SLOTS - 1
@@ -148,7 +150,7 @@ BATCH_ITEM_OVERHEAD = _BATCH_HEAD.size + 2
 
 def body_crc(body: bytes | memoryview) -> int:
     """RocketMQ's body CRC: CRC32 masked to a non-negative Java int (``UtilAll.crc32``)."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def java_string_hash(text: str) -> int:
@@ -306,6 +308,12 @@ def _host(raw: bytes) -> str:
     return text
 
 
+_TOPICS: dict[bytes, str] = {}  # raw topic -> name, for decoding pulls without a decode per message
+_TOPICS_MAX = 4096
+_UNIQ_ONLY_PREFIX = b"UNIQ_KEY\x01"
+_UNIQ_ONLY_LEN = len(_UNIQ_ONLY_PREFIX) + 32 + 1  # a RocketMQ client id: 32 hex digits
+
+
 def decode_stored_messages(
     data: bytes | memoryview, *, verify_crc: bool = False, max_messages: int = 1 << 20
 ) -> list[Message]:
@@ -355,32 +363,55 @@ def decode_stored_messages(
         ) = unpack4(b, off)
         end = off + size
         p = off + STORED_HEADER_SIZE
-        where = f"stored message {len(out)} at byte {off}"
         if magic != MESSAGE_MAGIC_CODE:
             if magic == MESSAGE_MAGIC_CODE_V2:
                 out.append(_decode_stored_slow(b, off, len(out), verify_crc))
                 off = end
                 continue
-            raise MessageFormatError(f"{where}: bad magic code {magic & 0xFFFFFFFF:#010x}")
+            raise MessageFormatError(
+                f"stored message {len(out)} at byte {off}: bad magic code {magic & 0xFFFFFFFF:#010x}"
+            )
         if blen < 0 or p + blen + 3 > end:
-            raise MessageFormatError(f"{where}: body length {blen} runs past the record")
+            raise MessageFormatError(
+                f"stored message {len(out)} at byte {off}: body length {blen} runs past the record"
+            )
         body = b[p : p + blen]
         p += blen
-        if verify_crc and zlib.crc32(body) & 0x7FFFFFFF != crc:
-            raise MessageFormatError(f"{where}: body CRC mismatch")
+        if verify_crc and crc32(body) & 0x7FFFFFFF != crc:
+            raise MessageFormatError(f"stored message {len(out)} at byte {off}: body CRC mismatch")
         tlen = b[p]
-        topic = b[p + 1 : p + 1 + tlen].decode()
+        raw_topic = b[p + 1 : p + 1 + tlen]
+        topic = _TOPICS.get(raw_topic)
+        if topic is None:
+            topic = raw_topic.decode()
+            if len(_TOPICS) < _TOPICS_MAX:
+                _TOPICS[raw_topic] = topic
         p += 1 + tlen
         plen = b[p] << 8 | b[p + 1] if p + 1 < end else -1
         p += 2
         if plen < 0 or p + plen != end:
-            raise MessageFormatError(f"{where}: properties length {plen} does not end the record")
-        props = properties_from_bytes(b[p:end], f"{where}: properties") if plen else {}
+            raise MessageFormatError(
+                f"stored message {len(out)} at byte {off}: properties length {plen} does not end the record"
+            )
+        if (
+            plen == _UNIQ_ONLY_LEN
+            and b.startswith(_UNIQ_ONLY_PREFIX, p)
+            and b[end - 1] == 2
+            and (uniq := b[p + len(_UNIQ_ONLY_PREFIX) : end - 1]).isalnum()
+        ):
+            # What producers send for a message without tags, keys or properties: its id alone.
+            props = {PROPERTY_UNIQ_KEY: uniq.decode("ascii")}
+        elif plen:
+            props = properties_from_bytes(b[p:end], f"stored message {len(out)} at byte {off}: properties")
+        else:
+            props = {}
         if sysflag & SYSFLAG_COMPRESSED:
             try:
                 body = zlib.decompress(body)
             except zlib.error as exc:
-                raise MessageFormatError(f"{where}: compressed body does not inflate: {exc}") from None
+                raise MessageFormatError(
+                    f"stored message {len(out)} at byte {off}: compressed body does not inflate: {exc}"
+                ) from None
         tags = props.pop(PROPERTY_TAGS, None)
         keys = props.pop(PROPERTY_KEYS, "")
         msg_id = (store_host + pack_q(phys)).hex().upper()
@@ -568,6 +599,12 @@ class UniqueIdGenerator:
         now = time.gmtime()
         self._month_start_ms = int(time.mktime((now.tm_year, now.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
 
+    def many(self, count: int, now_ms: int) -> list[str]:
+        """``count`` new ids stamped ``now_ms``, for a producer's batch: the prefix and time
+        part are formatted once, and the counters taken in one step (atomic under the GIL)."""
+        head = f"{self._prefix}{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
+        return [f"{head}{c & 0xFFFF:04X}" for c in itertools.islice(self._counter, count)]
+
     def next(self, now_ms: int | None = None) -> str:
         """A new id; ``now_ms`` saves a clock read when the caller has one."""
         ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -604,7 +641,7 @@ def build_stored_record(
     head = _RECORD_HEAD4.pack(
         size,
         MESSAGE_MAGIC_CODE,
-        zlib.crc32(body) & 0x7FFFFFFF,
+        crc32(body) & 0x7FFFFFFF,
         queue_id,
         flag,
         0,

@@ -187,3 +187,91 @@ def test_offsets_of_forgets_messages_retention_removed():
     assert state.queue_offset_of("T", 0, make_position(5)) == 4
     assert state.queue_offset_of("T", 0, make_position(2)) == -1
     assert state.offsets_of("T", 9) == (0, 0)
+
+
+def _stored(
+    body: bytes, store_ms: int, key: str, topic: bytes = b"T", queue_id: int = 0, **props: str
+) -> bytes:
+    """A stored record with a chosen store time (the de-duplication TTL's clock) and UNIQ_KEY."""
+    raw = properties_to_bytes({"UNIQ_KEY": key, **props})
+    return codec.build_stored_record(topic, queue_id, body, raw, 0, 0, 1, b"\x00" * 8, store_ms, b"\x00" * 8)
+
+
+def test_dedup_keys_expire_by_the_records_store_time():
+    state = BrokerState(dedup_window=1000, dedup_ttl_s=60)
+    applied(state, _stored(b"a", 1_000, "k-a"), _stored(b"b", 30_000, "k-b"))
+    ((dup,),) = applied(state, _stored(b"a", 50_000, "k-a"))
+    assert dup.duplicate, "within the TTL a resend is de-duplicated"
+    # 70 s: k-a (stored at 1 s) is older than 60 s and forgotten; k-b (30 s) is not.
+    applied(state, _stored(b"c", 70_000, "k-c"))
+    assert list(state.uniq) == [b"k-b", b"k-c"]
+    ((again,),) = applied(state, _stored(b"a", 71_000, "k-a"))
+    assert not again.duplicate and again.queue_offset == 3, "past the TTL a resend is stored again"
+    # A new master whose clock lags the last one's does not bring forgotten keys back.
+    applied(state, _stored(b"d", 65_000, "k-d"))
+    assert b"k-a" in state.uniq and b"k-b" in state.uniq
+    with pytest.raises(ValueError, match="dedup_ttl_s"):
+        BrokerState(dedup_ttl_s=-1)
+
+
+def test_batches_dispatched_in_bulk_match_record_by_record(monkeypatch):
+    """The bulk path for uniform batches and the record-by-record path agree on every entry
+    shape: uniform batches, unequal bodies, tags, keys, two queues, duplicates within a
+    batch and of earlier entries, no properties, a truncated entry."""
+    n = iter(range(1_000_000))
+
+    def batch(k: int, *, size: int = 64, vary: bool = False, dup: str | None = None, **props: str) -> bytes:
+        recs = []
+        for i in range(k):
+            body = b"x" * (size + (i % 3 if vary else 0))
+            key = dup if dup and i == k - 1 else f"K{next(n):031d}"
+            recs.append(_stored(body, 1_000 + i, key, **props))
+        return encode_batch_entry(recs)
+
+    plain = encode_batch_entry(
+        [codec.build_stored_record(b"T", 1, b"p", b"", 0, 0, 1, b"\0" * 8, 5, b"\0" * 8)] * 3
+    )
+    first = batch(5)
+    resend_key = codec.parse_record(codec.entry_records(first)[2])[3].decode()
+    two_queues = encode_batch_entry([_stored(b"q", 9, f"Q{i:031d}", queue_id=i % 2) for i in range(4)])
+    entries = [
+        first,
+        batch(7, vary=True),
+        batch(4, TAGS="tagA"),
+        batch(3, KEYS="order-1"),
+        two_queues,
+        batch(6, dup=resend_key),  # the last record repeats one of the first entry
+        encode_batch_entry([_stored(b"z", 1, "DUP"), _stored(b"z", 1, "DUP")]),  # within one batch
+        plain,
+        batch(5)[:-7],  # truncated: nothing of it is stored
+        batch(128, size=1024),
+    ]
+    bulk = BrokerState(dedup_window=30)
+    taken = []
+    uniform = BrokerState._dispatch_uniform
+
+    def spy(self: BrokerState, index: int, data: bytes, touched: set) -> bool:
+        took = uniform(self, index, data, touched)
+        taken.append(took)
+        return took
+
+    monkeypatch.setattr(BrokerState, "_dispatch_uniform", spy)
+    placed_bulk = applied(bulk, *entries)
+    # in bulk: equal and unequal bodies, no properties; the rest record by record
+    assert taken == [True, True, False, False, False, False, False, True, False, True]
+    one_by_one = BrokerState(dedup_window=30)
+    monkeypatch.setattr(BrokerState, "_dispatch_uniform", lambda self, index, data, touched: False)
+    placed_one = applied(one_by_one, *entries)
+    assert placed_bulk == placed_one
+    for key, cq in bulk.queues.items():
+        other = one_by_one.queues[key]
+        assert (list(cq.positions), list(cq.sizes), list(cq.tags)) == (
+            list(other.positions),
+            list(other.sizes),
+            list(other.tags),
+        ), key
+    assert bulk.queues.keys() == one_by_one.queues.keys()
+    assert list(bulk.uniq.items()) == list(one_by_one.uniq.items()) and len(bulk.uniq) == 30
+    assert bulk.keys == one_by_one.keys and bulk.dispatched_messages == one_by_one.dispatched_messages
+    # 162 records in all; the resend of an earlier key and the repeat within a batch are not stored
+    assert bulk.dispatched_messages == 160 and placed_bulk[8] == [Stored(-1, make_position(9))]
