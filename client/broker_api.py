@@ -207,6 +207,9 @@ def pull_request(
 
     ``commitOffset`` and ``subVersion`` are always sent (0 when unused, as the Java client
     does): PullMessageRequestHeader requires them, so an Apache broker refuses a pull without.
+    The subscription is always sent too ("*" when None), with its sysFlag bit, as RocketMQ's
+    pull consumer does: a RocketMQ broker refuses a pull without one from a group whose
+    consumers never sent it a heartbeat (SUBSCRIPTION_NOT_EXIST).
     """
     sys_flag = 0
     headers: dict[str, HeaderValue] = {
@@ -223,10 +226,11 @@ def pull_request(
         sys_flag |= PULL_FLAG_COMMIT_OFFSET
     if suspend_ms > 0:
         sys_flag |= PULL_FLAG_SUSPEND
-    if subscription and subscription.strip() != "*":
-        headers[SUBSCRIPTION] = subscription  # the broker skips other tags
-        headers[EXPRESSION_TYPE] = EXPRESSION_TAG
-        sys_flag |= PULL_FLAG_SUBSCRIPTION
+    headers[SUBSCRIPTION] = (
+        subscription if subscription and subscription.strip() else "*"
+    )  # other tags skipped
+    headers[EXPRESSION_TYPE] = EXPRESSION_TAG
+    sys_flag |= PULL_FLAG_SUBSCRIPTION
     headers[SYS_FLAG] = sys_flag
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
 

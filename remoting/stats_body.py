@@ -8,7 +8,8 @@ writes with the key object itself in the key position (not valid JSON)::
 
 ``mqadmin topicStatus`` and ``consumerProgress`` parse exactly that, so our broker writes it
 and our admin client reads it with a small bounded parser (the standard ``json`` module only
-takes string keys). Fields are written in fastjson's order (sorted by name). GET_BROKER_RUNTIME_INFO
+takes string keys); a key given as a string holding that object (RocketMQ-Rust's spelling)
+is read too. Fields are written in fastjson's order (sorted by name). GET_BROKER_RUNTIME_INFO
 answers a ``KVTable``: ``{"table": {name: string value}}``.
 """
 
@@ -213,6 +214,12 @@ def _int(obj: dict[str, Any], name: str, where: str) -> int:
 
 
 def _queue_key(key: Any, where: str) -> QueueKey:
+    if isinstance(key, str) and key.lstrip().startswith("{"):
+        # RocketMQ-Rust (serde) writes the MessageQueue key as a string holding its JSON object
+        try:
+            key = json.loads(key)
+        except ValueError:
+            pass  # refused below, naming the key
     if not isinstance(key, dict):
         raise RemotingCommandError(f"{where}: a key must be a MessageQueue object, got {key!r}")
     topic, broker = key.get("topic"), key.get("brokerName")

@@ -66,6 +66,9 @@ def test_consume_stats_body_round_trips_and_reads_java_spacing() -> None:
     java = b' { "offsetTable" : { { "topic" : "T", "queueId" : 1, "brokerName" : "b" } : { "consumerOffset" : 1, "brokerOffset" : 1 } }, "consumeTps" : 0.0, "x" : {0 : "a"} } '
     got = decode_consume_stats(java)
     assert got.offsets == {QueueKey("T", "b", 1): QueueConsumeOffset(1, 1, 0)} and got.consume_tps == 0.0
+    # RocketMQ-Rust writes the key as a string holding the MessageQueue object
+    rust = b'{"offsetTable":{"{\\"topic\\":\\"T\\",\\"brokerName\\":\\"r\\",\\"queueId\\":2}":{"minOffset":1,"maxOffset":4,"lastUpdateTimestamp":9}}}'
+    assert decode_topic_stats(rust) == {QueueKey("T", "r", 2): TopicOffset(1, 4, 9)}
     assert load_fastjson(b'{"brokerAddrs":{0:"a:1",1:"b:2"}}', "x") == {
         "brokerAddrs": [(0, "a:1"), (1, "b:2")]
     }

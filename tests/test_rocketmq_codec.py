@@ -343,8 +343,11 @@ def test_pull_and_create_topic_requests_carry_every_required_field() -> None:
         "suspendTimeoutMillis",
         "subVersion",
     } <= set(pull.headers)
-    assert pull.headers["sysFlag"] == 0 and pull.headers["commitOffset"] == 0
-    assert pull_request("cg", "T", 1, 5, 32, 1000, commit_offset=4).headers["sysFlag"] == 0x1 | 0x2
+    # the subscription goes with every pull, "*" by default, with its sysFlag bit (as a Java pull consumer)
+    assert pull.headers["sysFlag"] == 0x4 and pull.headers["commitOffset"] == 0
+    assert (pull.headers["subscription"], pull.headers["expressionType"]) == ("*", "TAG")
+    tagged = pull_request("cg", "T", 1, 5, 32, 1000, commit_offset=4, subscription="TagA || TagB")
+    assert tagged.headers["sysFlag"] == 0x1 | 0x2 | 0x4 and tagged.headers["subscription"] == "TagA || TagB"
     # CreateTopicRequestHeader as mqadmin's updateTopic fills it
     headers = create_topic_headers("T", 8, 4, 6)
     got = decoded(encode_command(RemotingCommand(17, headers), crc=False)).headers
