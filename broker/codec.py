@@ -197,8 +197,9 @@ def parse_record(rec: Record) -> tuple[bytes, int, int, bytes | None, bytes | No
     return topic, qid, tag_code(tags), uniq, keyed
 
 
-RECORD_FIXED = struct.Struct(">i4s4xi20xi44xi")
-"""A stored record's total size, magic code, queue id, sys flag and body length, in one unpack."""
+RECORD_FIXED = struct.Struct(">i4s4xi20xi16xq20xi")
+"""A stored record's total size, magic code, queue id, sys flag, store time (IPv4 hosts) and
+body length, in one unpack."""
 V6_FLAGS = _V6
 UNIQ_PROBE = _UNIQ_PROBE
 

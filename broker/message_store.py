@@ -38,11 +38,13 @@ log = logging.getLogger("broker.store")
 
 DEFAULT_APPLY_SLICE_BYTES = 1 << 20  # committed entries applied per event-loop turn
 MAX_COALESCED_PAYLOADS = 4096  # entries of appends proposed together; more are proposed at once
-# Bytes of appends proposed together: once the appends queued in a turn hold this much, they
-# are proposed at once. A producer batch is already one large write; holding it to the end of
-# the turn would make every batch of the turn wait for all of them and move through the
-# group in lockstep (one proposal in flight, the pipeline idle during each fsync).
-MAX_COALESCED_BYTES = 64 << 10
+# An append this large (a producer's batch) is proposed at once, with whatever was queued
+# before it: it is already one large write, and holding it to the end of the turn would make
+# every batch of the turn wait for all of them, so that they move through the group in
+# lockstep (one proposal in flight, the pipeline idle during each fsync). Smaller appends (the
+# unbatched sends of one socket read) are coalesced up to MAX_COALESCED_BYTES.
+LARGE_APPEND_BYTES = 64 << 10
+MAX_COALESCED_BYTES = 4 << 20
 SLOT_MASK = (1 << SLOT_BITS) - 1
 SPLIT_CACHE_ENTRIES = 16  # batch entries kept split for pulls that walk them a slice at a time
 
@@ -189,8 +191,13 @@ class MessageStore:
         queued = self._queued
         queued.append((payloads, done, hint))
         self._queued_payloads += len(payloads)
-        self._queued_bytes += sum(map(len, payloads))
-        if self._queued_payloads >= MAX_COALESCED_PAYLOADS or self._queued_bytes >= MAX_COALESCED_BYTES:
+        size = sum(map(len, payloads))
+        self._queued_bytes += size
+        if (
+            size >= LARGE_APPEND_BYTES
+            or self._queued_payloads >= MAX_COALESCED_PAYLOADS
+            or self._queued_bytes >= MAX_COALESCED_BYTES
+        ):
             self._propose_queued()
         elif len(queued) == 1:
             asyncio.get_running_loop().call_soon(self._propose_queued)

@@ -19,9 +19,10 @@ from __future__ import annotations
 import bisect
 import logging
 import struct
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
@@ -84,12 +85,9 @@ class BrokerState:
         self.offsets: dict[tuple[str, str, int], int] = {}
         # UNIQ_KEY -> where it was stored: a producer's retry of a send whose answer it never
         # saw (RocketMQ clients keep the key across retries) is stored once.
-        self.uniq: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # -> (queue offset, position)
+        # -> (queue offset, position, store ms), oldest first
+        self.uniq: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self.dedup_ttl_ms = int(dedup_ttl_s * 1000)
-        # [store ms, keys added] per applied entry that added keys (merged when time stands
-        # still), oldest first: which keys are older than the TTL, without a time per key.
-        self._key_ages: deque[list[int]] = deque()
-        self._last_queue: tuple[bytes, int, ConsumeQueue] | None = None
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.dispatched_messages = 0
 
@@ -107,147 +105,150 @@ class BrokerState:
         queue share its lookup, and a ``Stored`` is made only for de-duplication.
         """
         effects = Effects()
-        try:
-            for index, data in entries:
-                if index <= self.applied:
-                    raise ValueError(f"entry {index} applied twice (applied through {self.applied})")
-                if len(data) >= 8 and data[4:8] == codec.MAGIC:  # codec.KIND_MESSAGE
-                    self._dispatch(index, data if type(data) is bytes else bytes(data), effects.queues)
-                elif data:
-                    kind = data[0]
-                    if kind == KIND_META:
-                        effects.topics_changed |= self._apply_meta(index, data)
-                    else:
-                        log.error(
-                            "skipping ledger entry of unknown record type",
-                            extra={"index": index, "type": kind},
-                        )
-                self.applied = index
-        finally:
-            self._last_queue = None  # (a later apply may come after queues were trimmed or replaced)
-        return effects
-
-    def _dispatch(self, index: int, data: bytes, touched: set[tuple[str, int]]) -> None:
-        """Put the records of message entry ``index`` into their consume queues.
-
-        The dispatcher's hot path, run for every message on every broker, so the entry is
-        walked once in place (``codec.RECORD_FIXED`` at each record, the topic compared
-        rather than copied when it repeats, the common properties, a UNIQ_KEY alone, taken
-        without parsing them). A record whose own lengths do not add up is logged and
-        skipped; if the record boundaries themselves are broken, so is the rest of the entry.
-        """
-        if self._dispatch_uniform(index, data, touched):
-            return
-        n = len(data)
-        base = index << SLOT_BITS
+        touched = effects.queues
         unpack = codec.RECORD_FIXED.unpack_from
-        find = data.find
-        startswith = data.startswith
         uniq_probe = codec.UNIQ_PROBE
         uniq_at = len(uniq_probe)
         head = codec.STORED_HEADER_SIZE
         v6 = codec.V6_FLAGS
+        magic_code = codec.MAGIC
         uniq_seen = self.uniq
-        last = self._last_queue  # (raw topic, queue id, consume queue) of the previous record
-        added = 0
+        last: tuple[bytes, int, ConsumeQueue] | None = None  # (raw topic, queue id, queue) of the last record
         dispatched = 0
-        hit: list[ConsumeQueue] = []  # queues this entry's records went to (a run of records each)
-        keyed_any = False
-        slot = -1
-        off = 0
-        while off < n:
-            slot += 1
-            if n - off < head + 3:
-                if n - off >= 8 and data[off + 4 : off + 8] == codec.MAGIC:
-                    size = int.from_bytes(data[off : off + 4], "big")
-                    if head > size and off + size <= n:
-                        self._undecodable(base | slot, f"stored record of {size} bytes is truncated")
-                        off += size
+        try:
+            for index, data in entries:
+                if index <= self.applied:
+                    raise ValueError(f"entry {index} applied twice (applied through {self.applied})")
+                if len(data) < 8 or data[4:8] != magic_code:  # not codec.KIND_MESSAGE
+                    if data:
+                        kind = data[0]
+                        if kind == KIND_META:
+                            effects.topics_changed |= self._apply_meta(index, data)
+                        else:
+                            log.error(
+                                "skipping ledger entry of unknown record type",
+                                extra={"index": index, "type": kind},
+                            )
+                    self.applied = index
+                    continue
+                if type(data) is not bytes:
+                    data = bytes(data)
+                n = len(data)
+                if int.from_bytes(data[:4], "big") < n and self._dispatch_uniform(index, data, touched):
+                    self.applied = index  # a batch, in bulk (a single record is cheaper as below)
+                    continue
+                # Record by record, in place: the topic compared rather than copied when it
+                # repeats, a UNIQ_KEY alone (what producers send) taken without parsing.
+                find = data.find
+                startswith = data.startswith
+                base = index << SLOT_BITS
+                hit = [] if last is None else [last[2]]  # queues this entry's records went to
+                added = 0
+                keyed_any = False
+                store_ms = 0
+                slot = -1
+                off = 0
+                while off < n:
+                    slot += 1
+                    if n - off < head + 3:
+                        if n - off >= 8 and data[off + 4 : off + 8] == magic_code:
+                            size = int.from_bytes(data[off : off + 4], "big")
+                            if head > size and off + size <= n:
+                                self._undecodable(base | slot, f"stored record of {size} bytes is truncated")
+                                off += size
+                                continue
+                        dispatched -= self._undo_entry(
+                            index, base, hit, keyed_any, added, f"truncated record at byte {off}"
+                        )
+                        added = 0
+                        last = None
+                        break
+                    size, magic, qid, sysflag, store_ms, blen = unpack(data, off)
+                    end = off + size
+                    if size < 8 or end > n or magic != magic_code:
+                        dispatched -= self._undo_entry(
+                            index, base, hit, keyed_any, added, f"bad record of size {size} at byte {off}"
+                        )
+                        added = 0
+                        last = None
+                        break
+                    if sysflag & v6:  # IPv6 hosts: the general parser
+                        try:
+                            topic, qid, th, uniq, keyed = codec.parse_record(data[off:end])
+                            store_ms = codec.record_store_ms(data[off:end])
+                        except CodecError as exc:
+                            self._undecodable(base | slot, str(exc))
+                            off = end
+                            continue
+                    else:
+                        p = off + head + blen
+                        if blen < 0 or p + 3 > end:
+                            self._undecodable(
+                                base | slot,
+                                f"stored record at byte {off}: body length {blen} runs past its end",
+                            )
+                            off = end
+                            continue
+                        tlen = data[p]
+                        if (
+                            last is not None
+                            and last[1] == qid
+                            and len(last[0]) == tlen
+                            and startswith(last[0], p + 1)
+                        ):
+                            topic = last[0]
+                        else:
+                            topic = data[p + 1 : p + 1 + tlen]
+                        p += 1 + tlen
+                        if p + 2 > end or p + 2 + (data[p] << 8 | data[p + 1]) != end:
+                            self._undecodable(
+                                base | slot,
+                                f"stored record at byte {off}: lengths do not add up to its {size} bytes",
+                            )
+                            off = end
+                            continue
+                        p += 2
+                        keyed = None
+                        th = 0
+                        if p == end:
+                            uniq = None
+                        elif startswith(uniq_probe, p) and find(b"\x02", p, end) == end - 1:
+                            uniq = data[p + uniq_at : end - 1]
+                        else:
+                            th, uniq, keyed = codec.properties_in_place(data, p, end)
+                    off = end
+                    if last is None or last[1] != qid or last[0] is not topic and last[0] != topic:
+                        try:
+                            cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
+                        except UnicodeDecodeError as exc:
+                            self._undecodable(base | slot, f"undecodable topic: {exc}")
+                            last = None
+                            continue
+                        last = (topic, qid, cq)
+                        touched.add((cq.topic, qid))
+                        hit.append(cq)
+                    else:
+                        cq = last[2]
+                    if uniq is not None and uniq in uniq_seen:
                         continue
-                self._undecodable_entry(index, f"message entry: truncated record at byte {off}")
-                self._undo_entry(base, hit, keyed_any, added)
-                added = dispatched = 0
-                break
-            size, magic, qid, sysflag, blen = unpack(data, off)
-            end = off + size
-            if size < 8 or end > n or magic != codec.MAGIC:
-                self._undecodable_entry(index, f"message entry: bad record of size {size} at byte {off}")
-                self._undo_entry(base, hit, keyed_any, added)
-                added = dispatched = 0
-                break
-            if sysflag & v6:  # IPv6 hosts: the general parser
-                try:
-                    topic, qid, th, uniq, keyed = codec.parse_record(data[off:end])
-                except CodecError as exc:
-                    self._undecodable(base | slot, str(exc))
-                    off = end
-                    continue
-            else:
-                p = off + head + blen
-                if blen < 0 or p + 3 > end:
-                    self._undecodable(
-                        base | slot, f"stored record at byte {off}: body length {blen} runs past its end"
-                    )
-                    off = end
-                    continue
-                tlen = data[p]
-                if (
-                    last is not None
-                    and last[1] == qid
-                    and len(last[0]) == tlen
-                    and startswith(last[0], p + 1)
-                ):
-                    topic = last[0]
-                else:
-                    topic = data[p + 1 : p + 1 + tlen]
-                p += 1 + tlen
-                if p + 2 > end or p + 2 + (data[p] << 8 | data[p + 1]) != end:
-                    self._undecodable(
-                        base | slot, f"stored record at byte {off}: lengths do not add up to its {size} bytes"
-                    )
-                    off = end
-                    continue
-                p += 2
-                keyed = None
-                th = 0
-                if p == end:
-                    uniq = None
-                elif startswith(uniq_probe, p) and find(b"\x02", p, end) == end - 1:
-                    # Only a UNIQ_KEY: what producers send when a message has no tags, keys or properties.
-                    uniq = data[p + uniq_at : end - 1]
-                else:
-                    th, uniq, keyed = codec.properties_in_place(data, p, end)
-            off = end
-            if last is None or last[1] != qid or last[0] is not topic and last[0] != topic:
-                try:
-                    cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
-                except UnicodeDecodeError as exc:
-                    self._undecodable(base | slot, f"undecodable topic: {exc}")
-                    last = None
-                    continue
-                last = (topic, qid, cq)
-                touched.add((cq.topic, qid))
-                hit.append(cq)
-            else:
-                cq = last[2]
-            if uniq is not None and uniq in uniq_seen:
-                continue
-            position = base | slot
-            positions = cq.positions
-            positions.append(position)
-            cq.sizes.append(size)
-            cq.tags.append(th)
-            dispatched += 1
-            if uniq is not None:
-                uniq_seen[uniq] = (cq.base + len(positions) - 1, position)
-                added += 1
-            if keyed is not None:
-                self._index_keys(cq.topic, position, keyed)
-                keyed_any = True
-        self._last_queue = last
-        self.dispatched_messages += dispatched
-        if added:
-            self._remember_keys(added, codec.entry_store_ms(data))
+                    position = base | slot
+                    positions = cq.positions
+                    positions.append(position)
+                    cq.sizes.append(size)
+                    cq.tags.append(th)
+                    dispatched += 1
+                    if uniq is not None:
+                        uniq_seen[uniq] = (cq.base + len(positions) - 1, position, store_ms)
+                        added += 1
+                    if keyed is not None:
+                        self._index_keys(cq.topic, position, keyed)
+                        keyed_any = True
+                if added:
+                    self._forget_keys(store_ms)
+                self.applied = index
+        finally:
+            self.dispatched_messages += dispatched
+        return effects
 
     def _dispatch_uniform(self, index: int, data: bytes, touched: set[tuple[str, int]]) -> bool:
         """The common entry, dispatched in bulk: a producer's batch (or a single send) whose
@@ -259,7 +260,7 @@ class BrokerState:
         if n < head + 3:
             return False
         unpack = codec.RECORD_FIXED.unpack_from
-        size, magic, qid, sysflag, blen = unpack(data, 0)
+        size, magic, qid, sysflag, store_ms, blen = unpack(data, 0)
         p = head + blen
         if magic != codec.MAGIC or sysflag & codec.V6_FLAGS or blen < 0 or p + 3 > size or size > n:
             return False
@@ -281,8 +282,7 @@ class BrokerState:
                     uniqs = [r[-1][at:-1] for r in rows]
                 else:
                     return False
-                first_row = rows[0]
-                if first_row[1] != codec.MAGIC or first_row[2] != qid or first_row[3] & codec.V6_FLAGS:
+                if rows[0][1] != codec.MAGIC:  # (the rest is the first record's, checked above)
                     return False
                 sizes = [size] * len(rows)
                 n = 0  # (skip the record walk below)
@@ -292,13 +292,14 @@ class BrokerState:
         while off < n:
             if n - off < head + 3:
                 return False
-            size, magic, q, sysflag, blen = unpack(data, off)
+            size, magic, q, sysflag, ms, blen = unpack(data, off)
             end = off + size
             p = off + head + blen
             if (
                 end > n
                 or magic != codec.MAGIC
                 or q != qid
+                or ms != store_ms
                 or sysflag & codec.V6_FLAGS
                 or blen < 0
                 or p + 3 + tlen > end
@@ -337,18 +338,23 @@ class BrokerState:
         touched.add((cq.topic, qid))
         self.dispatched_messages += k
         if with_keys:
-            places = zip(range(first, first + k), range(base, base + k), strict=True)
+            places = zip(range(first, first + k), range(base, base + k), repeat(store_ms, k), strict=True)
             uniq_seen.update(zip(uniqs, places, strict=True))
-            self._remember_keys(k, codec.entry_store_ms(data))
-        self._last_queue = None
+            self._forget_keys(store_ms)
         return True
 
-    def _undo_entry(self, base: int, hit: list[ConsumeQueue], keyed_any: bool, added: int) -> None:
-        """Take back what an entry whose record boundaries turned out broken had dispatched:
-        then none of its slots can be trusted, so none of its records is stored."""
+    def _undo_entry(
+        self, index: int, base: int, hit: list[ConsumeQueue], keyed_any: bool, added: int, error: str
+    ) -> int:
+        """Take back what an entry whose record boundaries turned out broken had dispatched
+        (then none of its slots can be trusted, so none of its records is stored); returns
+        how many records that was."""
+        log.error("undecodable message entry", extra={"index": index, "error": f"message entry: {error}"})
+        taken = 0
         for cq in hit:
             positions = cq.positions
             keep = bisect.bisect_left(positions, base)
+            taken += len(positions) - keep
             del positions[keep:], cq.sizes[keep:], cq.tags[keep:]
         for _ in range(added):
             self.uniq.popitem(last=True)
@@ -356,47 +362,24 @@ class BrokerState:
             for lst in self.keys.values():
                 while lst and lst[-1] >= base:
                     lst.pop()
-        self._last_queue = None
+        return taken
 
-    def _remember_keys(self, added: int, store_ms: int) -> None:
-        """Keep the de-duplication table within ``dedup_window`` keys and ``dedup_ttl_ms``.
-
-        Run once per applied entry, from what the entry itself holds (how many keys it added
-        and the master's store timestamp in its first record), so every broker forgets the
-        same keys at the same entry and de-duplicates identically.
-        """
-        ages = self._key_ages
-        if ages and ages[-1][0] >= store_ms:
-            ages[-1][1] += added  # (a new master's clock may lag the last one's: time never goes back)
-        else:
-            ages.append([store_ms, added])
+    def _forget_keys(self, store_ms: int) -> None:
+        """Keep the de-duplication table within ``dedup_window`` keys, none stored more than
+        ``dedup_ttl_ms`` before ``store_ms``. Run after each entry that added keys, with the
+        store time the master wrote into it, so every broker forgets the same keys at the
+        same entry and de-duplicates identically."""
         uniq = self.uniq
-        excess = len(uniq) - self.dedup_window
-        if self.dedup_ttl_ms > 0:
-            horizon = ages[-1][0] - self.dedup_ttl_ms
-            expired = 0
-            for ms, count in ages:
-                if ms >= horizon:
-                    break
-                expired += count
-            excess = max(excess, expired)
-        if excess <= 0:
-            return
-        for _ in range(excess):
+        for _ in range(len(uniq) - self.dedup_window):
             uniq.popitem(last=False)
-        while excess:
-            first = ages[0]
-            if first[1] > excess:
-                first[1] -= excess
-                break
-            excess -= first[1]
-            ages.popleft()
+        if self.dedup_ttl_ms:
+            horizon = store_ms - self.dedup_ttl_ms
+            values = uniq.values()
+            while uniq and next(iter(values))[2] < horizon:
+                uniq.popitem(last=False)
 
     def _undecodable(self, position: int, error: str) -> None:
         log.error("undecodable message record", extra={"position": position, "error": error})
-
-    def _undecodable_entry(self, index: int, error: str) -> None:
-        log.error("undecodable message entry", extra={"index": index, "error": error})
 
     def skip_to(self, index: int) -> None:
         """The ledger no longer holds entries up to ``index`` (retention, or a snapshot installed)."""
@@ -576,8 +559,8 @@ class BrokerState:
 
 def _same_shape(data: bytes, size: int, blen: int, tlen: int) -> tuple[list[tuple[Any, ...]], int] | None:
     """The records of ``data`` unpacked in one C pass, when every one is ``size`` bytes with
-    the first record's body, topic and properties lengths and the same fixed fields (all but
-    the CRC, the body and the properties): (rows, properties length), else None. Each row
+    the first record's body, topic and properties lengths and the same queue, flag, sys flag
+    and store time: (rows, properties length), else None. Each row
     ends with the record's properties."""
     plen = size - codec.STORED_HEADER_SIZE - blen - 1 - tlen - 2
     if plen < 0:
@@ -586,14 +569,15 @@ def _same_shape(data: bytes, size: int, blen: int, tlen: int) -> tuple[list[tupl
     if shape is None:
         if len(_shapes) >= _SHAPES_MAX:
             _shapes.clear()
-        # size, magic, (CRC), queue id, flag, (offsets), sys flag, (born: ts, host; store: ts, host),
-        # reconsume times, (prepared offset), body length, (body), topic length, topic, props length, props
-        shape = _shapes[(blen, tlen, plen)] = struct.Struct(f">i4s4xii16xi32xi8xi{blen}xB{tlen}sH{plen}s")
+        # size, magic, (CRC), queue id, flag, (offsets), sys flag, (born ts and host), store ts,
+        # (store host, reconsume times, prepared offset), body length, (body), topic length,
+        # topic, props length, props
+        shape = _shapes[(blen, tlen, plen)] = struct.Struct(f">i4s4xii16xi16xq20xi{blen}xB{tlen}sH{plen}s")
     rows = list(shape.iter_unpack(data))
     fixed = {r[:-1] for r in rows}
     if len(fixed) != 1:
         return None
-    size0, _magic, _qid, _flag, _sys, _reconsume, blen0, tlen0, _topic, plen0 = next(iter(fixed))
+    size0, _magic, _qid, _flag, _sys, _store_ms, blen0, tlen0, _topic, plen0 = next(iter(fixed))
     if size0 != size or blen0 != blen or tlen0 != tlen or plen0 != plen:
         return None
     return rows, plen
