@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -165,19 +167,27 @@ def test_configs_name_the_roles_and_route_replication_through_the_proxy(tmp_path
     backend.proxy = LinkProxy(backend.peer_addresses())
     try:
         backend.write_configs()
-        props = {}
-        for n in backend.nodes:
-            lines = (tmp_path / "cluster" / n / "broker.properties").read_text().splitlines()
-            props[n] = dict(line.split("=", 1) for line in lines)
-        assert [props[n]["brokerId"] for n in backend.nodes] == ["0", "1", "2"]
-        assert [props[n]["brokerRole"] for n in backend.nodes] == ["SYNC_MASTER", "SLAVE", "SLAVE"]
-        assert "haMasterAddress" not in props["n1"]
+        conf = {
+            n: tomllib.loads((tmp_path / "cluster" / n / "broker.toml").read_text()) for n in backend.nodes
+        }
+        ids = [conf[n]["broker"]["brokerIdentity"]["brokerId"] for n in backend.nodes]
+        assert ids == [0, 1, 2]
+        for n, role in zip(backend.nodes, ["SYNC_MASTER", "SLAVE", "SLAVE"], strict=True):
+            # both sections: the broker-level role decides whether a slave replicates at all
+            assert conf[n]["broker"]["brokerRole"] == conf[n]["store"]["brokerRole"] == role
+        assert "haMasterAddress" not in conf["n1"]["store"]
         for n in ("n2", "n3"):  # each slave reaches the master's HA port through its own cuttable link
-            assert props[n]["haMasterAddress"] == backend.proxy.address(n, "n1") != backend.ha_addr["n1"]
-        assert {props[n]["namesrvAddr"] for n in backend.nodes} == {backend.namesrv_addr}
-        assert len({props[n]["storePathRootDir"] for n in backend.nodes}) == 3
-        assert props["n1"]["inSyncReplicas"] == "2"
-        assert f"{props['n2']['brokerIP1']}:{props['n2']['listenPort']}" == backend.broker_addr["n2"]
+            assert (
+                conf[n]["store"]["haMasterAddress"] == backend.proxy.address(n, "n1") != backend.ha_addr["n1"]
+            )
+        assert {conf[n]["broker"]["namesrvAddr"] for n in backend.nodes} == {backend.namesrv_addr}
+        assert len({conf[n]["store"]["storePathRootDir"] for n in backend.nodes}) == 3
+        assert (
+            conf["n1"]["store"]["inSyncReplicas"] == 2
+            and conf["n1"]["store"]["flushDiskType"] == "SYNC_FLUSH"
+        )
+        b2 = conf["n2"]["broker"]
+        assert f"{b2['brokerIp1']}:{b2['listenPort']}" == backend.broker_addr["n2"]
     finally:
         backend.proxy.close()
     with pytest.raises(Unsupported, match="slaves"):
@@ -207,11 +217,13 @@ def test_start_routes_a_master_and_two_slaves_and_stop_leaves_no_process(tmp_pat
         assert asyncio.run(backend.wait_for_leader(10)) == "n1"
         target = json.loads((tmp_path / "cluster" / "target.json").read_text())
         assert target["broker_name"] == BROKER_NAME and target["master"] == backend.broker_addr["n1"]
-        props = (tmp_path / "cluster" / "n2" / "broker.properties").read_text()
-        assert "brokerRole=SLAVE" in props
-        assert (
-            f"haMasterAddress={backend.proxy.address('n2', 'n1')}" in props
-        )  # replication crosses the proxy
+        deadline = time.monotonic() + 15  # each slave's HA connection to the master crosses its link
+        while time.monotonic() < deadline:
+            stats = backend.proxy.stats()
+            if stats["n2->n1"]["accepted"] and stats["n3->n1"]["accepted"]:
+                break
+            time.sleep(0.2)
+        assert stats["n2->n1"]["accepted"] >= 1 and stats["n3->n1"]["accepted"] >= 1, stats
         backend.kill("n1")
         assert not backend.procs.is_running("n1") and asyncio.run(backend.statuses())["n1"] is None
         backend.restart("n1")

@@ -50,6 +50,8 @@ from .rocketmq_compat import rocketmq_instance
 from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 
 TOPIC = "JepsenQueue"
+#: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``QueueClient.poll``)
+MAX_PULLS_PER_POLL = 64
 
 
 class _ProxiedBrokerGroup(LocalBrokerGroup):
@@ -274,6 +276,28 @@ class QueueClient:
         return self._broker_name, addr
 
     async def poll(self, queue_id: int, start: int, limit: int) -> list[Pair]:
+        """Up to ``limit`` pairs from ``start``; fewer only when the queue's end was reached.
+
+        A RocketMQ broker answers one pull with at most its own cap (Apache RocketMQ's and
+        RocketMQ-Rust's default: 32 messages), so a short pull does not mean the end of the
+        queue: the pull's ``maxOffset`` does. Pulls go on until ``limit`` or that end (at
+        most ``MAX_PULLS_PER_POLL``), so that a short poll means what the checker takes it to
+        mean (the reader reached the end), for any broker.
+        """
+        out: list[Pair] = []
+        offset = start
+        for _ in range(MAX_PULLS_PER_POLL):
+            batch, end = await self._pull(queue_id, offset, limit - len(out))
+            out.extend(batch)
+            if not batch or len(out) >= limit:
+                break
+            offset = batch[-1][0] + 1
+            if offset >= end:
+                break
+        return out
+
+    async def _pull(self, queue_id: int, start: int, limit: int) -> tuple[list[Pair], int]:
+        """One pull from the master: its pairs and the queue's max offset as the broker reported it."""
         await self._ensure()
         name, addr = await self._master()
         req = pull_request("jepsen", self.topic, queue_id, start, limit, 0)
@@ -297,7 +321,8 @@ class QueueClient:
         result = parse_pull_response(resp, addr, name, start)
         if result.status is PullStatus.OFFSET_ILLEGAL:
             raise Definite(f"offset {start} outside [{result.min_offset}, {result.max_offset}]")
-        return [(m.queue_offset, decode_value(m.body)) for m in result.messages]
+        pairs = [(m.queue_offset, decode_value(m.body)) for m in result.messages]
+        return pairs, result.max_offset
 
     async def drain(self, queue_id: int) -> list[Pair]:
         out: list[Pair] = []

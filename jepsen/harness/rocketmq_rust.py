@@ -9,10 +9,13 @@ What it stands up. RocketMQ-Rust 1.0 has no DLedger commit log (its config conve
 every ``dledger`` key as "outside the Rust 1.0 scope"), so the best replication it offers
 without a separate controller is RocketMQ's classic master/slave HA: one nameserver, a
 ``SYNC_MASTER`` (broker id 0) and two ``SLAVE`` brokers (ids 1, 2) of one broker group, each a
-local process on its own loopback address with its own store and Java-style properties file
-(the broker converts it to its own schema). ``inSyncReplicas=2`` makes the master answer a
-send only once one slave holds it (with RocketMQ 5's default of 1, a ``SYNC_MASTER`` waits for
-no one). Roles are fixed: when the master dies no slave takes over (that needs the
+local process on its own loopback address with its own store and config file.
+``inSyncReplicas=2`` makes the master answer a send only once one slave holds it (with
+RocketMQ 5's default of 1, a ``SYNC_MASTER`` waits for no one), and ``SYNC_FLUSH`` makes it
+flush before answering: RocketMQ-Rust 1.0 counts a replicated send only up to the master's
+own *flushed* offset, so with ``ASYNC_FLUSH`` a lightly loaded master answered most sends
+``FLUSH_SLAVE_TIMEOUT`` after 3 s (its flusher waits for 4 dirty pages), although the slaves
+held them. Roles are fixed: when the master dies no slave takes over (that needs the
 controller, ``enableControllerMode``, which the default build leaves out), so sends fail
 until the master is back, and only what the master kept can be read after it.
 
@@ -47,7 +50,7 @@ from typing import Any
 
 from client.admin_api import AdminClient
 from client.errors import ClientError
-from common.process import ProcessSet, free_port
+from common.process import ProcessSet, free_port, toml_value, write_toml
 from jepsen.localgroup import free_port_pair
 from remoting.exceptions import RemotingError
 
@@ -100,14 +103,21 @@ def find_binaries(base: Path | None = None) -> dict[str, Path]:
     return found
 
 
-def _properties(values: dict[str, Any]) -> str:
-    """A Java properties file; the values here are ours (addresses, paths, names), never user text."""
-    for key, value in values.items():
-        if any(c in str(value) for c in "\n\r\\"):
-            raise ValueError(f"property {key} cannot hold {value!r}")
-    return "".join(
-        f"{k}={'true' if v is True else 'false' if v is False else v}\n" for k, v in values.items()
-    )
+def broker_toml(broker: dict[str, Any], identity: dict[str, Any], store: dict[str, Any]) -> str:
+    """The broker's canonical config: ``[broker]``, ``[broker.brokerIdentity]`` and ``[store]``.
+
+    Not the Java-style properties file the broker also reads: its converter maps
+    ``brokerRole`` to ``store.brokerRole`` only and leaves ``broker.brokerRole`` at
+    ``ASYNC_MASTER``, so a slave configured that way never starts its HA client (seen with
+    1.0.0: no replication, and a ``SYNC_MASTER`` answering every send ``FLUSH_SLAVE_TIMEOUT``).
+    Here the role is written into both sections.
+    """
+    lines: list[str] = []
+    for section, values in (("broker", broker), ("broker.brokerIdentity", identity), ("store", store)):
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _wait_listening(addr: str, deadline: float) -> bool:
@@ -174,36 +184,44 @@ class RocketMQRustBackend(ProcessBackend):
         assert self.proxy is not None, "start the link proxy before writing configs"
         ns = self.base_dir / "namesrv"
         ns.mkdir(parents=True, exist_ok=True)
-        (ns / "namesrv.toml").write_text(
-            f'rocketmqHome = "{ns}"\n'
-            f'kvConfigPath = "{ns / "kvConfig.json"}"\n'
-            f'configStorePath = "{ns / "namesrv.properties"}"\n',
-            encoding="utf-8",
+        write_toml(
+            ns / "namesrv.toml",
+            {
+                "rocketmqHome": str(ns),
+                "kvConfigPath": str(ns / "kvConfig.json"),
+                "configStorePath": str(ns / "namesrv.properties"),
+            },
         )
         for nid in self.nodes:
             d = self.node_dir(nid)
             d.mkdir(parents=True, exist_ok=True)
             host, port = self.broker_addr[nid].rsplit(":", 1)
-            values: dict[str, Any] = {
-                "brokerClusterName": CLUSTER,
-                "brokerName": BROKER_NAME,
-                "brokerId": self.broker_id[nid],
-                "brokerRole": "SYNC_MASTER" if nid == self.master else "SLAVE",
-                "flushDiskType": "ASYNC_FLUSH",
-                "namesrvAddr": self.namesrv_addr,
-                "listenPort": port,
-                "brokerIP1": host,
-                "brokerIP2": host,
-                "haListenPort": self.ha_addr[nid].rsplit(":", 1)[1],
-                "storePathRootDir": d / "store",
-                "storePathCommitLog": d / "store" / "commitlog",
-                "autoCreateTopicEnable": True,
+            role = "SYNC_MASTER" if nid == self.master else "SLAVE"
+            store: dict[str, Any] = {
+                "brokerRole": role,
+                "flushDiskType": "SYNC_FLUSH",
+                "haListenPort": int(self.ha_addr[nid].rsplit(":", 1)[1]),
+                "storePathRootDir": str(d / "store"),
+                "storePathCommitLog": str(d / "store" / "commitlog"),
                 "inSyncReplicas": IN_SYNC_REPLICAS,
                 "totalReplicas": len(self.nodes),
             }
             if nid != self.master:
-                values["haMasterAddress"] = self.proxy.address(nid, self.master)
-            (d / "broker.properties").write_text(_properties(values), encoding="utf-8")
+                store["haMasterAddress"] = self.proxy.address(nid, self.master)
+            text = broker_toml(
+                {
+                    "namesrvAddr": self.namesrv_addr,
+                    "listenPort": int(port),
+                    "brokerIp1": host,
+                    "brokerIp2": host,
+                    "storePathRootDir": str(d / "store"),
+                    "autoCreateTopicEnable": True,
+                    "brokerRole": role,
+                },
+                {"brokerClusterName": CLUSTER, "brokerName": BROKER_NAME, "brokerId": self.broker_id[nid]},
+                store,
+            )
+            (d / "broker.toml").write_text(text, encoding="utf-8")
 
     def start_namesrv(self) -> None:
         ns = self.base_dir / "namesrv"
@@ -224,7 +242,7 @@ class RocketMQRustBackend(ProcessBackend):
 
     def spawn(self, nid: str) -> None:
         d = self.node_dir(nid)
-        argv = [*self._env_argv(d), str(self.bins[BROKER_BIN]), "-c", str(d / "broker.properties")]
+        argv = [*self._env_argv(d), str(self.bins[BROKER_BIN]), "-c", str(d / "broker.toml")]
         self.procs.spawn(nid, argv, d / "node.log")
 
     def peer_addresses(self) -> dict[str, str]:
