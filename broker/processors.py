@@ -407,17 +407,21 @@ class Processors:
         def reply(results: list[Stored]) -> RemotingCommand:
             self._created(topic)
             results = results[skip:]
-            ids = [self._msg_id(r) for r in results]
-            doc = {
-                "queueId": queue_id,
-                "offsets": [r.queue_offset for r in results],
-                "msgIds": ids,
-                "duplicates": sum(1 for r in results if r.duplicate),
-            }
             headers = {
-                "msgId": ",".join(ids),
+                "msgId": ",".join([self._msg_id(r) for r in results]),
                 "queueId": queue_id,
                 "queueOffset": results[0].queue_offset if results else -1,
+            }
+            offsets = [r.queue_offset for r in results]
+            if offsets and offsets[0] >= 0 and offsets[-1] - offsets[0] == len(offsets) - 1:
+                if not any(r.duplicate for r in results):
+                    # consecutive offsets: RocketMQ's answer (the first offset and the ids) says all
+                    return req.make_response(headers=headers)
+            # de-duplication (or a record that could not be stored) left gaps: every offset
+            doc = {
+                "queueId": queue_id,
+                "offsets": offsets,
+                "duplicates": sum(1 for r in results if r.duplicate),
             }
             return req.make_response(headers=headers, body=json.dumps(doc, separators=(",", ":")).encode())
 

@@ -169,18 +169,18 @@ def batch_result(msgs: Sequence[Message]) -> Parse[BatchSendResult]:
             SendStatus.SEND_OK, mq.broker_name, mq.queue_id, broker_addr=addr, tries=tries
         )
         try:
-            if response.body:  # ledgermq brokers: each message's offset (de-duplication may leave gaps)
+            # RocketMQ's answer: the first offset and the message ids, comma separated
+            result.queue_id = response.header_int(B.QUEUE_ID, mq.queue_id)
+            ids = response.header_str(B.MSG_ID, "")
+            result.msg_ids = ids.split(",") if ids else []
+            if response.body:  # a ledgermq broker whose de-duplication left gaps: every offset
                 f = Fields(load_body(response.body, "batch send response"), "batch send response")
-                result.queue_id = f.get_int("queueId", mq.queue_id)
+                result.queue_id = f.get_int("queueId", result.queue_id)
                 result.offsets = [int(o) for o in f.get_list("offsets", [])]
-                result.msg_ids = [str(i) for i in f.get_list("msgIds", [])]
                 result.duplicates = f.get_int("duplicates", 0)
-            else:  # RocketMQ brokers: the first offset and the message ids, comma separated
-                result.queue_id = response.header_int(B.QUEUE_ID, mq.queue_id)
+            else:
                 first = response.header_int(B.QUEUE_OFFSET, -1)
                 result.offsets = list(range(first, first + n)) if first >= 0 else []
-                ids = response.header_str(B.MSG_ID, "")
-                result.msg_ids = ids.split(",") if ids else []
         except (RemotingCommandError, TypeError, ValueError) as exc:
             log.warning("malformed batch send response", extra={"broker": addr, "error": str(exc)})
             return result

@@ -317,8 +317,11 @@ class FakeNode:
             offsets.append(offset)
             ids.append(self._msg_id(index))
             dups += dup
-        body = dump_body({"queueId": qid, "offsets": offsets, "msgIds": ids, "duplicates": dups})
-        return self._after_store(req, action, conn, req.make_response(body=body))
+        headers = {"msgId": ",".join(ids), "queueId": qid, "queueOffset": offsets[0] if offsets else -1}
+        if not dups and offsets and offsets[-1] - offsets[0] == len(offsets) - 1:  # as the broker answers
+            return self._after_store(req, action, conn, req.make_response(headers=headers))
+        body = dump_body({"queueId": qid, "offsets": offsets, "duplicates": dups})
+        return self._after_store(req, action, conn, req.make_response(headers=headers, body=body))
 
     # --- reads -----------------------------------------------------------------------------------------
     def _range(self, topic: str, qid: int) -> tuple[int, int]:
