@@ -50,9 +50,11 @@ from typing import Any
 
 from client.admin_api import AdminClient
 from client.errors import ClientError
+from client.producer import Producer
 from common.process import ProcessSet, free_port, toml_value, write_toml
 from jepsen.localgroup import free_port_pair
 from remoting.exceptions import RemotingError
+from remoting.message import Message
 
 from .backends import ProcessBackend, Unsupported
 from .clients import LogClient
@@ -78,6 +80,8 @@ DEFAULT_QUEUES = 2
 STARTUP_TIMEOUT_S = 60.0
 #: seconds one nameserver call may take while waiting for the group
 CALL_TIMEOUT_S = 2.0
+#: seconds one start-up probe send may take (the master's own wait for a slave is 3 s)
+WARMUP_SEND_TIMEOUT_S = 4.0
 #: each broker on its own loopback address (127.0.0.1, .2, ...); its main port comes from
 #: ``free_port_pair``, as a RocketMQ broker may also listen on that port minus 2 (the "VIP" channel)
 HOST_PREFIX = "127.0.0."
@@ -263,6 +267,38 @@ class RocketMQRustBackend(ProcessBackend):
         super().start()  # the proxy, then the processes
         asyncio.run(self._wait_registered())
         self.view.start()  # the run's topic on the master, routed by the nameserver
+        asyncio.run(self._wait_replicating())
+
+    async def _wait_replicating(self) -> None:
+        """Until the master acknowledges a send, which needs a slave's ack: for the first seconds
+        after start-up it answers ``FLUSH_SLAVE_TIMEOUT``, and the run should begin on a working
+        group. The probes go to a topic of their own, so the run's queues stay fresh."""
+        instance = rocketmq_instance([self.namesrv_addr], "jepsen-rust-warmup")
+        producer = Producer(
+            "jepsen-warmup",
+            [self.namesrv_addr],
+            send_timeout_s=WARMUP_SEND_TIMEOUT_S,
+            retries=0,
+            instance=instance,
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        last = "no send tried"
+        try:
+            await producer.start()
+            while time.monotonic() < deadline:
+                try:
+                    await producer.send(Message(f"{self.topic}-warmup", b"warm-up"))
+                    return
+                except ClientError as exc:
+                    last = str(exc)
+                await asyncio.sleep(0.2)
+        finally:
+            await producer.shutdown(grace_s=0.5)
+            await instance.close()
+        raise TimeoutError(
+            f"{SYSTEM}: the master acknowledged no send within {STARTUP_TIMEOUT_S:g}s ({last}); "
+            f"node logs under {self.base_dir}"
+        )
 
     async def _wait_registered(self) -> None:
         """Until the nameserver routes every broker of the group (each has started and registered)."""
