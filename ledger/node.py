@@ -174,15 +174,19 @@ class LedgerNode:
             segment_bytes=config.segment_bytes,
             retention_bytes=config.retention_bytes or None,
             retention_seconds=config.retention_hours * 3600 or None,
+            salvage=True,  # a damaged log keeps its valid prefix; the node recovers the rest from peers
         )
         self.hardstate = HardState(data / "hardstate")
         self._recovery_marker = data / RECOVERY_MARKER
+        self.log_damage_found = self.store.lost_from  # first index a salvage at this start dropped
         recovering = self._detect_lost_hard_state(data)
         self.core = RaftCore(
             config.id,
             list(config.members),
             self.store,
-            term=self.hardstate.term,
+            # A node was in at least the term of its last entry; after a lost hard state this
+            # keeps it from taking appends from leaders older than what its own log shows.
+            term=max(self.hardstate.term, self.store.last_term),
             voted_for=self.hardstate.voted_for,
             config=config.raft_config(),
             rng=random.Random(),
@@ -221,7 +225,10 @@ class LedgerNode:
         self._stopped = asyncio.Event()
 
     def _detect_lost_hard_state(self, data: Path) -> bool:
-        """Whether this node lost its term and vote while it had state: then it starts recovering.
+        """Whether this node lost its term and vote, or log entries, while it had state: then it starts recovering.
+
+        Log damage is found by the store (``LogStore.lost_from``, durable in its own marker
+        until ``forget_damage``): the node may have acknowledged what it dropped.
 
         A missing hard-state file is normal only on a node's very first start, so that start
         writes one (and a marker) at once. Later, a missing file next to a log or the marker
@@ -231,12 +238,19 @@ class LedgerNode:
         """
         first_start = data / FIRST_START_MARKER
         had_state = first_start.exists() or self.store.last_index > 0 or self.store.first_index > 1
-        recovering = self._recovery_marker.exists() or (not self.hardstate.exists and had_state)
+        lost_state = not self.hardstate.exists and had_state
+        lost_log = self.store.lost_from is not None
+        recovering = self._recovery_marker.exists() or lost_state or lost_log
         if recovering:
-            write_file_atomically(self._recovery_marker, b"lost hard state; votes refused until caught up\n")
+            write_file_atomically(self._recovery_marker, b"lost data; votes refused until caught up\n")
             log.warning(
-                "hard state lost while the node had data: refusing to vote until a leader brings it up to date",
-                extra={"path": self.hardstate.path, "last_index": self.store.last_index},
+                "%s: refusing to vote until a leader brings it up to date",
+                "log damaged" if lost_log else "hard state lost while the node had data",
+                extra={
+                    "path": self.hardstate.path,
+                    "last_index": self.store.last_index,
+                    "lost_from": self.store.lost_from,
+                },
             )
         elif not self.hardstate.exists:
             self.hardstate.create()
@@ -246,6 +260,7 @@ class LedgerNode:
 
     def _clear_recovery(self) -> None:
         """The core left recovery (a leader caught it up): votes are safe again, across restarts too."""
+        self.store.forget_damage()
         try:
             self._recovery_marker.unlink()
         except FileNotFoundError:
@@ -434,6 +449,8 @@ class LedgerNode:
             pending_appends=self.pending,
             disk_fault_reason=self.runtime.disk_fault,
             log_bytes=self.store.size_bytes(),
+            log_lost_from=self.store.lost_from,
+            log_damage_found=self.log_damage_found,
         )
         return st
 

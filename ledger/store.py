@@ -51,6 +51,8 @@ log = logging.getLogger("ledger.store")
 SEG_SUFFIX = ".seg"
 IDX_SUFFIX = ".idx"
 BASE_NAME = "base"
+DAMAGE_NAME = "damaged"  # present from a salvage until the node has re-fetched what it dropped
+DAMAGE_MAX_BYTES = 4096  # the marker is one line; anything longer is not ours
 IDX_RECORD = 24  # index, term, pos: three little-endian int64
 _SEG_RE = re.compile(r"^(\d{20})\.(seg|idx)$")
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -207,6 +209,7 @@ class LogStore:
         cache_bytes: int = 64 << 20,
         retention_bytes: int | None = None,
         retention_seconds: float | None = None,
+        salvage: bool = False,
     ) -> None:
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
@@ -215,6 +218,11 @@ class LogStore:
         self.cache_bytes = max(0, cache_bytes)
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
+        # With ``salvage`` recovery keeps the valid prefix of a damaged log instead of refusing
+        # to open it; ``lost_from`` then names the first index it may have lost (see _salvage).
+        self.salvage = salvage
+        self.lost_from: int | None = None
+        self.lost_reason = ""
         os.makedirs(self.directory, exist_ok=True)
         self._base_path = os.path.join(self.directory, BASE_NAME)
         self._dir_fd: int | None = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -227,10 +235,13 @@ class LogStore:
         self._jobs: deque[SyncJob] = deque()  # in flight, in prepare order
         self._zombies: list[_Segment] = []  # deleted while a job still fsyncs their fds
         self._failed: BaseException | None = None
+        self._damage_path = os.path.join(self.directory, DAMAGE_NAME)
         self._base_index, self._base_term, self._base_pos = self._load_base()
         self._clear_memory()
         try:
             self._recover()
+            if self.lost_from is None:
+                self._load_damage()
         except BaseException:
             self.close()
             raise
@@ -811,16 +822,24 @@ class LogStore:
         starts = self._list_segments()
         if not starts:
             return
-        if starts[0] != self._base_pos:
+        if starts[0] != self._base_pos and not self.salvage:
             raise CorruptLogError(
                 self._seg_path(starts[0]),
                 0,
                 f"first segment starts at position {starts[0]} but the log base is at {self._base_pos} "
                 "(a segment or the base file is missing)",
             )
-        for start in starts[:-1]:
-            self._recover_sealed(start)
-        self._recover_last(starts[-1])
+        for i, start in enumerate(starts):
+            try:
+                if start == starts[-1]:
+                    self._recover_last(start)
+                else:
+                    self._recover_sealed(start)
+            except CorruptLogError as exc:
+                if not self.salvage:
+                    raise
+                self._salvage(starts[i:], exc)
+                break
         os.fsync(self._dir_fd)  # type: ignore[arg-type]
         self.durable_index = self.last_index
         self._cache_first = self.last_index + 1
@@ -954,20 +973,109 @@ class LogStore:
         self._adopt(seg, terms, positions, end)
         self._active = seg
 
-    def _check_run(self, seg: _Segment, got: list[Entry]) -> tuple[array, array]:
-        """Entries with valid checksums must also be where the log says: contiguous indexes, positions, terms."""
+    def _salvage(self, starts: list[int], exc: CorruptLogError) -> None:
+        """Keep the log up to the first damaged entry of segment ``starts[0]``; drop the rest.
+
+        Corruption is data this node wrote, may have acknowledged, and no longer has. It is
+        not repaired here (only peers hold the lost entries): the valid prefix stays, the
+        segments from the damage on are cut or removed (newest first, so a crash part-way
+        leaves a prefix), and ``lost_from`` tells the node it must not vote or count towards
+        a quorum until a leader has brought it back up to date (protocol-aware recovery).
+        """
+        for start in starts:
+            stale = self._open.get(start)
+            if stale is not None:
+                self._close_fds(stale)
+        first_lost = self.last_index + 1
+        start = starts[0]
+        seg: _Segment | None = None
+        if start == self._next_pos:  # else a gap before it: none of it can be placed
+            seg = _Segment(self.directory, start, first_lost)
+            fd = self._fd(seg)
+            buf = _pread_all(fd, os.fstat(fd).st_size, 0)
+            got, _, _ = scan_entries(buf, verify=True, copy=False)
+            keep = self._run_length(seg, got)
+            terms = array("q", [e.term for e in got[:keep]])
+            positions = array("q", [e.pos for e in got[:keep]])
+            end = (positions[-1] - start + len(got[keep - 1].raw)) if keep else 0  # type: ignore[arg-type]
+            first_lost += keep
+            del got, buf
+        # Durable before anything is cut: a crash mid-salvage must not forget the loss.
+        write_file_atomically(self._damage_path, f"{first_lost}\n{exc}\n".encode())
+        for later in reversed(starts[1:]):
+            self._unlink_segment_files(later)
+        if seg is None:
+            self._unlink_segment_files(start)
+            if self._segs:
+                self._active = self._segs[-1]
+        else:
+            os.ftruncate(fd, end)
+            os.fsync(fd)
+            self._rewrite_index(seg, terms, positions)
+            self._adopt(seg, terms, positions, end)
+            self._active = seg
+        self.lost_from = self.last_index + 1
+        self.lost_reason = str(exc)
+        log.error(
+            "log damaged (%s): kept entries up to %d, dropped the rest; "
+            "the node must re-fetch them from its peers",
+            exc,
+            self.last_index,
+            extra={"path": exc.path, "offset": exc.offset, "last_index": self.last_index},
+        )
+
+    def _load_damage(self) -> None:
+        """A salvage before a restart still counts until ``forget_damage``: the entries are still missing."""
+        try:
+            with open(self._damage_path, "rb") as f:
+                raw = f.read(DAMAGE_MAX_BYTES)
+        except FileNotFoundError:
+            return
+        first, _, reason = raw.decode("utf-8", "replace").partition("\n")
+        self.lost_from = int(first) if first.isdigit() else self.last_index + 1
+        self.lost_reason = reason.strip() or f"unreadable damage marker {self._damage_path}"
+
+    def forget_damage(self) -> None:
+        """The node re-fetched what a salvage dropped (a leader caught it up): the log is whole again."""
+        self.lost_from = None
+        self.lost_reason = ""
+        try:
+            os.unlink(self._damage_path)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.directory)
+
+    def _unlink_segment_files(self, start: int) -> None:
+        for path in (self._seg_path(start), self._seg_path(start)[: -len(SEG_SUFFIX)] + IDX_SUFFIX):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def _run_length(self, seg: _Segment, got: list[Entry]) -> int:
+        """How many of ``got`` sit where the log says: contiguous indexes and positions, terms not decreasing."""
         index, pos, term = seg.first_index, seg.start, self.last_term
-        for e in got:
+        for k, e in enumerate(got):
             if e.index != index or e.pos != pos or e.term < term:
-                raise CorruptLogError(
-                    seg.path,
-                    pos - seg.start,
-                    f"entry header says index {e.index} term {e.term} position {e.pos}; "
-                    f"expected index {index} position {pos} term >= {term}",
-                )
+                return k
             index += 1
             pos += len(e.raw)  # type: ignore[arg-type]
             term = e.term
+        return len(got)
+
+    def _check_run(self, seg: _Segment, got: list[Entry]) -> tuple[array, array]:
+        """Entries with valid checksums must also be where the log says: contiguous indexes, positions, terms."""
+        k = self._run_length(seg, got)
+        if k < len(got):
+            e = got[k]
+            pos = seg.start if k == 0 else got[k - 1].pos + len(got[k - 1].raw)  # type: ignore[arg-type]
+            term = self.last_term if k == 0 else got[k - 1].term
+            raise CorruptLogError(
+                seg.path,
+                pos - seg.start,
+                f"entry header says index {e.index} term {e.term} position {e.pos}; "
+                f"expected index {seg.first_index + k} position {pos} term >= {term}",
+            )
         return array("q", [e.term for e in got]), array("q", [e.pos for e in got])
 
     def _rewrite_index(

@@ -5,6 +5,12 @@ the leader's, while every acknowledged append stays readable.
 
 Before the fix the leader ignored the restarted follower's rejections at or below the match
 index it remembered, so the follower sat at commit 0 for as long as that leader led.
+
+Damage a crash cannot explain (a flipped bit or a run of zeros with valid entries after it,
+a missing segment) used to stop the node from starting at all. Now the store keeps the valid
+prefix and the node starts ``recovering``: it refuses votes until a leader has re-sent what it
+dropped, since it may have acknowledged those entries. Damage at the very end of the log looks
+like a torn write and is cut like one; the leader repairs it the same way.
 """
 
 from __future__ import annotations
@@ -17,21 +23,66 @@ from pathlib import Path
 import pytest
 
 from ledger.client import LedgerClient
+from ledger.codec import HEADER_SIZE, scan_entries
 from ledger.localcluster import LocalCluster
 from ledger.store import IDX_SUFFIX, SEG_SUFFIX
 
 CATCH_UP_S = 20.0
 
 
+#: How each case damages a stopped follower's files, and whether the node can tell it lost data
+#: (then it must start recovering) or not (damage at the tail looks like a torn write).
+DAMAGE = {
+    "emptied": False,
+    "truncated": False,
+    "bit-flip-tail": False,
+    "bit-flip-middle": True,
+    "zeroed-hole": True,
+    "index-deleted": False,
+}
+
+
+def _entry_offsets(seg: Path) -> list[int]:
+    """Byte offsets of the entries in ``seg`` (read with the codec, as recovery does)."""
+    got, _, err = scan_entries(seg.read_bytes(), verify=True)
+    assert err is None and got, f"{seg} was not a clean run of entries before the damage: {err}"
+    start = int(seg.stem)
+    return [e.pos - start for e in got]
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
 def _wipe(log_dir: Path, how: str) -> None:
     segs = sorted(log_dir.glob("*" + SEG_SUFFIX))
     assert segs, f"no segments in {log_dir}"
+    last = segs[-1]
     if how == "emptied":
         for p in [*segs, *log_dir.glob("*" + IDX_SUFFIX)]:
             os.truncate(p, 0)
     elif how == "truncated":
-        last = segs[-1]
         os.truncate(last, last.stat().st_size // 3)
+    elif how == "bit-flip-tail":
+        _flip(last, _entry_offsets(last)[-1] + HEADER_SIZE)
+    elif how == "bit-flip-middle":
+        offsets = _entry_offsets(last)
+        _flip(last, offsets[len(offsets) // 2] + HEADER_SIZE + 3)
+    elif how == "zeroed-hole":  # a power loss kept later writes but not one page-cache run
+        offsets = _entry_offsets(last)
+        a, b = offsets[len(offsets) // 3], offsets[len(offsets) // 3 + 3]
+        with open(last, "r+b") as f:
+            f.seek(a + 7)
+            f.write(bytes(b - a))
+    elif how == "index-deleted":
+        idx = list(log_dir.glob("*" + IDX_SUFFIX))
+        assert idx, f"no index files in {log_dir}"
+        for p in idx:
+            p.unlink()
     else:
         raise ValueError(how)
 
@@ -51,7 +102,7 @@ async def _whole_log(client: LedgerClient, address: str, upto: int) -> list[tupl
     return out
 
 
-@pytest.mark.parametrize("how", ["emptied", "truncated"])
+@pytest.mark.parametrize("how", sorted(DAMAGE))
 def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path, how: str) -> None:
     cluster = LocalCluster(tmp_path, 3)
     cluster.start()
@@ -68,7 +119,7 @@ def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path
                     acked.append((index, payload))
                 last = acked[-1][0]
                 deadline = time.monotonic() + CATCH_UP_S
-                while (await _status(client, cluster, follower))["commit_index"] < last:
+                while (await _wait_status(client, cluster.address(follower)))["commit_index"] < last:
                     assert time.monotonic() < deadline, "the follower never caught up the first time"
                     await asyncio.sleep(0.05)
 
@@ -93,6 +144,14 @@ def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path
                         break
                     await asyncio.sleep(0.05)
                 assert st.get("commit_index", 0) >= last, f"the {how} follower was never repaired: {st}"
+                if DAMAGE[how]:
+                    assert st["log_damage_found"] is not None, f"the {how} damage went unnoticed: {st}"
+                else:
+                    assert st["log_damage_found"] is None, f"{how} is not damage the store can tell: {st}"
+                while st["recovering"] or st["log_lost_from"] is not None:  # bounded by the deadline
+                    assert time.monotonic() < deadline, f"the {how} follower never left recovery: {st}"
+                    await asyncio.sleep(0.05)
+                    st = await _status(client, cluster, follower)
 
                 leader_log = await _whole_log(client, cluster.address(leader), last)
                 follower_log = await _whole_log(client, cluster.address(follower), last)
@@ -117,9 +176,13 @@ async def _wait_status(client: LedgerClient, address: str, timeout: float = CATC
             await asyncio.sleep(0.05)
 
 
-def test_a_node_that_lost_its_hard_state_does_not_vote_until_caught_up(tmp_path: Path) -> None:
-    """Before the fix the node restarted at term 0 with no vote and could vote twice in a term:
-    here it would have elected n2 with n3 down. Now it refuses until a leader catches it up."""
+@pytest.mark.parametrize("loss", ["hardstate-deleted", "bit-flip-middle", "zeroed-hole"])
+def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, loss: str) -> None:
+    """Before the fix a node that lost its hard state restarted at term 0 with no vote and could
+    vote twice in a term: here it would have elected n2 with n3 down. A node whose log was
+    damaged in the middle did not start at all; kept running on its valid prefix it could vote
+    for a candidate missing entries it had acknowledged. Now both refuse until a leader
+    catches them up."""
     cluster = LocalCluster(tmp_path, 3)
     cluster.start()
     try:
@@ -130,16 +193,23 @@ def test_a_node_that_lost_its_hard_state_does_not_vote_until_caught_up(tmp_path:
                 acked = [(await client.append(f"e{i}".encode()))[0] for i in range(20)]
                 for nid in cluster.ids:
                     deadline = time.monotonic() + CATCH_UP_S
-                    while (await client.status(cluster.address(nid)))["commit_index"] < acked[-1]:
+                    while (await _wait_status(client, cluster.address(nid)))["commit_index"] < acked[-1]:
                         assert time.monotonic() < deadline, f"{nid} never committed"
                         await asyncio.sleep(0.05)
                 for nid in cluster.ids:
                     cluster.kill(nid)
-                (tmp_path / "n1" / "data" / "hardstate").unlink()
+                if loss == "hardstate-deleted":
+                    (tmp_path / "n1" / "data" / "hardstate").unlink()
+                else:
+                    _wipe(tmp_path / "n1" / "data" / "log", loss)
                 cluster.start_node("n1")
                 cluster.start_node("n2")
                 st1 = await _wait_status(client, cluster.address("n1"))
-                assert st1["recovering"] and st1["voted_for"] is None
+                assert st1["recovering"], st1
+                if loss == "hardstate-deleted":
+                    assert st1["voted_for"] is None and st1["log_damage_found"] is None
+                else:
+                    assert 1 < st1["log_damage_found"] <= acked[-1] and st1["last_index"] < acked[-1]
                 await _wait_status(client, cluster.address("n2"))
                 end = time.monotonic() + 2.5  # several election timeouts: n2 must not win with n1's vote
                 while time.monotonic() < end:
@@ -169,7 +239,9 @@ def test_a_node_that_lost_its_hard_state_does_not_vote_until_caught_up(tmp_path:
                 # Recovery is durable: a restart now is an ordinary one.
                 cluster.kill("n1")
                 cluster.start_node("n1")
-                assert not (await _wait_status(client, cluster.address("n1")))["recovering"]
+                st1 = await _wait_status(client, cluster.address("n1"))
+                assert not st1["recovering"] and st1["log_lost_from"] is None, st1
+                assert st1["log_damage_found"] is None, st1
 
         asyncio.run(scenario())
     finally:

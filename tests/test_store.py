@@ -328,6 +328,65 @@ def test_torn_earlier_segment_or_missing_segment_is_corruption(tmp_path: Path) -
     assert info.value.path == str(files[1])
 
 
+@pytest.mark.parametrize("damage", ["bit-flip", "zeroed-hole"])
+def test_salvage_keeps_the_prefix_before_mid_log_damage(tmp_path: Path, damage: str) -> None:
+    s = open_store(tmp_path, segment_bytes=1 << 20)
+    want = fill(s, 80)
+    victim = s.entries(40, 40)[0]
+    s.close()
+    path, off = file_offset(tmp_path, victim)
+    if damage == "bit-flip":
+        flip(path, off + HEADER_SIZE + 1)
+    else:  # a power loss left a page-sized run of zeros inside data written before it
+        with open(path, "r+b") as f:
+            f.seek(off)
+            f.write(bytes(300))
+    r = open_store(tmp_path, segment_bytes=1 << 20, salvage=True)
+    assert r.lost_from == 40 and str(path) in r.lost_reason
+    assert r.last_index == 39 and r.entries(1, 39) == want[:39]
+    assert path.stat().st_size == off
+    fill(r, 3, term=2)  # the repaired log takes the leader's entries again
+    r.close()
+    r = open_store(tmp_path, segment_bytes=1 << 20)  # the loss is remembered until the node refetched
+    assert r.lost_from == 40 and r.last_index == 42 and r.entries(1, 39) == want[:39]
+    r.forget_damage()
+    r.close()
+    r = open_store(tmp_path, segment_bytes=1 << 20)
+    assert r.lost_from is None and r.last_index == 42
+    r.close()
+
+
+def test_salvage_cuts_a_damaged_earlier_segment_and_drops_later_ones(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    want = fill(s, 200)
+    victim = s.entries(30, 30)[0]
+    s.close()
+    path, off = file_offset(tmp_path, victim)
+    flip(path, off + HEADER_SIZE + 2)
+    path.with_suffix(".idx").unlink()  # forces the scan that finds the damage
+    r = open_store(tmp_path, salvage=True)
+    assert r.lost_from == 30 and r.last_index == 29 and r.entries(1, 29) == want[:29]
+    assert seg_files(tmp_path)[-1] == path and path.with_suffix(".idx").exists()
+    fill(r, 5, term=2)
+    r.close()
+    r = open_store(tmp_path)
+    assert r.last_index == 34 and r.entries(1, 29) == want[:29]
+    r.close()
+
+
+def test_salvage_after_a_missing_segment_keeps_what_precedes_it(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    want = fill(s, 200)
+    s.close()
+    files = seg_files(tmp_path)
+    files[2].unlink()
+    r = open_store(tmp_path, salvage=True)
+    assert r.next_pos() == int(files[2].stem), "everything before the gap is kept"
+    assert r.lost_from == r.last_index + 1 and r.entries(1, 1000) == want[: r.last_index]
+    assert seg_files(tmp_path) == files[:2]
+    r.close()
+
+
 # ---------------------------------------------------------------------- truncation and reset
 
 
