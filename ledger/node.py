@@ -34,7 +34,7 @@ from .messages import Message
 from .metrics import NodeMetrics
 from .raft import NotLeader, RaftCore, Role
 from .runtime import AppendCallback, LedgerRuntime, SyncDone
-from .store import LogStore, SyncJob, fsync_dir, write_file_atomically
+from .store import CorruptLogError, LogStore, SyncJob, fsync_dir, write_file_atomically
 from .transport import FrameProtocol, PeerOutbox, listen
 from .wire import (
     BAD_REQUEST,
@@ -43,6 +43,7 @@ from .wire import (
     OP_READ,
     OP_STATUS,
     OP_TRANSFER,
+    UNAVAILABLE,
     LedgerError,
     WireError,
     decode_request,
@@ -353,7 +354,15 @@ class LedgerNode:
 
     def _process(self) -> None:
         self._scheduled = False
-        self.runtime.process()
+        try:
+            self.runtime.process()
+        except CorruptLogError as exc:  # a leader read a damaged entry to replicate it
+            self._log_damaged(exc)
+
+    def _log_damaged(self, exc: CorruptLogError) -> None:
+        """Damage found while running: stop, so the restart's recovery salvages the log and the
+        node re-fetches the rest from its peers (the store already dropped the index it trusted)."""
+        self.runtime.fail(f"log damaged, restart to repair it from the peers: {exc}")
 
     def _on_fatal(self, reason: str) -> None:
         log.critical("stopping the node: %s", reason)
@@ -434,7 +443,11 @@ class LedgerNode:
         hi = min(hi, self.core.commit)
         if lo > hi:
             return []
-        return self.store.entries(lo, hi, max_bytes)
+        try:
+            return self.store.entries(lo, hi, max_bytes)
+        except CorruptLogError as exc:
+            self._log_damaged(exc)
+            raise
 
     def transfer_leadership(self, target: str) -> None:
         self.runtime.transfer_leadership(target)
@@ -510,7 +523,13 @@ class LedgerNode:
                 )
                 return
             cap = self.config.max_read_bytes  # max_bytes=0 means 'the default', never 'everything'
-            entries = self.committed_entries(lo, hi, min(max_bytes or cap, cap))
+            try:
+                entries = self.committed_entries(lo, hi, min(max_bytes or cap, cap))
+            except CorruptLogError as exc:
+                proto.send(
+                    error(rid, UNAVAILABLE, f"node {self.config.id} is stopping to repair its log: {exc}")
+                )
+                return
             proto.send(ok_entries(rid, b"".join(e.raw for e in entries)))  # type: ignore[misc]
 
         if lo < 1 or hi < lo:

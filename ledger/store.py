@@ -538,11 +538,14 @@ class LogStore:
         buf = _pread_all(self._fd(seg), size, off)
         got, stop, err = scan_entries(buf, verify=True, copy=True)
         if err is not None:
+            self._distrust_index(seg)
             raise CorruptLogError(seg.path, off + stop, err)
         if len(got) != b - a + 1:
+            self._distrust_index(seg)
             raise CorruptLogError(seg.path, off + stop, f"expected {b - a + 1} entries, found {len(got)}")
         for k, e in enumerate(got, a - first):
             if e.index != k + first or e.term != self._terms[k] or e.pos != self._pos[k]:
+                self._distrust_index(seg)
                 raise CorruptLogError(
                     seg.path,
                     self._pos[k] - seg.start,
@@ -550,6 +553,20 @@ class LogStore:
                     f"{self._pos[k]}, data has entry {e.index} term {e.term} position {e.pos}",
                 )
         out.extend(got)
+
+    def _distrust_index(self, seg: _Segment) -> None:
+        """A read found damage that recovery trusted the index past: drop the index, so the next
+        start scans the segment, finds the damage and salvages the log before it (``salvage``)."""
+        log.error(
+            "damage found on read in %s; its index is dropped so a restart rescans it",
+            seg.path,
+            extra={"path": seg.path},
+        )
+        try:
+            os.unlink(seg.idx_path)
+            fsync_dir(self.directory)
+        except OSError as exc:  # the read still fails; a later read tries again
+            log.warning("could not drop index %s: %s", seg.idx_path, exc, extra={"path": seg.idx_path})
 
     # ------------------------------------------------------------------ tail cache
 

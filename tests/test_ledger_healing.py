@@ -26,6 +26,7 @@ from ledger.client import LedgerClient
 from ledger.codec import HEADER_SIZE, scan_entries
 from ledger.localcluster import LocalCluster
 from ledger.store import IDX_SUFFIX, SEG_SUFFIX
+from ledger.wire import LedgerError
 
 CATCH_UP_S = 20.0
 
@@ -242,6 +243,70 @@ def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, los
                 st1 = await _wait_status(client, cluster.address("n1"))
                 assert not st1["recovering"] and st1["log_lost_from"] is None, st1
                 assert st1["log_damage_found"] is None, st1
+
+        asyncio.run(scenario())
+    finally:
+        cluster.stop()
+
+
+def test_damage_behind_a_trusted_index_is_found_on_read_and_repaired(tmp_path: Path) -> None:
+    """Recovery trusts a sealed segment's index (verifying only its last entry), so a bit flip in
+    the middle of an older segment is first seen when something reads it. Before the fix the
+    read failed and the next restart trusted the same index again; now the read drops that
+    index and stops the node, and the restart's scan salvages the log and repairs it."""
+    cluster = LocalCluster(tmp_path, 3, settings={"segment_bytes": 2048})
+    cluster.start()
+    try:
+
+        async def scenario() -> None:
+            leader = await cluster.wait_for_leader(30)
+            follower = next(n for n in cluster.ids if n != leader)
+            address = cluster.address(follower)
+            async with LedgerClient(cluster.addresses, timeout=10, secret=cluster.client_secret) as client:
+                acked = [(await client.append(f"old-{i}".encode() * 30))[0] for i in range(40)]
+                deadline = time.monotonic() + CATCH_UP_S
+                while (await _wait_status(client, address))["commit_index"] < acked[-1]:
+                    assert time.monotonic() < deadline, "the follower never caught up the first time"
+                    await asyncio.sleep(0.05)
+
+                cluster.kill(follower)
+                log_dir = tmp_path / follower / "data" / "log"
+                segs = sorted(log_dir.glob("*" + SEG_SUFFIX))
+                assert len(segs) >= 3, f"expected several segments, got {segs}"
+                victim = segs[1]
+                offsets = _entry_offsets(victim)
+                _flip(victim, offsets[len(offsets) // 2] + HEADER_SIZE + 2)
+                cluster.start_node(follower)
+                st = await _wait_status(client, address)
+                assert st["log_damage_found"] is None, "a trusted index hides the damage until a read"
+                deadline = time.monotonic() + CATCH_UP_S
+                while st["commit_index"] < acked[-1]:  # reads serve committed entries only
+                    assert time.monotonic() < deadline, f"the restarted follower never committed: {st}"
+                    await asyncio.sleep(0.05)
+                    st = await client.status(address)
+
+                async with LedgerClient([address], timeout=2, secret=cluster.client_secret) as direct:
+                    with pytest.raises(LedgerError):
+                        await direct.read(1, acked[-1], address=address)
+                deadline = time.monotonic() + CATCH_UP_S
+                while cluster.is_running(follower):
+                    assert time.monotonic() < deadline, "the node kept running on a damaged log"
+                    await asyncio.sleep(0.05)
+
+                cluster.start_node(follower)
+                st = await _wait_status(client, address)
+                assert st["log_damage_found"] is not None and st["last_index"] < acked[-1], st
+                acked += [(await client.append(f"new-{i}".encode()))[0] for i in range(5)]
+                deadline = time.monotonic() + CATCH_UP_S
+                while True:
+                    st = await client.status(address)
+                    if st["commit_index"] >= acked[-1] and not st["recovering"]:
+                        break
+                    assert time.monotonic() < deadline, f"the follower was never repaired: {st}"
+                    await asyncio.sleep(0.05)
+                leader_log = await _whole_log(client, cluster.address(leader), acked[-1])
+                assert await _whole_log(client, address, acked[-1]) == leader_log
+                assert {i for i, _, _ in leader_log} >= set(acked)
 
         asyncio.run(scenario())
     finally:

@@ -297,6 +297,10 @@ def test_bit_flip_in_earlier_segment_is_reported_on_read(tmp_path: Path) -> None
         r.entries(1, 10)
     assert info.value.path == str(path) and info.value.offset == off and "checksum" in info.value.reason
     r.close()
+    assert not path.with_suffix(".idx").exists(), "the index that hid the damage must not be trusted again"
+    r = open_store(tmp_path, salvage=True)  # the restart's scan finds it and keeps the prefix
+    assert r.lost_from == 5 and r.last_index == 4 and r.entries(1, 4)[-1].index == 4
+    r.close()
 
 
 def test_damaged_earlier_segment_without_index_fails_recovery(tmp_path: Path) -> None:
