@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -71,7 +72,10 @@ MAX_PULL_BYTES = 4 << 20  # message bytes one pull answers with (at least one me
 CLIENT_EXPIRY_S = 30.0  # a consumer without a heartbeat for this long no longer counts in rebalancing
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic: clients send to its brokers to auto-create topics
 PERM_INHERIT = 1
+log = logging.getLogger("broker.processors")
+
 MAX_TOPICS_BEING_CREATED = 1000  # auto-created topics whose config is not applied yet
+RETRY_TOPIC_PREFIX = "%RETRY%"  # a consumer group's retry topic, created on its first heartbeat
 
 # SEND_MESSAGE_V2 (310) abbreviates SendMessageRequestHeader's names to one letter each.
 V2_HEADER_NAMES = {
@@ -675,6 +679,7 @@ class Processors:
             if (clients is None or client_id not in clients) and not self._admit_client(now):
                 return self._clients_full(req)
             self.consumers.setdefault(consumer["groupName"], {})[client_id] = ClientInfo(now, subs)
+            self._ensure_retry_topic(consumer["groupName"], now)
         for producer in doc.get("producerDataSet") or []:
             if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
                 clients_p = self.producers.get(producer["groupName"])
@@ -682,6 +687,31 @@ class Processors:
                     return self._clients_full(req)
                 self.producers.setdefault(producer["groupName"], {})[client_id] = now
         return req.make_response()
+
+    def _ensure_retry_topic(self, group: str, now: float) -> None:
+        """Create the group's retry topic ``%RETRY%<group>`` (1 queue) on its first heartbeat, as
+        RocketMQ's broker does: admin tools (``mqadmin consumerProgress``) look it up first.
+        Only a master proposes it; the bound on topics being created applies."""
+        topic = RETRY_TOPIC_PREFIX + group
+        if topic in self.store.topics or not self.broker.is_master or topic_name_error(topic):
+            return
+        pending = self._creating.get(topic)
+        if pending is not None and now - pending[1] <= self.config.send_timeout_s:
+            return  # proposed a moment ago
+        if pending is None and len(self._creating) >= MAX_TOPICS_BEING_CREATED:
+            return  # (the next heartbeat tries again)
+        self._creating[topic] = (1, now)
+
+        def done(results: list[Stored] | None, exc: EmbedError | None) -> None:
+            if exc is not None:
+                log.warning("retry topic not created", extra={"topic": topic, "error": str(exc)})
+            self._created(topic)
+
+        try:
+            self.store.append([topic_op(topic, 1, 1, PERM_READ | PERM_WRITE)], done)
+        except EmbedError as exc:  # leadership lost since the check
+            self._creating.pop(topic, None)
+            log.info("retry topic not created", extra={"topic": topic, "error": str(exc)})
 
     def _admit_client(self, now: float) -> bool:
         """Room for one more heartbeat entry under max_heartbeat_clients (expired ones pruned first)."""

@@ -150,6 +150,14 @@ def test_rocketmq_request_semantics(group: LocalBrokerGroup) -> None:
                 RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cg"})
             )
             assert json.loads(listed.body) == {"consumerIdList": ["127.0.0.1@1"]}
+            # The group's first heartbeat created its retry topic, as RocketMQ's broker does.
+            for _ in range(100):
+                configs = await call(RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG))
+                table = json.loads(configs.body)["topicConfigTable"]
+                if "%RETRY%cg" in table:
+                    break
+                await asyncio.sleep(0.05)
+            assert table["%RETRY%cg"]["readQueueNums"] == 1 and table["%RETRY%cg"]["writeQueueNums"] == 1
             await call(
                 RemotingCommand.request(
                     RequestCode.UNREGISTER_CLIENT, {"clientID": "127.0.0.1@1", "consumerGroup": "cg"}
