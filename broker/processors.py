@@ -298,8 +298,9 @@ class Processors:
                             f"{MAX_TOPICS_BEING_CREATED} topics are being created; try again shortly",
                         )
                 if not pending:
+                    # RocketMQ: the client's defaultTopicQueueNums, at most the template's (ours)
                     asked = h.header_int("defaultTopicQueueNums", self.config.default_queue_nums, min_value=1)
-                    pending = max(1, min(asked, 1024))
+                    pending = max(1, min(asked, self.config.default_queue_nums))
                 self._creating[topic] = (pending, now)
                 before.append(topic_op(topic, pending, pending, PERM_READ | PERM_WRITE))
         if queue_id < 0:  # RocketMQ: the broker picks a queue
