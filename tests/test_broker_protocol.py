@@ -202,6 +202,12 @@ def test_rocketmq_request_semantics(group: LocalBrokerGroup) -> None:
             assert r.code == ResponseCode.SUCCESS, r.remark
             r = await call(send_v2("AutoCreated", b"second", 1))
             assert r.header_int("queueOffset") == 1
+            # The client asks for 16 queues; like RocketMQ, the broker's default (4) caps it.
+            wide = send_v2("AutoCreatedWide", b"w", 0)
+            wide.headers["d"] = 16
+            assert (await call(wide)).code == ResponseCode.SUCCESS
+            configs = await call(RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG))
+            assert json.loads(configs.body)["topicConfigTable"]["AutoCreatedWide"]["writeQueueNums"] == 4
 
             # Malformed properties are refused, naming what is wrong.
             bad = send_v2(TOPIC, b"bad", 0)
