@@ -3,8 +3,9 @@
 The harness starts nothing here: the user names a nameserver (``--namesrv``) of a cluster
 they already have (Apache RocketMQ with DLedger, ``broker local-cluster``, ...), and the
 clients speak plain RocketMQ 4.x remoting to it: JSON headers (what every RocketMQ server
-reads), no ledgermq-only CRC field, pulls carrying their subscription as RocketMQ's broker
-requires, and every header field RocketMQ 4.9's header classes require (``rocketmq_compat``).
+reads) and no ledgermq-only CRC field (``rocketmq_compat``); the requests themselves are
+already what a Java 4.9 client sends (every header field RocketMQ's header classes require,
+pulls carrying their subscription).
 The run uses a fresh topic, created on one broker group's master, so that its
 queues hold only this run's messages and the ``log`` checker can judge them.
 
