@@ -117,6 +117,22 @@ def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
     return frozenset(java_string_hash(t) & 0xFFFFFFFF for t in tags)
 
 
+def _subscription_data(topic: str, expr: str) -> dict[str, Any]:
+    """RocketMQ's SubscriptionData of a tag expression ("*" for all: no tags, no codes)."""
+    tags = sorted({t.strip() for t in expr.split("||")} - {""})
+    if not tags or "*" in tags:
+        tags = []
+    return {
+        "classFilterMode": False,
+        "topic": topic,
+        "subString": expr or "*",
+        "tagsSet": tags,
+        "codeSet": sorted({java_string_hash(t) for t in tags}),
+        "subVersion": 0,
+        "expressionType": "TAG",
+    }
+
+
 _HOST_CACHE: dict[str, bytes] = {}
 _HOST_CACHE_MAX = 4096  # peers' addresses: a bounded cache, cleared when full
 
@@ -146,10 +162,17 @@ def _send_headers(req: RemotingCommand) -> RemotingCommand:
 
 @dataclass(slots=True)
 class ClientInfo:
-    """A client that sent a heartbeat: when, and what it subscribed to (topic -> expression)."""
+    """A client that sent a heartbeat: when, what it subscribed to (topic -> expression), and
+    what RocketMQ's admin tools show of it (``GET_CONSUMER_CONNECTION_LIST``)."""
 
     seen: float
     subscriptions: dict[str, str] = field(default_factory=dict)
+    addr: str = ""
+    language: str = ""
+    version: int = 0
+    consume_type: str = ""
+    message_model: str = ""
+    consume_from_where: str = ""
 
 
 class Processors:
@@ -186,6 +209,7 @@ class Processors:
             RequestCode.HEART_BEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister_client,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
+            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
         }
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
@@ -679,7 +703,16 @@ class Processors:
             clients = self.consumers.get(consumer["groupName"])
             if (clients is None or client_id not in clients) and not self._admit_client(now):
                 return self._clients_full(req)
-            self.consumers.setdefault(consumer["groupName"], {})[client_id] = ClientInfo(now, subs)
+            self.consumers.setdefault(consumer["groupName"], {})[client_id] = ClientInfo(
+                now,
+                subs,
+                conn.remote_addr,
+                req.language,
+                req.version,
+                str(consumer.get("consumeType") or ""),
+                str(consumer.get("messageModel") or ""),
+                str(consumer.get("consumeFromWhere") or ""),
+            )
             self._ensure_retry_topic(consumer["groupName"], now)
         for producer in doc.get("producerDataSet") or []:
             if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
@@ -763,6 +796,39 @@ class Processors:
         if producer_group:
             self.producers.get(producer_group, {}).pop(client_id, None)
         return req.make_response()
+
+    def consumer_connections(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_CONNECTION_LIST (203): the group's live clients and their subscriptions
+        (RocketMQ's ConsumerConnection; ``mqadmin consumerConnection``); CONSUMER_NOT_ONLINE
+        when none has sent a heartbeat lately, as RocketMQ answers."""
+        group = req.header_str("consumerGroup")
+        now = time.monotonic()
+        live = [
+            (cid, info)
+            for cid, info in self.consumers.get(group, {}).items()
+            if now - info.seen <= CLIENT_EXPIRY_S
+        ]
+        if not live:
+            return req.make_response(
+                ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group!r} is not online"
+            )
+        subscriptions: dict[str, str] = {}
+        for _, info in live:
+            subscriptions.update(info.subscriptions)
+        newest = max(live, key=lambda item: item[1].seen)[1]
+        doc = {
+            "connectionSet": [
+                {"clientId": cid, "clientAddr": info.addr, "language": info.language, "version": info.version}
+                for cid, info in sorted(live)
+            ],
+            "subscriptionTable": {
+                topic: _subscription_data(topic, expr) for topic, expr in sorted(subscriptions.items())
+            },
+            "consumeType": newest.consume_type,
+            "messageModel": newest.message_model,
+            "consumeFromWhere": newest.consume_from_where,
+        }
+        return req.make_response(body=json.dumps(doc, separators=(",", ":")).encode())
 
     def consumer_list(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         group = req.header_str("consumerGroup")

@@ -12,7 +12,12 @@ import pytest
 
 from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
-from remoting.message import decode_stored_messages, parse_offset_msg_id, properties_to_bytes
+from remoting.message import (
+    decode_stored_messages,
+    java_string_hash,
+    parse_offset_msg_id,
+    properties_to_bytes,
+)
 from remoting.protocol import SERIALIZE_JSON
 
 pytestmark = pytest.mark.slow
@@ -150,6 +155,22 @@ def test_rocketmq_request_semantics(group: LocalBrokerGroup) -> None:
                 RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "cg"})
             )
             assert json.loads(listed.body) == {"consumerIdList": ["127.0.0.1@1"]}
+            # mqadmin consumerConnection: the group's clients and subscriptions.
+            r = await call(
+                RemotingCommand.request(RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "cg"})
+            )
+            doc = json.loads(r.body)
+            ((connection,),) = [doc["connectionSet"]]
+            assert connection["clientId"] == "127.0.0.1@1" and connection["clientAddr"].startswith(
+                "127.0.0.1:"
+            )
+            sub = doc["subscriptionTable"][TOPIC]
+            assert sub["tagsSet"] == ["A"] and sub["codeSet"] == [java_string_hash("A")]
+            assert doc["messageModel"] == "CLUSTERING" and doc["consumeType"] == "CONSUME_PASSIVELY"
+            r = await call(
+                RemotingCommand.request(RequestCode.GET_CONSUMER_CONNECTION_LIST, {"consumerGroup": "nobody"})
+            )
+            assert r.code == ResponseCode.CONSUMER_NOT_ONLINE and "nobody" in r.remark
             # The group's first heartbeat created its retry topic, as RocketMQ's broker does.
             for _ in range(100):
                 configs = await call(RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG))
