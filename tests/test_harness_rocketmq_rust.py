@@ -231,6 +231,7 @@ def test_start_routes_a_master_and_two_slaves_and_stop_leaves_no_process(tmp_pat
         pids.append(backend.procs.pid("n1") or 0)
     finally:
         backend.stop()
+        backend.cleanup_data()
     left = [p for p in pids if p and _alive(p)] + _processes_under(tmp_path)
     _reap(left)
     assert not left, f"processes left after stop: {left}"

@@ -76,6 +76,11 @@ MAX_SLAVES = 4
 #: replicas (master included) that must hold a message before the master answers a send
 IN_SYNC_REPLICAS = 2
 DEFAULT_QUEUES = 2
+#: each broker's store files (RocketMQ's defaults: 1 GiB commit log files; an index file of
+#: 5 million slots and 20 million entries, 400 MiB)
+COMMIT_LOG_FILE_BYTES = 64 << 20
+INDEX_HASH_SLOTS = 50_000
+INDEX_ENTRIES = 200_000
 #: seconds for the nameserver to listen and for every broker of the group to register
 STARTUP_TIMEOUT_S = 60.0
 #: seconds one nameserver call may take while waiting for the group
@@ -209,6 +214,11 @@ class RocketMQRustBackend(ProcessBackend):
                 "storePathCommitLog": str(d / "store" / "commitlog"),
                 "inSyncReplicas": IN_SYNC_REPLICAS,
                 "totalReplicas": len(self.nodes),
+                # RocketMQ's defaults allocate a 1 GiB commit log file and a 400 MiB index
+                # file up front, 4 GiB a run: a test group needs far less
+                "mappedFileSizeCommitLog": COMMIT_LOG_FILE_BYTES,
+                "maxHashSlotNum": INDEX_HASH_SLOTS,
+                "maxIndexNum": INDEX_ENTRIES,
             }
             if nid != self.master:
                 store["haMasterAddress"] = self.proxy.address(nid, self.master)
