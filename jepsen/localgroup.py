@@ -1,4 +1,5 @@
-"""Two nameservers and one 3-broker group as real processes on 127.0.0.x, for tests, benchmarks and the harness.
+"""Two nameservers and one 3-broker group (or several: ``LocalBrokerGroups``) as real processes on
+127.0.0.x, for tests, benchmarks and the harness.
 
 Brokers b1..b3 run on 127.0.0.1..3, each with a main port, the fast port (main - 2) and
 a ledger port; nameservers ns1/ns2 run on 127.0.0.1 and 127.0.0.2. Processes are named
@@ -15,7 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from broker.localcluster import MAX_GROUPS, group_name
 from common.process import ProcessSet, free_port, write_toml
+from jepsen.ports import PortPlan
 from remoting import RemotingClient, RemotingCommand, RequestCode
 
 
@@ -165,3 +168,118 @@ class LocalBrokerGroup(ProcessSet):
             if resp.is_success and addr in bytes(resp.body).decode(errors="replace"):
                 return True
         return False
+
+
+#: brokers per group in ``LocalBrokerGroups`` (a Raft group of three, as in RocketMQ's DLedger examples)
+GROUP_SIZE = 3
+#: ports one broker takes from a plan: fast channel (main - 2), ledger, main
+PORTS_PER_BROKER = 3
+
+
+class LocalBrokerGroups(ProcessSet):
+    """Nameservers and ``groups`` 3-broker groups as local processes, all behind the same nameservers.
+
+    Groups are named as ``broker local-cluster`` names them (``broker-a``, ``broker-b``, ...);
+    a broker's node id is ``<group>/<n>`` (``broker-b/n2``), which is also its process name
+    and directory, so every place the harness names a node also says which group it is in.
+    Broker ``nK`` of every group runs on the plan's host ``K`` (127.0.0.1..3 by default), the
+    nameservers on hosts 0 and 1; ports come from the ``PortPlan`` (``--port-base``) or the OS.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | Path,
+        *,
+        groups: int,
+        nameservers: int = 2,
+        topics: tuple[str, ...] = ("TopicTest:4",),
+        settings: Mapping[str, Any] | None = None,
+        ports: PortPlan | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        if not 1 <= groups <= MAX_GROUPS:
+            raise ValueError(f"--groups must be 1..{MAX_GROUPS}, got {groups}")
+        super().__init__(base_dir)
+        self.python = python
+        self.topics = list(topics)
+        self.settings = dict(settings or {})
+        self.ports = ports or PortPlan()
+        self.broker_names = [group_name(i) for i in range(groups)]
+        self.namesrv_ids = [f"ns{i + 1}" for i in range(nameservers)]
+        self.ns_addr: dict[str, str] = {}
+        for i, ns in enumerate(self.namesrv_ids):
+            host = self.ports.host(i)
+            self.ns_addr[ns] = f"{host}:{self.ports.port(host)}"
+        self.members: dict[str, list[str]] = {}
+        self.broker_addr: dict[str, str] = {}
+        self.ledger_addr: dict[str, str] = {}
+        for name in self.broker_names:
+            self.members[name] = [f"{name}/n{k + 1}" for k in range(GROUP_SIZE)]
+            for k, nid in enumerate(self.members[name]):
+                host = self.ports.host(k)
+                fast = self.ports.block(host, PORTS_PER_BROKER)
+                self.ledger_addr[nid] = f"{host}:{fast + 1}"
+                self.broker_addr[nid] = f"{host}:{fast + 2}"
+        self.node_ids = [nid for name in self.broker_names for nid in self.members[name]]
+
+    @property
+    def namesrv_addrs(self) -> list[str]:
+        return [self.ns_addr[n] for n in self.namesrv_ids]
+
+    def group_of(self, nid: str) -> str:
+        """The broker name of the group ``nid`` belongs to."""
+        return nid.split("/", 1)[0]
+
+    def peer_ledger_addr(self, nid: str, peer: str) -> str:
+        """Where ``nid`` dials ``peer``'s ledger node (the harness routes this through a proxy)."""
+        return self.ledger_addr[peer]
+
+    def node_dir(self, nid: str) -> Path:
+        return self.base_dir / nid
+
+    def write_configs(self) -> None:
+        for name in self.broker_names:
+            for nid in self.members[name]:
+                peers = [
+                    f"{p.split('/', 1)[1]}={self.broker_addr[p]}@"
+                    f"{self.ledger_addr[p] if p == nid else self.peer_ledger_addr(nid, p)}"
+                    for p in self.members[name]
+                ]
+                d = self.node_dir(nid)
+                d.mkdir(parents=True, exist_ok=True)
+                conf = {
+                    "broker_name": name,
+                    "node_id": nid.split("/", 1)[1],
+                    "group": peers,
+                    "namesrv_addr": self.namesrv_addrs,
+                    "data_dir": str(d / "data"),
+                    "listen_host": self.broker_addr[nid].rsplit(":", 1)[0],
+                    "topics": self.topics,
+                    **self.settings,
+                }
+                write_toml(d / "broker.toml", conf)
+
+    def start(self) -> None:
+        self.write_configs()
+        for ns in self.namesrv_ids:
+            self.start_namesrv(ns)
+        for nid in self.node_ids:
+            self.start_broker(nid)
+
+    def start_namesrv(self, ns: str) -> None:
+        host, port = self.ns_addr[ns].rsplit(":", 1)
+        argv = [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port, "--node-name", ns]
+        self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
+
+    def start_broker(self, nid: str) -> None:
+        d = self.node_dir(nid)
+        self.spawn(nid, [self.python, "-m", "broker", "--config", str(d / "broker.toml")], d / "broker.log")
+
+    async def runtime_info(self, client: RemotingClient, nid: str) -> dict[str, Any] | None:
+        try:
+            resp = await client.invoke_sync(
+                self.broker_addr[nid], RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 1.0
+            )
+        except Exception:  # noqa: BLE001 - a broker that is down or starting
+            return None
+        return json.loads(bytes(resp.body)) if resp.is_success else None

@@ -218,6 +218,33 @@ class OkIndex:
         return max(0.0, gap)
 
 
+def key_group(key: str) -> str | None:
+    """The broker group a key lives on, where the harness wrote it as ``<topic>/<broker name>/<queue>``
+    (several broker groups, ``jepsen run --groups``); None for any other key."""
+    parts = key.split("/")
+    return parts[1] if len(parts) == 3 and parts[1] else None
+
+
+def node_group(node: str) -> str | None:
+    """The broker group in a node name written ``<broker name>/<node>`` (``broker-b/n2``)."""
+    group, sep, rest = node.partition("/")
+    return group if sep and group and rest else None
+
+
+def _by_group(keys: list[str], firsts: list[int | None], start: int) -> dict[str, float | None]:
+    """Recovery per broker group: the latest first-ok of the group's keys (None if one never recovers)."""
+    out: dict[str, float | None] = {}
+    for key, t in zip(keys, firsts, strict=True):
+        g = key_group(key)
+        if g is None:
+            continue
+        if t is None or (g in out and out[g] is None):
+            out[g] = None
+        else:
+            out[g] = max(out.get(g) or 0.0, round((t - start) / MS, 3))
+    return dict(sorted(out.items()))
+
+
 def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[str, Any]]:
     """The ``faults`` list of results.json for a history spanning [t0, t1] (ns)."""
     out = []
@@ -232,6 +259,9 @@ def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[st
             entry["note"] = "no ok operation in the 10 s before the fault: nothing to recover"
         else:
             firsts = [idx.first_ok_after(k, s) for k in keys]
+            by_group = _by_group(keys, firsts, s)
+            if len(by_group) > 1:  # keys spread over broker groups: say how each group fared
+                entry["recovery_ms_by_group"] = by_group
             if all(t is not None for t in firsts):
                 recovery = round((max(t for t in firsts if t is not None) - s) / MS, 3)
             else:
@@ -240,6 +270,9 @@ def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[st
                 ]
         after_hi = min(t1, end + WINDOW_NS)
         gap_hi = max(s, after_hi)
+        groups = sorted({g for g in map(node_group, x.nodes) if g})
+        if groups:  # the broker groups the fault hit (nodes named ``<group>/<node>``)
+            entry["groups"] = groups
         out.append(
             {
                 "f": x.f,
@@ -278,6 +311,30 @@ def summarize(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "recovery_p50_ms": round(statistics.median(rec), 3) if rec else None,
             "recovery_max_ms": max(rec) if rec else None,
             "gap_max_ms": max(x["gap_ms"] for x in xs),
+        }
+        groups = _summarize_groups(xs)
+        if groups:
+            out[kind]["by_group"] = groups
+    return out
+
+
+def _summarize_groups(faults: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per broker group a fault hit: how many of those faults, and how long that group's keys took
+    to recover (faults on several groups at once count for each)."""
+    rec: dict[str, list[float | None]] = defaultdict(list)
+    for x in faults:
+        per = x.get("recovery_ms_by_group") or {}
+        for g in x.get("groups") or []:
+            if g in per:
+                rec[g].append(per[g])
+    out = {}
+    for g, values in sorted(rec.items()):
+        done = [v for v in values if v is not None]
+        out[g] = {
+            "faults": len(values),
+            "recovered": len(done),
+            "recovery_p50_ms": round(statistics.median(done), 3) if done else None,
+            "recovery_max_ms": max(done) if done else None,
         }
     return out
 

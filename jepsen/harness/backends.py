@@ -122,10 +122,18 @@ class Backend(ABC):
         except Exception:  # noqa: BLE001 - an unreachable node is a normal state under faults
             return None
 
-    async def leader(self) -> str | None:
-        """The node that claims leadership in the highest term (None if no one does)."""
+    def node_groups(self) -> dict[str, list[str]]:
+        """Replication groups by name, each with its nodes: one group unless a backend runs several
+        (broker groups, each its own Raft group); the nemesis aims a fault at one or all of them."""
+        return {"": list(self.nodes)}
+
+    async def leader(self, among: list[str] | None = None) -> str | None:
+        """The node that claims leadership in the highest term (None if no one does), of ``among``
+        only if given (one group's nodes: terms of different groups do not compare)."""
         best: tuple[int, str] | None = None
         for nid, st in (await self.statuses()).items():
+            if among is not None and nid not in among:
+                continue
             if st and st.get("role") == "leader" and st.get("ready", True):
                 term = int(st.get("term") or 0)
                 if best is None or term > best[0]:
@@ -248,9 +256,22 @@ class ProcessBackend(Backend):
         """The node's name in the ProcessSet."""
         return nid
 
+    def proxy_links(self) -> list[Link] | None:
+        """The peer links that carry traffic (None: every ordered pair of nodes)."""
+        return None
+
+    def proxy_ports(self) -> dict[Link, int] | None:
+        """Each link's listening port where the harness planned them (None: the OS picks)."""
+        return None
+
     def start(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.proxy = LinkProxy(self.peer_addresses(), log_path=self.base_dir / "proxy.log")
+        self.proxy = LinkProxy(
+            self.peer_addresses(),
+            log_path=self.base_dir / "proxy.log",
+            links=self.proxy_links(),
+            ports=self.proxy_ports(),
+        )
         self.launch()
 
     def stop(self) -> None:

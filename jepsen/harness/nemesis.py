@@ -15,6 +15,13 @@ Partitions follow Jepsen's grudges. With three nodes several coincide: ``bridge`
 the symmetric form of ``partition-majorities-ring`` both cut one pair; the directed
 ring (the default where links are directed) makes each node drop traffic from one
 neighbour, so every node sees a different majority.
+
+Several broker groups (``jepsen run --groups``): each fault hits one group chosen at random,
+or with ``fault_scope="all"`` every group at once; its events name the groups
+(``broker_groups``). Faults on one node's files or one peer (corrupt-tail, lose-data,
+forge-peer) always pick one group. Partition shapes other than partition-leader are drawn
+over every targeted node, across groups, and cut only the links within a group that the
+line crosses: groups never talk to each other.
 """
 
 from __future__ import annotations
@@ -68,6 +75,9 @@ LOSS_PROBABILITY = 0.05
 LOSE_DATA_DEFAULT = "truncate-log"
 #: seconds a node that lost data has, after its restart, to commit what the group had committed
 CATCH_UP_S = 3.0
+#: ``--fault-scope``: with several broker groups, a fault hits one group chosen at random
+#: (``one``) or every group at once (``all``)
+FAULT_SCOPES = ("one", "all")
 #: the explicit ``lose-data`` variants, by fault name
 LOSE_DATA_FAULTS = {
     "lose-data-wipe": "wipe",
@@ -75,6 +85,8 @@ LOSE_DATA_FAULTS = {
     "lose-data-empty": "empty-log",
     "lose-data-hardstate": "hardstate",
 }
+#: faults that act on one node's files or one peer and so always pick a single group
+SINGLE_GROUP_FAULTS = frozenset(("corrupt-tail", "forge-peer", "lose-data", *LOSE_DATA_FAULTS))
 
 
 # ------------------------------------------------------------------ partition shapes
@@ -154,7 +166,11 @@ class Nemesis:
         rng: random.Random,
         log_path: Path | None = None,
         lose_data: str = LOSE_DATA_DEFAULT,
+        fault_scope: str = "one",
     ) -> None:
+        if fault_scope not in FAULT_SCOPES:
+            raise ValueError(f"unknown fault scope {fault_scope!r}; choose from {', '.join(FAULT_SCOPES)}")
+        self.fault_scope = fault_scope
         unknown = [f for f in faults if f not in FAULTS]
         if unknown:
             raise ValueError(f"unknown nemesis {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
@@ -225,56 +241,89 @@ class Nemesis:
 
     # ------------------------------------------------------------------ targets
 
-    async def _leader(self) -> str | None:
+    async def _leader(self, among: list[str] | None = None) -> str | None:
+        """The leader of ``among`` (one group's nodes; every node when there is one group)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 3.0
+        several = len(self.backend.node_groups()) > 1
         while loop.time() < deadline:
-            nid = await self.backend.leader()
+            nid = await (
+                self.backend.leader(among) if several and among is not None else self.backend.leader()
+            )
             if nid is not None:
                 return nid
             await asyncio.sleep(0.1)
         return None
 
-    async def _leader_or_random(self) -> tuple[str, bool]:
-        nid = await self._leader()
-        return (nid, True) if nid is not None else (self.rng.choice(self.backend.nodes), False)
+    async def _leader_or_random(self, among: list[str] | None = None) -> tuple[str, bool]:
+        nid = await self._leader(among)
+        return (nid, True) if nid is not None else (self.rng.choice(among or self.backend.nodes), False)
+
+    async def _leaders_or_random(self, scopes: list[list[str]]) -> tuple[list[str], list[str | None]]:
+        """One target per group in ``scopes``: its leader, or a random member if none is known."""
+        picks = [await self._leader_or_random(s) for s in scopes]
+        return [t for t, _ in picks], [t if known else None for t, known in picks]
+
+    def _scopes(self, name: str) -> tuple[list[list[str]], dict[str, Any]]:
+        """The node groups this fault hits (one chosen at random, or all with ``--fault-scope all``)
+        and what the nemesis events say about it (nothing extra when there is one group)."""
+        groups = self.backend.node_groups()
+        if len(groups) <= 1:
+            return [list(self.backend.nodes)], {}
+        names = sorted(groups)
+        if self.fault_scope == "one" or name in SINGLE_GROUP_FAULTS:
+            names = [self.rng.choice(names)]
+        return [list(groups[g]) for g in names], {"broker_groups": names}
+
+    def _within_groups(self, cut: set[Link]) -> set[Link]:
+        """The links of ``cut`` that exist: between members of one group (groups never talk)."""
+        where = {n: g for g, members in self.backend.node_groups().items() for n in members}
+        return {(a, c) for a, c in cut if where.get(a) == where.get(c)}
 
     # ------------------------------------------------------------------ faults
 
     async def start_fault(self, name: str) -> None:
-        b, nodes, rng = self.backend, self.backend.nodes, self.rng
+        b, rng = self.backend, self.rng
+        scopes, scope_info = self._scopes(name)
+        nodes = [n for s in scopes for n in s]
         self.current = name
+
+        def leader_info(known: list[str | None]) -> dict[str, Any]:
+            return {"leader": known[0]} if len(known) == 1 else {"leader": known}
+
         if name in ("kill-leader", "kill-random", "kill-majority", "restart-all"):
             if name == "kill-leader":
-                leader, known = await self._leader_or_random()
-                targets, extra = [leader], {"leader": leader if known else None}
+                targets, known = await self._leaders_or_random(scopes)
+                extra = leader_info(known)
             elif name == "kill-random":
-                targets, extra = [rng.choice(nodes)], {}
+                targets, extra = [rng.choice(s) for s in scopes], {}
             elif name == "kill-majority":
-                targets, extra = sorted(rng.sample(nodes, len(nodes) // 2 + 1)), {}
+                targets, extra = sorted(n for s in scopes for n in rng.sample(s, len(s) // 2 + 1)), {}
             else:
                 targets, extra = list(nodes), {}
+            extra.update(scope_info)
             await self.op("kill", {"nodes": targets, "fault": name, **extra}, lambda: _each(b.kill, targets))
             self._undo = lambda: self.op(
-                "restart", {"nodes": targets, "fault": name}, lambda: _each(b.restart, targets)
+                "restart", {"nodes": targets, "fault": name, **scope_info}, lambda: _each(b.restart, targets)
             )
         elif name in ("pause-leader", "pause-random"):
             if name == "pause-leader":
-                target, known = await self._leader_or_random()
-                extra = {"leader": target if known else None}
+                paused, known = await self._leaders_or_random(scopes)
+                extra = leader_info(known)
             else:
-                target, extra = rng.choice(nodes), {}
-            await self.op("pause", {"nodes": [target], "fault": name, **extra}, lambda: b.pause(target))
+                paused, extra = [rng.choice(s) for s in scopes], {}
+            extra.update(scope_info)
+            await self.op("pause", {"nodes": paused, "fault": name, **extra}, lambda: _each(b.pause, paused))
             self._undo = lambda: self.op(
-                "resume", {"nodes": [target], "fault": name}, lambda: b.resume(target)
+                "resume", {"nodes": paused, "fault": name, **scope_info}, lambda: _each(b.resume, paused)
             )
         elif name.startswith("partition") or name == "bridge":
-            value: dict[str, Any] = {"fault": name}
-            if name == "partition-leader":
-                leader, known = await self._leader_or_random()
-                others = [n for n in nodes if n != leader]
-                cut = cut_between([[leader], others])
-                value.update(groups=[[leader], others], leader=leader if known else None)
+            value: dict[str, Any] = {"fault": name, **scope_info}
+            if name == "partition-leader":  # each group's leader cut off from the rest of its group
+                leaders, known = await self._leaders_or_random(scopes)
+                sides = [[[ld], [n for n in s if n != ld]] for ld, s in zip(leaders, scopes, strict=True)]
+                cut = set().union(*(cut_between(side) for side in sides))
+                value.update(groups=sides[0] if len(sides) == 1 else sides, **leader_info(known))
             elif name == "partition-random-halves":
                 order = list(nodes)
                 rng.shuffle(order)
@@ -289,6 +338,7 @@ class Nemesis:
                 value.update(bridge=middle)
             if not b.directed_links:
                 cut |= {(y, x) for x, y in cut}
+            cut = self._within_groups(cut)  # a line drawn across groups cuts each group along it
             value["cut"] = sorted([a, c] for a, c in cut)
             value["nodes"] = sorted({x for link in cut for x in link})
             await self.op("start-partition", value, lambda: _quiet(b.set_cut, cut))
@@ -296,35 +346,48 @@ class Nemesis:
                 "stop-partition", {"fault": name, "nodes": value["nodes"]}, lambda: _quiet(b.set_cut, set())
             )
         elif name in ("slow-network", "lossy-network"):
-            links = {(a, c) for a in nodes for c in nodes if a != c}
+            links = {(a, c) for sc in scopes for a in sc for c in sc if a != c}
             shape: dict[str, Any] = (
                 {"delay_ms": SLOW_DELAY_MS, "jitter_ms": SLOW_JITTER_MS, "drop": 0.0}
                 if name == "slow-network"
                 else {"delay_ms": 0.0, "jitter_ms": 0.0, "drop": LOSS_PROBABILITY}
             )
             seed = rng.randrange(1 << 31)
-            value = {"fault": name, "nodes": sorted(nodes), **shape, "seed": seed}
+            value = {"fault": name, "nodes": sorted(nodes), **shape, "seed": seed, **scope_info}
             await self.op("start-partition", value, lambda: _shape(b, links, shape, seed))
             self._undo = lambda: self.op(
                 "stop-partition", {"fault": name, "nodes": sorted(nodes)}, lambda: _unshape(b)
             )
         elif name == "disk-full":
-            target, known = await self._leader_or_random()
-            value = {"fault": name, "nodes": [target], "leader": target if known else None}
-            self._filled.add(target)
-            await self.op("fill-disk", value, lambda: {**value, **b.fill_disk(target)})
-            self._undo = lambda: self._free_disk(target, name)
+            filled, known = await self._leaders_or_random(scopes)
+            value = {"fault": name, "nodes": filled, **leader_info(known), **scope_info}
+            self._filled.update(filled)
+
+            def fill() -> dict[str, Any]:
+                if len(filled) == 1:
+                    return {**value, **b.fill_disk(filled[0])}
+                return {**value, "filled": {n: b.fill_disk(n) for n in filled}}
+
+            await self.op("fill-disk", value, fill)
+
+            async def free_all() -> None:
+                for n in filled:
+                    await self._free_disk(n, name)
+
+            self._undo = free_all
         elif name == "forge-peer":
-            leader = await self._leader()
-            value = {"fault": name, "nodes": sorted(nodes), "leader": leader}
+            leader = await self._leader(nodes)
+            value = {"fault": name, "nodes": sorted(nodes), "leader": leader, **scope_info}
             await self.op(name, value, lambda: asyncio.run(self._forge(leader)))
             self._undo = None
         elif name == "corrupt-tail" or name.startswith("lose-data"):
-            leader = await self._leader()
+            leader = await self._leader(nodes)
             target = rng.choice([n for n in nodes if n != leader])
-            commit_before = await self._top_commit()
+            commit_before = await self._top_commit(nodes)
             await self.op(
-                "kill", {"nodes": [target], "fault": name, "leader": leader}, lambda: b.kill(target)
+                "kill",
+                {"nodes": [target], "fault": name, "leader": leader, **scope_info},
+                lambda: b.kill(target),
             )
             how = LOSE_DATA_FAULTS.get(name, self.lose_data)
             info = await self.op(
@@ -381,12 +444,17 @@ class Nemesis:
                 return {**value, "mount": info}
 
             await self.op("restart", value, mount_and_restart)
-            await self._leader()  # the group has a leader again before the next node goes
+            group = next((m for m in b.node_groups().values() if n in m), None)
+            await self._leader(group)  # the group has a leader again before the next node goes
 
-    async def _top_commit(self) -> int:
-        """The highest commit index any node reports now (0 if none answers)."""
+    async def _top_commit(self, among: list[str]) -> int:
+        """The highest commit index any node of ``among`` (one group) reports now (0 if none answers)."""
         return max(
-            (int(st.get("commit_index") or 0) for st in (await self.backend.statuses()).values() if st),
+            (
+                int(st.get("commit_index") or 0)
+                for nid, st in (await self.backend.statuses()).items()
+                if st and nid in among
+            ),
             default=0,
         )
 

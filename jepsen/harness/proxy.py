@@ -193,9 +193,10 @@ async def _serve(spec: list[dict[str, Any]]) -> None:
     for item in spec:
         host, port = item["target"].rsplit(":", 1)
         link = _LinkState(item["name"], item["host"], (host, int(port)))
-        for _ in range(100):
+        wanted = int(item.get("port") or 0)  # a port the harness planned (--port-base), else any
+        for _ in range(1 if wanted else 100):
             server = await asyncio.start_server(
-                lambda r, w, link=link: _handle(link, r, w), item["host"], 0, reuse_address=True
+                lambda r, w, link=link: _handle(link, r, w), item["host"], wanted, reuse_address=True
             )
             addr = f"{item['host']}:{server.sockets[0].getsockname()[1]}"
             if addr not in avoid:
@@ -269,8 +270,11 @@ class LinkProxy:
     """Starts the proxy process for a set of directed links and cuts/heals them.
 
     ``targets`` maps a node id to its real ``host:port``; every ordered pair of distinct
-    nodes gets a link listening on the destination's host. Thread-safe: the nemesis may
-    call it from a worker thread.
+    nodes gets a link listening on the destination's host, unless ``links`` names the pairs
+    that talk (several broker groups: only the members of one group dial each other).
+    ``ports`` gives each link's listening port where the harness planned them
+    (``--port-base``); otherwise the OS picks. Thread-safe: the nemesis may call it from a
+    worker thread.
     """
 
     def __init__(
@@ -279,14 +283,23 @@ class LinkProxy:
         *,
         log_path: str | os.PathLike[str] | None = None,
         python: str = sys.executable,
+        links: Iterable[Link] | None = None,
+        ports: dict[Link, int] | None = None,
     ) -> None:
         self.targets = dict(targets)
-        self.links: list[Link] = [(a, b) for a in targets for b in targets if a != b]
+        self.links: list[Link] = (
+            [(a, b) for a in targets for b in targets if a != b] if links is None else list(links)
+        )
         self.addresses: dict[Link, str] = {}
         self.cut: set[Link] = set()
         self._lock = threading.Lock()
         spec = [
-            {"name": link_name(a, b), "host": targets[b].rsplit(":", 1)[0], "target": targets[b]}
+            {
+                "name": link_name(a, b),
+                "host": targets[b].rsplit(":", 1)[0],
+                "target": targets[b],
+                **({"port": ports[(a, b)]} if ports and (a, b) in ports else {}),
+            }
             for a, b in self.links
         ]
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115

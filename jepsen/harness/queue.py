@@ -13,6 +13,10 @@ out together as one batch request, which the broker stores as one ledger entry: 
 still its own operation in the history, and they share one outcome. Polls
 ask the master only, with ``requireMaster``: a master confirms its leadership (ReadIndex)
 before answering, so a poll that comes back short really reached the committed end.
+
+``LocalBrokerGroupsBackend`` runs several groups (``--groups``) behind the same nameservers;
+the topic then has its queues on every group and a key names the group too
+(``"<topic>/<broker name>/<queue id>"``).
 """
 
 from __future__ import annotations
@@ -38,14 +42,15 @@ from client.consumer import PullConsumer
 from client.errors import ClientError, SendOutcomeUnknownError
 from client.producer import Producer
 from client.route import MessageQueue
-from jepsen.localgroup import LocalBrokerGroup
+from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
+from jepsen.ports import PortPlan
 from remoting import RemotingClient, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import Message
 
 from .backends import ProcessBackend, Unsupported, write_cluster_secret
 from .clients import Definite, Indefinite, LogClient, Pair, decode_value
-from .proxy import LinkProxy
+from .proxy import Link, LinkProxy
 from .rocketmq_compat import rocketmq_instance
 from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 
@@ -153,6 +158,152 @@ class LocalBrokerBackend(ProcessBackend):
             shutil.rmtree(self.base_dir / self.group.name_of(n) / "data", ignore_errors=True)
 
 
+class _ProxiedBrokerGroups(LocalBrokerGroups):
+    """Several broker groups whose ledger nodes reach their own group's peers through the link proxy."""
+
+    proxy: LinkProxy | None = None
+
+    def peer_ledger_addr(self, nid: str, peer: str) -> str:
+        assert self.proxy is not None, "start the link proxy before writing configs"
+        return self.proxy.address(nid, peer)
+
+
+class LocalBrokerGroupsBackend(ProcessBackend):
+    """Two nameservers and ``groups`` 3-broker groups of local processes (``--groups``, ``--port-base``).
+
+    Nodes are named ``<broker name>/<node>`` (``broker-b/n2``), so the history's ``node``
+    field and every nemesis event say which group they concern. The test topic is created
+    on every group, so its queues, and with them the history's keys
+    (``<topic>/<broker name>/<queue>``), spread over all groups. Only the members of one
+    group talk to each other, so the link proxy carries (and a partition cuts) links within
+    groups; a partition drawn across groups cuts each group along the line it draws.
+    """
+
+    system = "broker"
+    client_timeout = 4.0
+    topic = TOPIC
+    supports_corruption = True
+
+    def __init__(
+        self,
+        base_dir: Path,
+        queues: int = 2,
+        settings: dict[str, Any] | None = None,
+        *,
+        groups: int = 1,
+        ports: PortPlan | None = None,
+    ) -> None:
+        self.queues = queues
+        settings = {"register_interval_s": 10, **(settings or {})}
+        if "cluster_secret" not in settings and "cluster_secret_file" not in settings:
+            settings["cluster_secret_file"] = str(write_cluster_secret(Path(base_dir)))
+        self.group = _ProxiedBrokerGroups(
+            Path(base_dir), groups=groups, topics=(f"{TOPIC}:{queues}",), settings=settings, ports=ports
+        )
+        super().__init__(base_dir, self.group)
+        self.nodes = list(self.group.node_ids)
+        self.broker_names = list(self.group.broker_names)
+        self._links: list[Link] = [
+            (a, b) for members in self.group.members.values() for a in members for b in members if a != b
+        ]
+        # planned now, with the brokers' ports, so that the whole run's range is known up front
+        self._link_ports: dict[Link, int] | None = (
+            {
+                (a, b): self.group.ports.port(self.group.ledger_addr[b].rsplit(":", 1)[0])
+                for a, b in self._links
+            }
+            if self.group.ports.port_base is not None
+            else None
+        )
+        self._rc: RemotingClient | None = None
+        self._rc_loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def port_span(self) -> tuple[int, int] | None:
+        """The ports this run takes from ``--port-base`` (first, last), None without one."""
+        return self.group.ports.span
+
+    def node_groups(self) -> dict[str, list[str]]:
+        return {name: list(members) for name, members in self.group.members.items()}
+
+    def peer_addresses(self) -> dict[str, str]:
+        return dict(self.group.ledger_addr)
+
+    def proxy_links(self) -> list[Link] | None:
+        return list(self._links)
+
+    def proxy_ports(self) -> dict[Link, int] | None:
+        return self._link_ports
+
+    def launch(self) -> None:
+        self.group.proxy = self.proxy
+        self.group.start()
+
+    def spawn(self, nid: str) -> None:
+        self.group.start_broker(nid)
+
+    def ledger_dir(self, nid: str) -> Path | None:
+        return self.group.node_dir(nid) / "data" / "ledger"
+
+    def forge_targets(self) -> dict[str, Any]:
+        return {
+            "ledger": dict(self.group.ledger_addr),
+            "secured": bool(
+                self.group.settings.get("cluster_secret") or self.group.settings.get("cluster_secret_file")
+            ),
+            "admin": [self.group.broker_addr[n] for n in self.nodes],
+            "acl": bool(self.group.settings.get("acl_enable")),
+        }
+
+    async def status(self, nid: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        if self._rc is None or self._rc_loop is not loop:
+            self._rc = RemotingClient()
+            self._rc_loop = loop
+        st = broker_status(await self.group.runtime_info(self._rc, nid))
+        if st is not None and st.get("leader"):  # the ledger names its peers within the group
+            st["leader"] = f"{self.group.group_of(nid)}/{st['leader']}"
+        return st
+
+    async def wait_for_leader(self, timeout: float = 30.0) -> str:
+        """Every group has a ready master (the run needs all its queues); returns them, comma-separated."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            leaders = {name: await self.leader(members) for name, members in self.node_groups().items()}
+            if all(leaders.values()):
+                return ",".join(str(v) for v in leaders.values())
+            if loop.time() >= deadline:
+                missing = sorted(name for name, v in leaders.items() if v is None)
+                raise TimeoutError(
+                    f"broker groups {', '.join(missing)}: no master within {timeout}s; logs under {self.base_dir}"
+                )
+            await asyncio.sleep(0.1)
+
+    def log_client(self) -> LogClient:
+        raise Unsupported("the broker backend runs the queue workload")
+
+    def queue_client(self, broker_name: str | None = None) -> QueueClient:
+        names = {self.group.broker_addr[n]: n for n in self.nodes}
+        return QueueClient(
+            self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout, broker_name=broker_name
+        )
+
+    def client_spec(self) -> dict[str, Any]:
+        spec = queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
+        spec["broker_names"] = list(self.broker_names)
+        return spec
+
+    def log_files(self) -> dict[str, Path]:
+        files = {n: self.group.node_dir(n) / "broker.log" for n in self.nodes}
+        files.update({ns: self.base_dir / ns / "namesrv.log" for ns in self.group.namesrv_ids})
+        return files
+
+    def cleanup_data(self) -> None:
+        for n in self.nodes:
+            shutil.rmtree(self.group.node_dir(n) / "data", ignore_errors=True)
+
+
 def queue_spec(backend: Any, names: dict[str, str], namesrv: list[str]) -> dict[str, Any]:
     """A broker backend's clients as plain JSON for worker processes."""
     return {
@@ -178,17 +329,19 @@ class QueueEndpoints:
         self.queues = int(spec["queues"])
         self.client_timeout = float(spec["timeout"])
         self.broker_name = str(spec["broker_name"]) if spec.get("broker_name") else None
+        #: several broker groups: the workload's queues are spread over these
+        self.broker_names = [str(b) for b in spec.get("broker_names") or []] or None
         self.rocketmq = bool(spec.get("rocketmq", False))
         if self.rocketmq:
             self.system = "rocketmq"
 
-    def queue_client(self) -> QueueClient:
+    def queue_client(self, broker_name: str | None = None) -> QueueClient:
         return QueueClient(
             self.namesrv,
             self.names,
             self.topic,
             timeout=self.client_timeout,
-            broker_name=self.broker_name,
+            broker_name=broker_name or self.broker_name,
             rocketmq=self.rocketmq,
         )
 
@@ -452,15 +605,18 @@ class _QueuePart(LogWorkload):
         queue_id: int,
         values: Iterator[int],
         coalescer: SendCoalescer | None = None,
+        broker_name: str | None = None,
     ) -> None:
         super().__init__(backend, ctx)
         self.queue_id = queue_id
-        self.key = f"{getattr(backend, 'topic', TOPIC)}/{queue_id}"
+        self.broker_name = broker_name
+        self.key = queue_key(getattr(backend, "topic", TOPIC), broker_name, queue_id)
         self._values = values
         self.coalescer = coalescer
 
     def client(self) -> LogClient:
-        c: LogClient = _QueueLog(self.backend.queue_client(), self.queue_id, self.coalescer)
+        qc = self.backend.queue_client(self.broker_name) if self.broker_name else self.backend.queue_client()
+        c: LogClient = _QueueLog(qc, self.queue_id, self.coalescer)
         return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
 
 
@@ -476,18 +632,26 @@ class QueueWorkload(Workload):
         if not queues:
             raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
         values = ctx.values  # unique across the whole history, as HISTORY.md requires
+        # several broker groups: every group holds ``queues`` queues of the topic, one key each
+        groups: list[str | None] = list(getattr(backend, "broker_names", None) or [None])
+        slots = [(g, q) for g in groups for q in range(queues)]
         self.coalescers = (
-            [SendCoalescer(backend.queue_client(), q, ctx.send_batch) for q in range(queues)]
+            [
+                SendCoalescer(backend.queue_client(g) if g else backend.queue_client(), q, ctx.send_batch)
+                for g, q in slots
+            ]
             if ctx.send_batch > 1
             else []
         )
         self.parts = [
-            _QueuePart(backend, ctx, q, values, self.coalescers[q] if self.coalescers else None)
-            for q in range(queues)
+            _QueuePart(
+                backend, ctx, q, values, self.coalescers[i] if self.coalescers else None, broker_name=g
+            )
+            for i, (g, q) in enumerate(slots)
         ]
 
     async def worker(self, w: int) -> None:
-        await self.parts[w % len(self.parts)].worker(w)
+        await self.parts[(w + self.ctx.client_offset) % len(self.parts)].worker(w)
 
     async def final(self) -> None:
         try:
@@ -502,10 +666,21 @@ class QueueWorkload(Workload):
     def summary(self) -> dict[str, Any]:
         drained = {p.key: p.summary().get("drained") for p in self.parts}
         out: dict[str, Any] = {"drained": drained, "drained_total": sum(v or 0 for v in drained.values())}
+        if any(p.broker_name for p in self.parts):
+            by_group: dict[str, int] = {}
+            for p in self.parts:
+                by_group[str(p.broker_name)] = by_group.get(str(p.broker_name), 0) + (drained[p.key] or 0)
+            out["drained_by_group"] = by_group
         if self.coalescers:
             out["send_batches"] = sum(c.batches for c in self.coalescers)
             out["largest_send_batch"] = max(c.largest for c in self.coalescers)
         return out
+
+
+def queue_key(topic: str, broker_name: str | None, queue_id: int) -> str:
+    """A queue's history key: ``<topic>/<queue>``, or ``<topic>/<broker name>/<queue>`` when the
+    topic spans several broker groups (each has its own queue 0)."""
+    return f"{topic}/{broker_name}/{queue_id}" if broker_name else f"{topic}/{queue_id}"
 
 
 WORKLOADS["queue"] = QueueWorkload

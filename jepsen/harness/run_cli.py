@@ -14,8 +14,17 @@ from pathlib import Path
 
 import click
 
+from broker.localcluster import MAX_GROUPS
+from jepsen.ports import (
+    DEFAULT_HOST_BASE,
+    PortPlanError,
+    check_port_base,
+    parse_addresses,
+    parse_host_base,
+)
+
 from .backends import Unsupported
-from .nemesis import FAULTS
+from .nemesis import FAULT_SCOPES, FAULTS
 from .pool import WorkerFailed
 from .proxy import ProxyError
 from .runner import DEFAULT_NEMESIS, RunConfig
@@ -41,6 +50,45 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
     if unknown:
         raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(FAULTS)} or none")
     return items
+
+
+def _fail(message: str) -> None:
+    """A bad option value: one line on stderr and exit status 2 (click's usage-error status)."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _placement(
+    ctx: click.Context,
+    system: str,
+    groups: int,
+    host_base: str | None,
+    port_base: int | None,
+    addresses: str | None,
+) -> dict[str, object]:
+    """The broker system's ``--groups``, hosts and ports as backend options (checked here, so a
+    bad value is one clear line before anything starts)."""
+    if not 1 <= groups <= MAX_GROUPS:
+        _fail(f"--groups must be 1..{MAX_GROUPS} (broker groups of 3), got {groups}")
+    given = groups != 1 or any(v is not None for v in (host_base, port_base, addresses))
+    if not given:
+        return {}
+    if system not in ("broker", "ledger") or (
+        system == "ledger" and ctx.get_parameter_source("system") is not click.core.ParameterSource.DEFAULT
+    ):
+        _fail("--groups, --host-base, --port-base and --addresses apply to --system broker only")
+    if addresses is not None and (host_base is not None or port_base is not None):
+        _fail("--addresses stands for --host-base and --port-base: give one or the others")
+    try:
+        if addresses is not None:
+            host_base, port_base = parse_addresses(addresses)
+        if host_base is not None:
+            parse_host_base(host_base)
+        if port_base is not None:
+            check_port_base(port_base)
+    except PortPlanError as exc:
+        _fail(str(exc))
+    return {"groups": groups, "host_base": host_base, "port_base": port_base}
 
 
 @click.command("run")
@@ -111,6 +159,42 @@ def _nemesis_list(_ctx: click.Context, _param: click.Parameter, value: str) -> t
     "--broker-name",
     default=None,
     help="--system rocketmq: the broker group holding the topic [default: the first with a master]",
+)
+@click.option(
+    "--groups",
+    type=int,
+    default=1,
+    show_default=True,
+    help=f"--system broker: broker groups of 3 behind the nameservers (1..{MAX_GROUPS}); the queue "
+    "workload's topic has --queues queues on each, and nodes are named broker-a/n1, broker-b/n2, ...",
+)
+@click.option(
+    "--fault-scope",
+    type=click.Choice(FAULT_SCOPES),
+    default="one",
+    show_default=True,
+    help="with --groups > 1: each fault hits one group chosen at random, or every group at once "
+    "(kill-leader kills every group's leader together)",
+)
+@click.option(
+    "--host-base",
+    default=None,
+    metavar="127.0.X.Y",
+    help="--system broker: loopback address of the first host; the nodes use it and the next ones "
+    f"[default: {DEFAULT_HOST_BASE}]",
+)
+@click.option(
+    "--port-base",
+    type=int,
+    default=None,
+    help="--system broker: every port the run listens on is taken in order from this one "
+    "(each checked free), so two runs can share a machine [default: ports the OS picks]",
+)
+@click.option(
+    "--addresses",
+    default=None,
+    metavar="HOST[:PORT]",
+    help="--host-base and --port-base in one option, e.g. 127.0.1.1:21000",
 )
 @click.option("--workload", type=click.Choice(sorted(WORKLOADS)), default="log", show_default=True)
 @click.option(
@@ -230,10 +314,15 @@ def run(
     topic: str | None,
     queues: int,
     broker_name: str | None,
+    groups: int,
+    fault_scope: str,
+    host_base: str | None,
+    port_base: int | None,
+    addresses: str | None,
 ) -> None:
     """Load a 3-node group, inject faults, record the history and check it."""
     ctx = click.get_current_context()
-    system_options: dict[str, object] = {}
+    system_options: dict[str, object] = _placement(ctx, system, groups, host_base, port_base, addresses)
     external = (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, topic, broker_name)
     if system == "rocketmq":
         from .external import Hooks, check_faults, parse_nodes
@@ -296,11 +385,15 @@ def run(
         broken_adapter=broken_adapter,
         name=name,
         system_options=system_options,
+        fault_scope=fault_scope,
     )
     try:
         result = run_test(cfg)
     except Unsupported as exc:
         raise click.UsageError(str(exc)) from None
+    except PortPlanError as exc:  # a planned port is taken: say which, no traceback
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     except (TimeoutError, OSError, ProxyError, WorkerFailed) as exc:  # no group, a port taken, a worker died
         click.echo(f"harness error: {exc}", err=True)
         sys.exit(3)
@@ -325,6 +418,15 @@ def run(
             f"p50 {'never' if p50 is None else f'{p50:,.0f} ms'}, max {'never' if worst is None else f'{worst:,.0f} ms'}, "
             f"longest gap {r['gap_max_ms']:,.0f} ms"
         )
+        for group, g in sorted((r.get("by_group") or {}).items()):
+            worst = g["recovery_max_ms"]
+            click.echo(
+                f"          {group}: {g['recovered']}/{g['faults']} recovered, "
+                f"max {'never' if worst is None else f'{worst:,.0f} ms'}"
+            )
+    by_group = s.get("workload", {}).get("drained_by_group")
+    if by_group:
+        click.echo(f"groups    drained {', '.join(f'{g}={n}' for g, n in sorted(by_group.items()))}")
     if s.get("workers"):
         rss = [w.get("peak_rss_mb") for w in s["workers"]]
         click.echo(

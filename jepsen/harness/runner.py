@@ -64,8 +64,11 @@ class RunConfig:
     broken_adapter: str | None = None  # harness self-test: a client known to be wrong
     check_engine: str = "auto"  # the checker's engine: auto (small histories in-process), inprocess, spark
     name: str | None = None
-    #: keyword arguments for the system's backend (``--system rocketmq``: namesrv, nodes, hooks, topic)
+    #: keyword arguments for the system's backend (``--system rocketmq``: namesrv, nodes, hooks, topic;
+    #: ``--system broker``: groups, host_base, port_base)
     system_options: dict[str, Any] = field(default_factory=dict)
+    #: several broker groups: a fault hits one group at random ("one") or every group at once ("all")
+    fault_scope: str = "one"
 
     @property
     def full_rate(self) -> bool:
@@ -230,6 +233,7 @@ async def _drive(
         cfg.interval,
         random.Random(rng.random()),
         run_dir / "nemesis.log",
+        fault_scope=cfg.fault_scope,
     )
     monitor = LeaderMonitor(backend, history, run_dir / "leaders.jsonl")
     watch_stop = asyncio.Event()
@@ -298,7 +302,9 @@ def worker_specs(
     total = cfg.clients or n
     endpoints = backend.client_spec()
     specs = []
+    first = 0
     for i in range(1, n + 1):
+        clients = total // n + (1 if i <= total % n else 0)
         specs.append(
             {
                 "shard": i,
@@ -306,7 +312,8 @@ def worker_specs(
                 "history": str(history_dir / f"shard-{i:02d}.jsonl"),
                 "clock_origin_ns": history.clock_origin_ns,
                 "workload": cfg.workload,
-                "clients": total // n + (1 if i <= total % n else 0),
+                "clients": clients,
+                "client_offset": first,
                 "rate": None if cfg.full_rate else cfg.rate / n,
                 "op_timeout": cfg.op_timeout,
                 "send_batch": cfg.send_batch or 1,
@@ -317,6 +324,7 @@ def worker_specs(
                 "endpoints": endpoints,
             }
         )
+        first += clients
     return specs
 
 
@@ -361,6 +369,7 @@ async def _drive_workers(
         cfg.interval,
         random.Random(rng.random()),
         run_dir / "nemesis.log",
+        fault_scope=cfg.fault_scope,
     )
     monitor = LeaderMonitor(backend, history, run_dir / "leaders.jsonl")
     pool = WorkerPool(run_dir, worker_specs(cfg, backend, history, history_dir))

@@ -34,6 +34,10 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
 
         return RocketMQRustBackend(base_dir, **kw)
     if name == "docker":
+        if any(kw.get(k) not in (None, 1) for k in ("groups", "host_base", "port_base")):
+            raise Unsupported("--groups, --host-base and --port-base apply to the local backend only")
+        for k in ("groups", "host_base", "port_base"):
+            kw.pop(k, None)
         if system != "broker":
             raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
         from .docker_backend import DockerBrokerBackend
@@ -41,6 +45,10 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
         return DockerBrokerBackend(base_dir, **kw)
     if name != "local":
         raise Unsupported(f"unknown backend {name!r}")
+    if system != "broker" and any(k in kw for k in ("groups", "host_base", "port_base")):
+        raise Unsupported(
+            "--groups, --host-base and --port-base apply to --system broker (the queue workload)"
+        )
     if system == "ledger":
         return LocalLedgerBackend(base_dir, **kw)
     if system == "pysyncobj":
@@ -48,9 +56,18 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
 
         return LocalSyncObjBackend(base_dir, **kw)
     if system == "broker":
-        from .queue import LocalBrokerBackend
+        groups = int(kw.pop("groups", 1) or 1)
+        host_base, port_base = kw.pop("host_base", None), kw.pop("port_base", None)
+        if groups == 1 and host_base is None and port_base is None:
+            from .queue import LocalBrokerBackend
 
-        return LocalBrokerBackend(base_dir, **kw)
+            return LocalBrokerBackend(base_dir, **kw)
+        from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
+
+        from .queue import LocalBrokerGroupsBackend
+
+        ports = PortPlan(host_base or DEFAULT_HOST_BASE, port_base)
+        return LocalBrokerGroupsBackend(base_dir, groups=groups, ports=ports, **kw)
     raise Unsupported(f"unknown system {system!r}")
 
 

@@ -86,6 +86,7 @@ def build_context(spec: dict[str, Any], history: History) -> RunContext:
         send_batch=int(spec.get("send_batch", 1)),
         send_ratio=float(spec.get("send_ratio", 0.75)),
         poll_max=int(spec.get("poll_max", 50)),
+        client_offset=int(spec.get("client_offset", 0)),
         values=itertools.count(shard if shard > 0 else shards, shards),
     )
     broken = spec.get("broken_adapter")

@@ -60,6 +60,9 @@ class RunContext:
     send_batch: int = 1  # queue workload: up to this many concurrent sends go as one batch
     send_ratio: float = 0.75  # log/queue workloads: the share of operations that are sends
     poll_max: int = 50  # log/queue workloads: pairs a poll asks for
+    #: this process's first client among all processes' (a worker's clients count from it), so
+    #: that the queue workload spreads every process's clients over all its keys together
+    client_offset: int = 0
     #: values sent, unique across the whole history: each recording process draws from its own
     #: arithmetic progression (shard s of n: s, s + n, ...; never 0)
     values: Iterator[int] = field(default_factory=lambda: itertools.count(1))
