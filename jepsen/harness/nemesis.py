@@ -343,7 +343,9 @@ class Nemesis:
             value["nodes"] = sorted({x for link in cut for x in link})
             await self.op("start-partition", value, lambda: _quiet(b.set_cut, cut))
             self._undo = lambda: self.op(
-                "stop-partition", {"fault": name, "nodes": value["nodes"]}, lambda: _quiet(b.set_cut, set())
+                "stop-partition",
+                {"fault": name, "nodes": value["nodes"], **scope_info},
+                lambda: _quiet(b.set_cut, set()),
             )
         elif name in ("slow-network", "lossy-network"):
             links = {(a, c) for sc in scopes for a in sc for c in sc if a != c}
@@ -356,7 +358,7 @@ class Nemesis:
             value = {"fault": name, "nodes": sorted(nodes), **shape, "seed": seed, **scope_info}
             await self.op("start-partition", value, lambda: _shape(b, links, shape, seed))
             self._undo = lambda: self.op(
-                "stop-partition", {"fault": name, "nodes": sorted(nodes)}, lambda: _unshape(b)
+                "stop-partition", {"fault": name, "nodes": sorted(nodes), **scope_info}, lambda: _unshape(b)
             )
         elif name == "disk-full":
             filled, known = await self._leaders_or_random(scopes)
