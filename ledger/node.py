@@ -193,6 +193,7 @@ class LedgerNode:
             rng=random.Random(),
             durable_index=self.store.last_index,
             recovering=recovering,
+            log_claim=self.store.lost_claim,
         )
         self.metrics = NodeMetrics(config.id)
         self.disk = StoreDisk(self.store, self.hardstate, config.id, self.metrics)
@@ -219,7 +220,8 @@ class LedgerNode:
             lambda reason: self.metrics.disk_fault.set(0 if reason is None else 1)
         )
         self._scheduled = False
-        self._recovery_pending = self.core.recovering
+        # Cleared (markers removed) once the core neither recovers nor defends a lost log.
+        self._recovery_pending = self.core.recovering or self.store.lost_from is not None
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -229,7 +231,9 @@ class LedgerNode:
         """Whether this node lost its term and vote, or log entries, while it had state: then it starts recovering.
 
         Log damage is found by the store (``LogStore.lost_from``, durable in its own marker
-        until ``forget_damage``): the node may have acknowledged what it dropped.
+        until ``forget_damage``): the node may have acknowledged what it dropped. When the
+        store saw how far the damaged log reached (``lost_claim``) the core keeps voting as if
+        it still held that log; only without that claim does the node refuse every vote.
 
         A missing hard-state file is normal only on a node's very first start, so that start
         writes one (and a marker) at once. Later, a missing file next to a log or the marker
@@ -240,7 +244,9 @@ class LedgerNode:
         first_start = data / FIRST_START_MARKER
         had_state = first_start.exists() or self.store.last_index > 0 or self.store.first_index > 1
         lost_state = not self.hardstate.exists and had_state
-        lost_log = self.store.lost_from is not None
+        # Damage with a known claim (the last entry the damaged part still showed) only
+        # constrains votes (RaftCore.log_claim); without one the node refuses them all.
+        lost_log = self.store.lost_from is not None and self.store.lost_claim is None
         recovering = self._recovery_marker.exists() or lost_state or lost_log
         if recovering:
             write_file_atomically(self._recovery_marker, b"lost data; votes refused until caught up\n")
@@ -335,7 +341,7 @@ class LedgerNode:
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             self.runtime.tick()
-            if not self.core.recovering and self._recovery_pending:
+            if self._recovery_pending and not self.core.recovering and self.core.log_claim is None:
                 self._recovery_pending = False
                 self._clear_recovery()
             next_at += interval

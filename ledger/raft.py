@@ -173,6 +173,7 @@ class RaftCore:
         rng: random.Random | None = None,
         durable_index: int | None = None,
         recovering: bool = False,
+        log_claim: tuple[int, int] | None = None,
     ) -> None:
         if node_id not in members:
             raise ValueError(f"node {node_id!r} is not among the members {list(members)}")
@@ -213,12 +214,19 @@ class RaftCore:
         # Lost its hard state but had data: it may have voted in any term up to now, so it
         # neither votes nor campaigns until a leader has brought it up to date (see _handle_append).
         self.recovering = recovering
+        # Lost log entries it may have acknowledged (storage damage, the store's salvage): the
+        # (index, term) its log reached before. Until it holds a log at least that up to date
+        # again, it votes as if it still had it (so no candidate missing those entries gets
+        # its vote) and does not campaign (its own log lacks them). See _check_claim.
+        self.log_claim = log_claim
         # The disk refused a write: do not lead, campaign or vote until the runtime clears it.
         self.disk_fault = False
         self._ready = Ready()
         self._hs_dirty = False
         self._append_dirty = False
         self._read_round_needed = False
+        if self.log_claim is not None:
+            self._check_claim()  # a restart after catching up, before the claim was cleared
 
     # ------------------------------------------------------------------ inputs
 
@@ -226,7 +234,7 @@ class RaftCore:
         """Advance the logical clock by one tick."""
         if self.role is Role.LEADER:
             self._tick_leader()
-        elif self.recovering or self.disk_fault:
+        elif self.recovering or self.disk_fault or self.log_claim is not None:
             self.election_elapsed = 0  # waits for a leader (or its disk): it may not lead
         else:
             self.election_elapsed += 1
@@ -236,7 +244,7 @@ class RaftCore:
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
-        if self.recovering or self.disk_fault:
+        if self.recovering or self.disk_fault or self.log_claim is not None:
             return
         if self.config.pre_vote and not transfer:
             self._become_pre_candidate()
@@ -357,6 +365,8 @@ class RaftCore:
         if index <= self.durable:
             return
         self.durable = index  # never above the log's end (clipped) and never backwards (returned)
+        if self.log_claim is not None:
+            self._check_claim()
         if self.role is Role.LEADER:
             self._maybe_commit()
         else:
@@ -408,7 +418,7 @@ class RaftCore:
             if (
                 self.role is not Role.LEADER
                 and m.src == self.leader
-                and not (self.recovering or self.disk_fault)
+                and not (self.recovering or self.disk_fault or self.log_claim is not None)
             ):
                 self._become_candidate(transfer=True)
 
@@ -547,8 +557,25 @@ class RaftCore:
     # ------------------------------------------------------------------ elections
 
     def _log_up_to_date(self, last_index: int, last_term: int) -> bool:
-        my_term = self.log.last_term
-        return last_term > my_term or (last_term == my_term and last_index >= self.log.last_index)
+        my_term, my_index = self.log.last_term, self.log.last_index
+        if self.log_claim is not None:  # defend what we may have acknowledged, not just what is left
+            my_index, my_term = max((my_index, my_term), self.log_claim, key=lambda c: (c[1], c[0]))
+        return last_term > my_term or (last_term == my_term and last_index >= my_index)
+
+    def _check_claim(self) -> None:
+        """Leave damage recovery once the durable log is at least as up to date as the claim.
+
+        A log whose last entry has a newer term than the claim came from a leader of that term,
+        which held every entry committed before it; one of the same term and at least its
+        length holds the claimed entries themselves (log matching). Only durable entries
+        count: a crash loses the rest without a trace, and the claim would be gone with them.
+        """
+        claim = self.log_claim
+        if claim is None or self.durable < self.log.first_index - 1:
+            return
+        index, term = self.durable, self.log.term_at(self.durable)
+        if term > claim[1] or (term == claim[1] and index >= claim[0]):
+            self.log_claim = None
 
     def _handle_vote_request(self, m: VoteRequest) -> None:
         if self.recovering or self.disk_fault:
@@ -928,5 +955,6 @@ class RaftCore:
             "durable_index": self.durable,
             "voted_for": self.voted_for,
             "recovering": self.recovering,
+            "log_claim": self.log_claim,
             "disk_fault": self.disk_fault,
         }

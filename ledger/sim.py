@@ -72,7 +72,8 @@ _TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL, 
 #: acknowledges before fsync; local_reads - a leader answers reads from its commit index
 #: without a quorum round; no_durable_notice - fsyncs are never reported to the core (nothing
 #: can commit); send_before_persist - messages leave before the hard state is saved. Into
-#: the voters: vote_any_log - they skip the up-to-date check.
+#: the voters: vote_any_log - they skip the up-to-date check. Into storage damage:
+#: forget_damage - a damaged node restarts on its valid prefix as if it never had the rest.
 MUTATIONS = (
     "none",
     "forget_vote",
@@ -82,6 +83,7 @@ MUTATIONS = (
     "local_reads",
     "no_durable_notice",
     "send_before_persist",
+    "forget_damage",
 )
 
 
@@ -139,6 +141,7 @@ class Profile:
     compaction: bool
     reads: bool
     async_sync: bool  # fsync reported later than it started, as ledger.node does it
+    storage_damage: bool  # crashes that also damage a node's log (see Simulation._damage)
     p_drop: float
     p_dup: float
     p_reorder: float
@@ -147,8 +150,11 @@ class Profile:
     client_every_ms: int
 
     @classmethod
-    def draw(cls, rng: random.Random) -> Profile:
+    def draw(cls, rng: random.Random, seed: int = 0) -> Profile:
+        # Drawn from a stream of its own, so seeds without the fault replay as they did before.
+        damage = random.Random(f"storage-damage-{seed}").random() < 0.4
         return cls(
+            storage_damage=damage,
             crashes=rng.random() < 0.7,
             partitions=rng.random() < 0.6,
             pauses=rng.random() < 0.3,
@@ -184,6 +190,10 @@ class SimNode:
     wake_pending: bool = False  # queued to process its Ready after this event (the node's call_soon)
     validated: int = 0  # highest commit index whose entries the checker has read on this node
     reads: list[Any] = field(default_factory=list)  # read names issued here and not yet answered
+    # Storage damage: the (index, term) its log reached before (the store's damage marker,
+    # kept until the core has caught up again) and the terms of the entries it lost.
+    lost_claim: tuple[int, int] | None = None
+    lost_terms: dict[int, int] = field(default_factory=dict)
 
     @property
     def core(self) -> RaftCore | None:
@@ -216,6 +226,8 @@ class Stats:
     compactions: int = 0
     peer_lost: int = 0  # connection-lost notices delivered (a crash's, or a flaky link's)
     disk_full: int = 0  # episodes of a disk refusing writes
+    damaged: int = 0  # crashes that cut a durable suffix off a node's log (storage damage)
+    repaired: int = 0  # damaged nodes whose log was again as up to date as before
     max_term: int = 0
     max_commit: int = 0
 
@@ -473,6 +485,8 @@ class Checker:
                 holders.append(n.id)  # retention/InstallBase only ever drops committed entries
             elif log.durable_index >= index and log.last_index >= index and log.term_at(index) == term:
                 holders.append(n.id)
+            elif n.lost_terms.get(index) == term:
+                holders.append(n.id)  # lost to damage but still defended: its votes need the entry
         if len(holders) < self.quorum:
             self.fail(
                 f"durability: {what} index {index} (term {term}) is durable only on {holders}, "
@@ -610,7 +624,7 @@ class Simulation:
             raise ValueError(f"unknown mutation {self.opts.mutation!r}; one of {MUTATIONS}")
         self.rng = random.Random(seed)
         rng = self.rng
-        self.profile = Profile.draw(rng)
+        self.profile = Profile.draw(rng, seed)
         self.now = 0
         self.stats = Stats()
         self._queue: list[tuple[int, int, int, int, Any]] = []
@@ -681,6 +695,7 @@ class Simulation:
             config=n.config,
             rng=random.Random(self.rng.getrandbits(64)),
             durable_index=n.log.durable_index,
+            log_claim=None if self.opts.mutation == "forget_damage" else n.lost_claim,
         )
         if self.opts.mutation == "vote_any_log":
             core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
@@ -812,6 +827,11 @@ class Simulation:
         if self.now < n.paused_until:
             return
         n.runtime.tick()
+        if n.lost_claim is not None and n.runtime.core.log_claim is None:
+            self._trace(f"REPAIRED {n.id} (log {n.log.last_index}, durable {n.log.durable_index})")
+            n.lost_claim = None  # the node clears its damage marker on a tick, too
+            n.lost_terms = {}
+            self.stats.repaired += 1
 
     def _on_peer_lost(self, idx: int, payload: tuple[str, int]) -> None:
         peer, inc = payload
@@ -948,6 +968,8 @@ class Simulation:
         actions: list[str] = []
         if p.crashes:
             actions += ["crash", "crash"]
+            if p.storage_damage:
+                actions += ["damage", "damage"]
         if p.partitions:
             actions += ["partition", "isolate_leader", "one_way"]
         if p.pauses:
@@ -965,8 +987,10 @@ class Simulation:
         rng = self.rng
         tick = self.opts.tick_ms
         n = self.nodes[idx]
-        if action == "crash":
+        if action in ("crash", "damage"):
             self._crash(idx)
+            if action == "damage":
+                self._damage(n)
             self._push(self.now + rng.randint(1, 60) * tick, _RESTART, idx)
         elif action == "pause":
             n.paused_until = self.now + rng.randint(2, 30) * tick
@@ -985,6 +1009,25 @@ class Simulation:
                 self._trace(f"COMPACT {n.id} below {upto}")
                 n.log.compact(upto)
                 self.stats.compactions += 1
+
+    def _damage(self, n: SimNode) -> None:
+        """A crash that also damaged the log: what ``LogStore`` salvage leaves of it.
+
+        The store keeps the prefix before the damage and records how far the log reached
+        (the claim); the restarted core defends that claim in votes until it holds it again.
+        One damaged node at a time (with f = 1 two could lose what a quorum acknowledged).
+        """
+        log = n.log
+        if any(o.lost_claim is not None for o in self.nodes) or log.last_index < log.first_index:
+            return
+        cut = self.rng.randint(log.first_index, log.last_index)
+        claim = (log.last_index, log.last_term)
+        n.lost_terms = {i: log.term_at(i) for i in range(cut, log.last_index + 1)}
+        n.lost_claim = claim
+        log.truncate_suffix(cut)
+        log.truncations -= 1  # damage, not a Raft truncation (Stats.truncations counts those)
+        self.stats.damaged += 1
+        self._trace(f"DAMAGE {n.id} log cut at {cut}, claim {claim}")
 
     def _chaos_transfer(self) -> None:
         leaders = self._leaders()
@@ -1106,7 +1149,8 @@ class Simulation:
 
         Half the seeds keep a random minority crashed at first: a quorum that is up and
         connected must make progress on its own (no waiting on a dead preferred leader or
-        transfer target), and then the restarted minority must catch up too.
+        transfer target), and then the restarted minority must catch up too. Not while a
+        damaged node still defends its claim: that quorum may rightly wait for the entries.
         """
         self.healing = True
         rng = self.rng
@@ -1118,6 +1162,10 @@ class Simulation:
             if preferred is not None and rng.random() < 0.7:
                 keep_down[0] = self.ids.index(preferred)  # the node everyone wants to hand over to
                 keep_down = list(dict.fromkeys(keep_down))
+        if any(n.lost_claim is not None for n in nodes):
+            # A damaged node still defending its claim refuses candidates without those entries:
+            # a quorum that includes it may rightly wait for the node that holds them.
+            keep_down = []
         self._trace(f"HEAL, keeping {[nodes[i].id for i in keep_down]} down")
         self.blocked.clear()
         for i, n in enumerate(nodes):

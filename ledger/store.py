@@ -222,6 +222,9 @@ class LogStore:
         # to open it; ``lost_from`` then names the first index it may have lost (see _salvage).
         self.salvage = salvage
         self.lost_from: int | None = None
+        # (index, term) of the last valid entry the damaged part still showed: the log this node
+        # may have acknowledged, which its votes must keep defending until it holds it again.
+        self.lost_claim: tuple[int, int] | None = None
         self.lost_reason = ""
         os.makedirs(self.directory, exist_ok=True)
         self._base_path = os.path.join(self.directory, BASE_NAME)
@@ -1017,8 +1020,13 @@ class LogStore:
             end = (positions[-1] - start + len(got[keep - 1].raw)) if keep else 0  # type: ignore[arg-type]
             first_lost += keep
             del got, buf
+        claim = self._last_valid_entry(starts)
+        if claim is not None and claim[0] < first_lost:
+            claim = None  # nothing valid beyond what is kept
+        self.lost_claim = claim
+        claim_text = "-" if claim is None else f"{claim[0]} {claim[1]}"
         # Durable before anything is cut: a crash mid-salvage must not forget the loss.
-        write_file_atomically(self._damage_path, f"{first_lost}\n{exc}\n".encode())
+        write_file_atomically(self._damage_path, f"{first_lost}\n{claim_text}\n{exc}\n".encode())
         for later in reversed(starts[1:]):
             self._unlink_segment_files(later)
         if seg is None:
@@ -1048,19 +1056,53 @@ class LogStore:
                 raw = f.read(DAMAGE_MAX_BYTES)
         except FileNotFoundError:
             return
-        first, _, reason = raw.decode("utf-8", "replace").partition("\n")
+        lines = raw.decode("utf-8", "replace").split("\n", 2)
+        first = lines[0]
         self.lost_from = int(first) if first.isdigit() else self.last_index + 1
-        self.lost_reason = reason.strip() or f"unreadable damage marker {self._damage_path}"
+        claim = lines[1].split() if len(lines) > 1 else []
+        if len(claim) == 2 and all(c.isdigit() for c in claim):
+            self.lost_claim = (int(claim[0]), int(claim[1]))
+        reason = lines[2].strip() if len(lines) > 2 else ""
+        self.lost_reason = reason or f"unreadable damage marker {self._damage_path}"
 
     def forget_damage(self) -> None:
         """The node re-fetched what a salvage dropped (a leader caught it up): the log is whole again."""
         self.lost_from = None
+        self.lost_claim = None
         self.lost_reason = ""
         try:
             os.unlink(self._damage_path)
         except FileNotFoundError:
             return
         fsync_dir(self.directory)
+
+    def _last_valid_entry(self, starts: list[int]) -> tuple[int, int] | None:
+        """(index, term) of the last whole, checksummed entry at its own position in these segments.
+
+        Entries past the damage are still evidence of what this node wrote (and may have
+        acknowledged), though they can no longer be kept: the log has a hole before them.
+        """
+        for start in reversed(starts):
+            try:
+                with open(self._seg_path(start), "rb") as f:
+                    buf = f.read()
+            except FileNotFoundError:
+                continue
+            best: Entry | None = None
+            view = memoryview(buf)
+            i = buf.find(_MAGIC_BYTES)
+            while i != -1:
+                got, _, _ = scan_entries(view[i:], verify=True, copy=False)
+                k, pos = 0, start + i
+                while k < len(got) and got[k].pos == pos:
+                    pos += len(got[k].raw)  # type: ignore[arg-type]
+                    k += 1
+                if k:
+                    best = got[k - 1]
+                i = buf.find(_MAGIC_BYTES, pos - start if k else i + 1)
+            if best is not None:
+                return best.index, best.term
+        return None
 
     def _unlink_segment_files(self, start: int) -> None:
         for path in (self._seg_path(start), self._seg_path(start)[: -len(SEG_SUFFIX)] + IDX_SUFFIX):

@@ -72,6 +72,8 @@ def test_the_runs_exercise_every_fault_and_feature(three_node_results: list[SimR
         "compactions": 2 * n,
         "peer_lost": n,  # connection-lost notices (crashes and cut links) drive fast elections
         "disk_full": n,  # disks refusing writes: the node hands over, goes mute and resumes
+        "damaged": n // 10,  # crashes that cut a durable suffix (storage damage, a salvaged log)
+        "repaired": n // 10,  # damaged nodes that held their claimed log again
     }
     low = {k: (total[k], floor) for k, floor in floors.items() if total[k] < floor}
     assert not low, f"the simulation stopped exercising: {low} (totals {total})"
@@ -131,6 +133,7 @@ MUTANTS = [
     ("no_durable_notice", ("liveness",), 10),
     ("naive_async_sync", ("durability", "acknowledged write"), 400),
     ("send_before_persist", ("persisted",), 40),
+    ("forget_damage", ("durability", "leader completeness", "acknowledged write", "state machine"), 60),
 ]
 
 

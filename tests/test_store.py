@@ -347,12 +347,14 @@ def test_salvage_keeps_the_prefix_before_mid_log_damage(tmp_path: Path, damage: 
             f.write(bytes(300))
     r = open_store(tmp_path, segment_bytes=1 << 20, salvage=True)
     assert r.lost_from == 40 and str(path) in r.lost_reason
+    assert r.lost_claim == (80, 1), "the valid entries past the damage say how far the log reached"
     assert r.last_index == 39 and r.entries(1, 39) == want[:39]
     assert path.stat().st_size == off
     fill(r, 3, term=2)  # the repaired log takes the leader's entries again
     r.close()
     r = open_store(tmp_path, segment_bytes=1 << 20)  # the loss is remembered until the node refetched
-    assert r.lost_from == 40 and r.last_index == 42 and r.entries(1, 39) == want[:39]
+    assert r.lost_from == 40 and r.lost_claim == (80, 1) and r.last_index == 42
+    assert r.entries(1, 39) == want[:39]
     r.forget_damage()
     r.close()
     r = open_store(tmp_path, segment_bytes=1 << 20)
@@ -370,6 +372,7 @@ def test_salvage_cuts_a_damaged_earlier_segment_and_drops_later_ones(tmp_path: P
     path.with_suffix(".idx").unlink()  # forces the scan that finds the damage
     r = open_store(tmp_path, salvage=True)
     assert r.lost_from == 30 and r.last_index == 29 and r.entries(1, 29) == want[:29]
+    assert r.lost_claim == (200, 1)
     assert seg_files(tmp_path)[-1] == path and path.with_suffix(".idx").exists()
     fill(r, 5, term=2)
     r.close()
@@ -387,7 +390,7 @@ def test_salvage_after_a_missing_segment_keeps_what_precedes_it(tmp_path: Path) 
     r = open_store(tmp_path, salvage=True)
     assert r.next_pos() == int(files[2].stem), "everything before the gap is kept"
     assert r.lost_from == r.last_index + 1 and r.entries(1, 1000) == want[: r.last_index]
-    assert seg_files(tmp_path) == files[:2]
+    assert seg_files(tmp_path) == files[:2] and r.lost_claim == (200, 1)
     r.close()
 
 
