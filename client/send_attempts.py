@@ -59,7 +59,14 @@ MAX_BACKOFF_S = 0.1
 
 
 class SendStatus(Enum):
+    """RocketMQ's send statuses: anything but SEND_OK means the master stored the message but
+    could not confirm its flush to disk or its copy on a slave in time (it may still be lost
+    if the master fails now)."""
+
     SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @dataclass(slots=True)
@@ -110,8 +117,15 @@ RETRY_CODES: dict[int, tuple[bool, bool]] = {
     ResponseCode.SYSTEM_BUSY: (True, False),
     ResponseCode.TOPIC_NOT_EXIST: (False, True),
     ResponseCode.NO_PERMISSION: (False, True),
-    ResponseCode.SLAVE_NOT_AVAILABLE: (True, True),
     ResponseCode.BODY_CRC_MISMATCH: (False, False),
+}
+# Codes with which a RocketMQ master answers a send it STORED without confirming its flush or
+# replication: a result with that status, not an error and not a retry (a retry would store
+# the message twice), as RocketMQ's own client returns them.
+STORED_CODES: dict[int, SendStatus] = {
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
 }
 # Codes that certainly mean "not stored" and would fail the same way again.
 FATAL_CODES = frozenset(
@@ -123,8 +137,8 @@ FATAL_CODES = frozenset(
         ResponseCode.VERSION_NOT_SUPPORTED,
     }
 )
-# Anything else that is not SUCCESS (REPLICATION_TIMEOUT, SYSTEM_ERROR, FLUSH_*_TIMEOUT, codes
-# we do not know) may have been stored: treated as outcome unknown.
+# Anything else that is not SUCCESS (REPLICATION_TIMEOUT, SYSTEM_ERROR, codes we do not know)
+# may have been stored: treated as outcome unknown.
 
 
 # --- results ----------------------------------------------------------------------------------------
@@ -434,6 +448,11 @@ class SendAttempts(Generic[R]):
         assert mq is not None
         if code == ResponseCode.SUCCESS:
             return self.parse(response, mq, self.addr, self.attempts)
+        status = STORED_CODES.get(code)
+        if status is not None:
+            result = self.parse(response, mq, self.addr, self.attempts)
+            result.status = status  # type: ignore[attr-defined]
+            return result
         self.last_code = code
         self.last_error = ClientError(f"{response_code_name(code)} from {self.addr}: {response.remark}")
         routes = self.routes

@@ -286,6 +286,10 @@ class FakeNode:
             return req.make_response(ResponseCode.REPLICATION_TIMEOUT, "stored but not committed in time")
         if action == "system_error":
             return req.make_response(ResponseCode.SYSTEM_ERROR, "boom after append")
+        if action == "flush_slave_timeout":  # RocketMQ's SYNC_MASTER: stored, its slave copy not confirmed
+            ok.code = ResponseCode.FLUSH_SLAVE_TIMEOUT
+            ok.remark = "wait for slave flush timeout"
+            return ok
         if action and action.startswith("drop"):
             # "drop": store, then lose the connection; "drop_then_master:N": and node N takes over.
             if ":" in action:

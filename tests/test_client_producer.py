@@ -12,6 +12,7 @@ import pytest
 from client_fake_broker import FakeCluster
 
 from client import (
+    BatchSendResult,
     Message,
     MessageInvalidError,
     MessageQueue,
@@ -21,6 +22,7 @@ from client import (
     SendFailedError,
     SendOutcomeUnknownError,
     SendResult,
+    SendStatus,
 )
 from remoting.message import parse_offset_msg_id, properties_from_bytes
 
@@ -295,6 +297,26 @@ def test_replication_timeout_is_unknown_and_not_retried(cluster: FakeCluster, to
         run(go())
     assert info.value.outcome_unknown and info.value.tries == 1
     assert g.count(topic) == 1  # it was in fact stored: "unknown" was the honest answer
+
+
+def test_stored_without_replication_is_a_result_with_its_status_not_a_retry(
+    cluster: FakeCluster, topic: str
+) -> None:
+    g = group_a(cluster)
+    g.nodes[0].script[:] = ["flush_slave_timeout", "flush_slave_timeout"]
+
+    async def go() -> tuple[SendResult, BatchSendResult]:
+        p = await producer(cluster)
+        try:
+            return await p.send(Message(topic, b"x")), await p.send_batch([Message(topic, b"y")] * 3)
+        finally:
+            await p.shutdown()
+
+    single, batch = run(go())
+    # RocketMQ's master stored them: a retry would store them twice
+    assert single.status is SendStatus.FLUSH_SLAVE_TIMEOUT and single.tries == 1 and single.queue_offset >= 0
+    assert batch.status is SendStatus.FLUSH_SLAVE_TIMEOUT and batch.tries == 1 and len(batch.offsets) == 3
+    assert g.count(topic) == 4
 
 
 def test_idempotent_retry_after_replication_timeout_stores_once(cluster: FakeCluster, topic: str) -> None:

@@ -42,6 +42,7 @@ from client.consumer import PullConsumer
 from client.errors import ClientError, SendOutcomeUnknownError
 from client.producer import Producer
 from client.route import MessageQueue
+from client.send_attempts import SendStatus
 from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
 from jepsen.ports import PortPlan
 from remoting import RemotingClient, ResponseCode
@@ -410,6 +411,8 @@ class QueueClient:
             raise Indefinite(str(exc)) from None
         except ClientError as exc:
             raise Definite(str(exc)) from None
+        if r.status is not SendStatus.SEND_OK:  # stored, but neither flushed nor copied for sure
+            raise Indefinite(f"stored with status {r.status.value} by {r.broker_addr}")
         self.node = self.names.get(r.broker_addr, r.broker_addr)
         return r.queue_offset
 
@@ -544,6 +547,8 @@ class SendCoalescer:
             r = await c.producer.send_batch(msgs, **c.target(self.queue_id))
             if len(r.offsets) != len(batch):
                 raise Indefinite(f"batch of {len(batch)} answered with {len(r.offsets)} offsets")
+            if r.status is not SendStatus.SEND_OK:  # stored, but neither flushed nor copied for sure
+                raise Indefinite(f"batch stored with status {r.status.value} by {r.broker_addr}")
             node = c.names.get(r.broker_addr, r.broker_addr)
             outcome: list[tuple[int, str | None]] | BaseException = [(off, node) for off in r.offsets]
         except SendOutcomeUnknownError as exc:
