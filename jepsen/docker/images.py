@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "wheelhouse"
 DEFAULT_IMAGE = "ledgermq:latest"
 UPSTREAM_BASE = "python:3.11-slim"
-RUNTIME_DEPS = ("xxhash>=3.4", "uvloop>=0.19", "prometheus-client>=0.20", "click>=8.1")
+RUNTIME_DEPS = ("xxhash>=3.4", "zlib-ng>=0.5", "uvloop>=0.19", "prometheus-client>=0.20", "click>=8.1")
 #: Source that goes into the project wheel (everything pyproject's package finder includes).
 SOURCE_ITEMS = (
     "pyproject.toml",
