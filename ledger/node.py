@@ -259,6 +259,10 @@ class LedgerNode:
                     "lost_from": self.store.lost_from,
                 },
             )
+            if lost_state and self.store.last_term > 0:
+                # At least the term of its last entry, saved (after the marker) so that every
+                # message it sends is covered by a persisted term, as Raft requires.
+                self.hardstate.save(self.store.last_term, None)
         elif not self.hardstate.exists:
             self.hardstate.create()
         if not first_start.exists():

@@ -194,6 +194,7 @@ class SimNode:
     # kept until the core has caught up again) and the terms of the entries it lost.
     lost_claim: tuple[int, int] | None = None
     lost_terms: dict[int, int] = field(default_factory=dict)
+    recovering: bool = False  # lost its hard state: the node's recovery marker, until caught up
 
     @property
     def core(self) -> RaftCore | None:
@@ -228,6 +229,7 @@ class Stats:
     disk_full: int = 0  # episodes of a disk refusing writes
     damaged: int = 0  # crashes that cut a durable suffix off a node's log (storage damage)
     repaired: int = 0  # damaged nodes whose log was again as up to date as before
+    lost_state: int = 0  # crashes that lost the hard state (term and vote)
     max_term: int = 0
     max_commit: int = 0
 
@@ -696,6 +698,7 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             durable_index=n.log.durable_index,
             log_claim=None if self.opts.mutation == "forget_damage" else n.lost_claim,
+            recovering=n.recovering,
         )
         if self.opts.mutation == "vote_any_log":
             core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
@@ -827,6 +830,9 @@ class Simulation:
         if self.now < n.paused_until:
             return
         n.runtime.tick()
+        if n.recovering and not n.runtime.core.recovering:
+            self._trace(f"RECOVERED {n.id} (commit {n.runtime.core.commit})")
+            n.recovering = False
         if n.lost_claim is not None and n.runtime.core.log_claim is None:
             self._trace(f"REPAIRED {n.id} (log {n.log.last_index}, durable {n.log.durable_index})")
             n.lost_claim = None  # the node clears its damage marker on a tick, too
@@ -969,7 +975,7 @@ class Simulation:
         if p.crashes:
             actions += ["crash", "crash"]
             if p.storage_damage:
-                actions += ["damage", "damage"]
+                actions += ["damage", "damage", "lose_state"]
         if p.partitions:
             actions += ["partition", "isolate_leader", "one_way"]
         if p.pauses:
@@ -987,10 +993,12 @@ class Simulation:
         rng = self.rng
         tick = self.opts.tick_ms
         n = self.nodes[idx]
-        if action in ("crash", "damage"):
+        if action in ("crash", "damage", "lose_state"):
             self._crash(idx)
             if action == "damage":
                 self._damage(n)
+            elif action == "lose_state":
+                self._lose_hard_state(n)
             self._push(self.now + rng.randint(1, 60) * tick, _RESTART, idx)
         elif action == "pause":
             n.paused_until = self.now + rng.randint(2, 30) * tick
@@ -1018,7 +1026,10 @@ class Simulation:
         One damaged node at a time (with f = 1 two could lose what a quorum acknowledged).
         """
         log = n.log
-        if any(o.lost_claim is not None for o in self.nodes) or log.last_index < log.first_index:
+        if (
+            any(o.lost_claim is not None or o.recovering for o in self.nodes)
+            or log.last_index < log.first_index
+        ):
             return
         cut = self.rng.randint(log.first_index, log.last_index)
         claim = (log.last_index, log.last_term)
@@ -1028,6 +1039,17 @@ class Simulation:
         log.truncations -= 1  # damage, not a Raft truncation (Stats.truncations counts those)
         self.stats.damaged += 1
         self._trace(f"DAMAGE {n.id} log cut at {cut}, claim {claim}")
+
+    def _lose_hard_state(self, n: SimNode) -> None:
+        """A crash that also lost the hard-state file: the node restarts recovering, in the term
+        of its last entry with no vote (what ``LedgerNode`` does), and votes again only once a
+        leader has caught it up. One such node at a time, and not next to a damaged one."""
+        if any(o.recovering or o.lost_claim is not None for o in self.nodes):
+            return
+        n.recovering = True
+        n.hard_state = (n.log.last_term, None)
+        self.stats.lost_state += 1
+        self._trace(f"LOSE-STATE {n.id} restarts in term {n.log.last_term}")
 
     def _chaos_transfer(self) -> None:
         leaders = self._leaders()
@@ -1162,7 +1184,7 @@ class Simulation:
             if preferred is not None and rng.random() < 0.7:
                 keep_down[0] = self.ids.index(preferred)  # the node everyone wants to hand over to
                 keep_down = list(dict.fromkeys(keep_down))
-        if any(n.lost_claim is not None for n in nodes):
+        if any(n.lost_claim is not None or n.recovering for n in nodes):
             # A damaged node still defending its claim refuses candidates without those entries:
             # a quorum that includes it may rightly wait for the node that holds them.
             keep_down = []

@@ -74,6 +74,7 @@ def test_the_runs_exercise_every_fault_and_feature(three_node_results: list[SimR
         "disk_full": n,  # disks refusing writes: the node hands over, goes mute and resumes
         "damaged": n // 10,  # crashes that cut a durable suffix (storage damage, a salvaged log)
         "repaired": n // 10,  # damaged nodes that held their claimed log again
+        "lost_state": n // 10,  # crashes that lost term and vote: recovering, no double vote
     }
     low = {k: (total[k], floor) for k, floor in floors.items() if total[k] < floor}
     assert not low, f"the simulation stopped exercising: {low} (totals {total})"
