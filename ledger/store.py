@@ -53,6 +53,9 @@ IDX_SUFFIX = ".idx"
 BASE_NAME = "base"
 DAMAGE_NAME = "damaged"  # present from a salvage until the node has re-fetched what it dropped
 DAMAGE_MAX_BYTES = 4096  # the marker is one line; anything longer is not ours
+MARK_NAME = "durable-mark"  # (index, term) known durable here at some moment: what we may have acked
+_MARK = struct.Struct("<IqqQ")  # magic, index, term, xxh3 of the rest
+_MARK_MAGIC = 0x4B4D514C  # "LQMK"
 IDX_RECORD = 24  # index, term, pos: three little-endian int64
 _SEG_RE = re.compile(r"^(\d{20})\.(seg|idx)$")
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -177,7 +180,7 @@ class SyncJob:
     ``complete_sync``), so the loop thread can keep appending while it runs.
     """
 
-    __slots__ = ("target", "_fds", "_segments", "done", "error")
+    __slots__ = ("target", "_fds", "_segments", "done", "error", "mark")
 
     def __init__(self, target: int, fds: list[int], segments: list[_Segment]) -> None:
         self.target = target
@@ -185,12 +188,15 @@ class SyncJob:
         self._segments = segments
         self.done = False
         self.error: OSError | None = None
+        self.mark: tuple[str, bytes] | None = None  # a durable mark to write once the data is flushed
 
     def run(self) -> None:
         """Flush the captured files; the last fd, when a segment was created or removed, is the directory."""
         try:
             for fd in self._fds:
                 _datasync(fd)
+            if self.mark is not None:
+                write_file_atomically(*self.mark)
         except OSError as exc:
             self.error = exc
             raise
@@ -210,6 +216,7 @@ class LogStore:
         retention_bytes: int | None = None,
         retention_seconds: float | None = None,
         salvage: bool = False,
+        mark_interval_s: float | None = None,
     ) -> None:
         if segment_bytes <= 0:
             raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
@@ -226,6 +233,11 @@ class LogStore:
         # may have acknowledged, which its votes must keep defending until it holds it again.
         self.lost_claim: tuple[int, int] | None = None
         self.lost_reason = ""
+        # Every ``mark_interval_s`` a sync also records the (index, term) it made durable, so a
+        # later start can tell a log cut short (emptied, truncated) from one never written.
+        self.mark_interval_s = mark_interval_s
+        self._mark_at = float("-inf")
+        self._mark_path = os.path.join(self.directory, MARK_NAME)
         os.makedirs(self.directory, exist_ok=True)
         self._base_path = os.path.join(self.directory, BASE_NAME)
         self._dir_fd: int | None = os.open(self.directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -245,6 +257,7 @@ class LogStore:
             self._recover()
             if self.lost_from is None:
                 self._load_damage()
+            self._check_mark()
         except BaseException:
             self.close()
             raise
@@ -453,6 +466,12 @@ class LogStore:
             self._dir_dirty = False
         self._dirty = []
         job = SyncJob(self.last_index, fds, segs)
+        if self.mark_interval_s is not None and self.last_index > self._base_index:
+            now = time.monotonic()
+            if now - self._mark_at >= self.mark_interval_s:  # once per interval, not per entry
+                self._mark_at = now
+                body = _MARK.pack(_MARK_MAGIC, self.last_index, self.last_term, 0)[:-8]
+                job.mark = (self._mark_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
         self._jobs.append(job)
         return job
 
@@ -1064,6 +1083,36 @@ class LogStore:
             self.lost_claim = (int(claim[0]), int(claim[1]))
         reason = lines[2].strip() if len(lines) > 2 else ""
         self.lost_reason = reason or f"unreadable damage marker {self._damage_path}"
+
+    def _check_mark(self) -> None:
+        """A log that ends before what an earlier sync made durable lost entries (emptied or cut
+        short): the same salvage state as damage found by a scan, claiming the marked entry."""
+        try:
+            with open(self._mark_path, "rb") as f:
+                raw = f.read(_MARK.size + 1)
+        except FileNotFoundError:
+            return
+        if len(raw) != _MARK.size:
+            log.warning("ignoring durable mark %s: %d bytes", self._mark_path, len(raw))
+            return
+        magic, index, term, checksum = _MARK.unpack(raw)
+        if magic != _MARK_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
+            log.warning("ignoring durable mark %s: checksum mismatch", self._mark_path)
+            return
+        if (self.last_term, self.last_index) >= (term, index):
+            return
+        claim = (index, term)
+        if self.lost_claim is not None:
+            claim = max(claim, self.lost_claim, key=lambda c: (c[1], c[0]))
+        if self.lost_from is None or self.lost_claim != claim:
+            self.lost_from = min(self.lost_from or self.last_index + 1, self.last_index + 1)
+            self.lost_claim = claim
+            reason = f"log ends at index {self.last_index} term {self.last_term}, before {claim} made durable earlier"
+            self.lost_reason = self.lost_reason or reason
+            write_file_atomically(
+                self._damage_path, f"{self.lost_from}\n{claim[0]} {claim[1]}\n{self.lost_reason}\n".encode()
+            )
+            log.error("log lost entries it had made durable: %s", reason, extra={"path": self.directory})
 
     def forget_damage(self) -> None:
         """The node re-fetched what a salvage dropped (a leader caught it up): the log is whole again."""

@@ -8,9 +8,9 @@ index it remembered, so the follower sat at commit 0 for as long as that leader 
 
 Damage a crash cannot explain (a flipped bit or a run of zeros with valid entries after it,
 a missing segment) used to stop the node from starting at all. Now the store keeps the valid
-prefix and the node starts ``recovering``: it refuses votes until a leader has re-sent what it
-dropped, since it may have acknowledged those entries. Damage at the very end of the log looks
-like a torn write and is cut like one; the leader repairs it the same way.
+prefix, and a log cut short before its durable mark is known to have lost entries too; the
+node then defends the log it had (its claim) in votes and never campaigns until a leader has
+re-sent what it dropped, since it may have acknowledged those entries.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import pytest
 from ledger.client import LedgerClient
 from ledger.codec import HEADER_SIZE, scan_entries
 from ledger.localcluster import LocalCluster
+from ledger.node import DURABLE_MARK_INTERVAL_S
 from ledger.store import IDX_SUFFIX, SEG_SUFFIX
 from ledger.wire import LedgerError
 
@@ -32,11 +33,11 @@ CATCH_UP_S = 20.0
 
 
 #: How each case damages a stopped follower's files, and whether the node can tell it lost data
-#: (then it must start recovering) or not (damage at the tail looks like a torn write).
+#: (then it defends the log it had until repaired); deleted index files lose nothing.
 DAMAGE = {
-    "emptied": False,
-    "truncated": False,
-    "bit-flip-tail": False,
+    "emptied": True,  # the log ends before the durable mark (see DURABLE_MARK_INTERVAL_S)
+    "truncated": True,
+    "bit-flip-tail": True,  # the marked entry; newer than the last mark it would pass as a torn write
     "bit-flip-middle": True,
     "zeroed-hole": True,
     "index-deleted": False,
@@ -122,6 +123,13 @@ def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path
                 deadline = time.monotonic() + CATCH_UP_S
                 while (await _wait_status(client, cluster.address(follower)))["commit_index"] < last:
                     assert time.monotonic() < deadline, "the follower never caught up the first time"
+                    await asyncio.sleep(0.05)
+                # One more append after a mark interval: the follower's sync of it records a mark.
+                await asyncio.sleep(DURABLE_MARK_INTERVAL_S + 0.1)
+                index, _ = await client.append(b"marked")
+                acked.append((index, b"marked"))
+                while (await _status(client, cluster, follower))["commit_index"] < index:
+                    assert time.monotonic() < deadline, "the follower never took the marked entry"
                     await asyncio.sleep(0.05)
 
                 cluster.kill(follower)

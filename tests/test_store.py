@@ -362,6 +362,44 @@ def test_salvage_keeps_the_prefix_before_mid_log_damage(tmp_path: Path, damage: 
     r.close()
 
 
+@pytest.mark.parametrize("how", ["emptied", "cut-short"])
+def test_a_log_ending_before_its_durable_mark_knows_it_lost_entries(tmp_path: Path, how: str) -> None:
+    s = open_store(tmp_path, mark_interval_s=0.0)  # every sync records what it made durable
+    want = fill(s, 60)
+    s.close()
+    files = seg_files(tmp_path)
+    if how == "emptied":
+        for p in [*files, *tmp_path.glob("*.idx")]:
+            os.truncate(p, 0)
+    else:  # cut on an entry boundary: recovery alone sees a clean, shorter log
+        for p in files[1:]:
+            p.unlink()
+            p.with_suffix(".idx").unlink()
+    r = open_store(tmp_path, salvage=True)  # as a node opens it
+    assert r.lost_claim == (60, 1) and r.lost_from == r.last_index + 1 and r.last_index < 60
+    assert r.entries(1, r.last_index) == want[: r.last_index]
+    r.close()
+    r = open_store(tmp_path, salvage=True)  # still known after a restart, until the node caught up
+    assert r.lost_claim == (60, 1)
+    fill(r, 60 - r.last_index)
+    r.forget_damage()
+    r.close()
+    r = open_store(tmp_path)
+    assert r.lost_claim is None and r.lost_from is None, "a log that reached the mark again is whole"
+    r.close()
+
+
+def test_without_a_mark_a_short_log_is_a_short_log(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 60)
+    s.close()
+    for p in seg_files(tmp_path)[1:]:
+        p.unlink()
+    r = open_store(tmp_path)
+    assert r.lost_claim is None and r.lost_from is None and r.last_index < 60
+    r.close()
+
+
 def test_salvage_cuts_a_damaged_earlier_segment_and_drops_later_ones(tmp_path: Path) -> None:
     s = open_store(tmp_path)
     want = fill(s, 200)
