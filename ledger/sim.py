@@ -73,7 +73,8 @@ _TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL, 
 #: without a quorum round; no_durable_notice - fsyncs are never reported to the core (nothing
 #: can commit); send_before_persist - messages leave before the hard state is saved. Into
 #: the voters: vote_any_log - they skip the up-to-date check. Into storage damage:
-#: forget_damage - a damaged node restarts on its valid prefix as if it never had the rest.
+#: forget_damage - a damaged node restarts on its valid prefix as if it never had the rest;
+#: forget_lost_state - a node that lost its hard state votes at once (it may vote twice in a term).
 MUTATIONS = (
     "none",
     "forget_vote",
@@ -84,6 +85,7 @@ MUTATIONS = (
     "no_durable_notice",
     "send_before_persist",
     "forget_damage",
+    "forget_lost_state",
 )
 
 
@@ -698,7 +700,7 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             durable_index=n.log.durable_index,
             log_claim=None if self.opts.mutation == "forget_damage" else n.lost_claim,
-            recovering=n.recovering,
+            recovering=n.recovering and self.opts.mutation != "forget_lost_state",
         )
         if self.opts.mutation == "vote_any_log":
             core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]

@@ -135,6 +135,7 @@ MUTANTS = [
     ("naive_async_sync", ("durability", "acknowledged write"), 400),
     ("send_before_persist", ("persisted",), 40),
     ("forget_damage", ("durability", "leader completeness", "acknowledged write", "state machine"), 60),
+    ("forget_lost_state", ("election safety", "leader completeness", "state machine"), 300),
 ]
 
 
