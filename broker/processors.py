@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, NotLeaderError
+from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, LedgerBusy, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
 from remoting.dispatcher import Deferred
 from remoting.exceptions import RemotingCommandError
@@ -278,6 +278,8 @@ class Processors:
                 later.answer(self._not_master(req))
             elif isinstance(exc, AppendFailed):
                 later.answer(req.make_response(ResponseCode.SYSTEM_ERROR, f"not stored: {exc}"))
+            elif isinstance(exc, LedgerBusy):  # back-pressure: certainly not stored
+                later.answer(req.make_response(ResponseCode.SYSTEM_BUSY, f"not stored: {exc}"))
             else:
                 later.answer(req.make_response(ResponseCode.REPLICATION_TIMEOUT, f"outcome unknown: {exc}"))
 

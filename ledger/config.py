@@ -26,6 +26,8 @@ Security and resource bounds (defaults in parentheses):
 - ``max_connections`` (1024): accepted connections at once, peers and clients together
   (the open-file limit is raised to fit it, or the cap lowered with a warning).
 - ``max_pending_handshakes`` (128): connections that have not finished their hello.
+- ``max_pending_appends`` (65536): appends (each one or more entries) a leader holds until
+  they commit; past it an append is refused at once with ``busy`` (nothing appended).
 - ``handshake_timeout_s`` (5): time allowed for the hello (and TLS) handshake.
 - ``idle_timeout_s`` (300): a connection that sends nothing for this long is closed.
 - ``max_handshake_frame_bytes`` (1024): the largest frame accepted before the hello is done.
@@ -82,6 +84,7 @@ class NodeConfig:
     client_auth: bool = False
     max_connections: int = 1024
     max_pending_handshakes: int = 128
+    max_pending_appends: int = 65536
     handshake_timeout_s: float = 5.0
     idle_timeout_s: float = 300.0
     max_handshake_frame_bytes: int = 1024
@@ -147,7 +150,7 @@ class NodeConfig:
         return bool(self.secret) and self.peer_frame_mac and self.server_ssl is None
 
     def _validate_bounds(self) -> None:
-        for key in ("max_connections", "max_pending_handshakes", "max_read_bytes"):
+        for key in ("max_connections", "max_pending_handshakes", "max_pending_appends", "max_read_bytes"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"key '{key}' must be at least 1")
         for key in ("handshake_timeout_s", "idle_timeout_s"):

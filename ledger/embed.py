@@ -70,6 +70,7 @@ from .codec import KIND_NOOP, Entry
 from .config import NodeConfig
 from .node import LedgerNode
 from .raft import NotLeader, Role
+from .runtime import Busy
 from .wire import FAILED
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "EmbedError",
     "EmbeddedLedger",
     "EntriesCompacted",
+    "LedgerBusy",
     "NotLeaderError",
     "OutcomeUnknown",
     "Proposal",
@@ -108,6 +110,10 @@ class NotLeaderError(EmbedError):
 
 class AppendFailed(EmbedError):
     """The proposal was definitely not committed (a newer leader committed another entry there)."""
+
+
+class LedgerBusy(EmbedError):
+    """Too many appends await commit (``max_pending_appends``): refused, certainly not appended."""
 
 
 class OutcomeUnknown(EmbedError):
@@ -229,6 +235,8 @@ class EmbeddedLedger:
             first, term = self._node.propose(payloads, finished)
         except NotLeader as exc:
             raise self._not_leader(exc) from None
+        except Busy as exc:
+            raise LedgerBusy(str(exc)) from None
         proposal = Proposal(first, first + len(payloads) - 1, term)
         holder.append(proposal)
         if outcome and done is not None:  # answered inside propose: report it now

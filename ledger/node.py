@@ -33,11 +33,12 @@ from .hardstate import HardState
 from .messages import Message
 from .metrics import NodeMetrics
 from .raft import NotLeader, RaftCore, Role
-from .runtime import AppendCallback, LedgerRuntime, SyncDone
+from .runtime import AppendCallback, Busy, LedgerRuntime, SyncDone
 from .store import CorruptLogError, LogStore, SyncJob, fsync_dir, write_file_atomically
 from .transport import FrameProtocol, PeerOutbox, listen
 from .wire import (
     BAD_REQUEST,
+    BUSY,
     NOT_LEADER,
     OP_APPEND,
     OP_READ,
@@ -213,6 +214,7 @@ class LedgerNode:
             wake=self._schedule,
             on_fatal=self._on_fatal,
             observe_append=self.metrics.append_seconds.observe,
+            max_pending=config.max_pending_appends,
         )
         # The embedding surface: listeners are the runtime's, called in registration order.
         self.role_listeners = self.runtime.role_listeners
@@ -518,6 +520,8 @@ class LedgerNode:
             except NotLeader as exc:
                 addr = self.config.members.get(exc.leader) if exc.leader else None
                 proto.send(error(rid, NOT_LEADER, str(exc), exc.leader, addr))
+            except Busy as exc:
+                proto.send(error(rid, BUSY, str(exc)))
             except (ValueError, IndexError) as exc:
                 proto.send(error(rid, BAD_REQUEST, str(exc)))
 

@@ -41,6 +41,7 @@ from .wire import FAILED, UNKNOWN_OUTCOME
 
 __all__ = [
     "AppendCallback",
+    "Busy",
     "Clock",
     "Disk",
     "DurableLog",
@@ -107,6 +108,10 @@ class _Pending:
         self.count = count
 
 
+class Busy(Exception):
+    """Too many appends await commit: this one was refused, certainly not appended (back-pressure)."""
+
+
 class LedgerRuntime:
     """Drives one ``RaftCore`` over a disk, a network and a clock; see the module docstring.
 
@@ -129,6 +134,7 @@ class LedgerRuntime:
         on_fatal: Callable[[str], None] | None = None,
         observe_append: Callable[[float], None] | None = None,
         disk_retry_s: float = 1.0,
+        max_pending: int = 65536,
     ) -> None:
         self.core = core
         self.disk = disk
@@ -139,6 +145,7 @@ class LedgerRuntime:
         self.on_fatal = on_fatal
         self.observe_append = observe_append
         self.pending: deque[_Pending] = deque()
+        self.max_pending = max_pending  # appends awaiting commit; more are refused with Busy
         self.role_listeners: list[Callable[[Role, int, str | None], None]] = []
         self.commit_listeners: list[Callable[[int], None]] = []
         self.leader_ready_listeners: list[Callable[[int], None]] = []
@@ -188,6 +195,11 @@ class LedgerRuntime:
         """
         if self.disk_fault is not None:
             raise NotLeader(self.core.leader, f"disk fault: {self.disk_fault}")
+        if len(self.pending) >= self.max_pending:
+            raise Busy(
+                f"{len(self.pending)} appends await commit (max_pending_appends = {self.max_pending}); "
+                "nothing was appended, try again shortly"
+            )
         try:
             first, term = self.core.propose(payloads)
         except OSError as exc:

@@ -26,6 +26,7 @@ BAD_REQUEST = 3
 TOO_LARGE = 4
 FAILED = 5  # certainly not appended (overwritten by a new leader)
 UNAVAILABLE = 6
+BUSY = 7  # certainly not appended: too many appends await commit; try again shortly
 
 CODE_NAMES = {
     OK: "ok",
@@ -35,6 +36,7 @@ CODE_NAMES = {
     TOO_LARGE: "too large",
     FAILED: "failed",
     UNAVAILABLE: "unavailable",
+    BUSY: "busy",
 }
 
 _HEAD = struct.Struct("<BQ")

@@ -11,11 +11,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import pytest
+
 from ledger.codec import Entry
 from ledger.memlog import MemoryLog
 from ledger.messages import AppendRequest, AppendResponse, Message, VoteRequest, VoteResponse
 from ledger.raft import RaftConfig, RaftCore, Role
-from ledger.runtime import LedgerRuntime
+from ledger.runtime import Busy, LedgerRuntime
 from ledger.wire import FAILED, UNKNOWN_OUTCOME
 
 MEMBERS = ("n1", "n2", "n3")
@@ -227,3 +229,24 @@ def test_a_raising_listener_does_not_drop_the_rest_of_the_ready() -> None:
     h.run()
     assert "role" in seen and "ready 1" in seen and f"commit {first}" in seen
     assert acks and acks[0][0] == 0, "the acknowledgement after a failing listener still went out"
+
+
+def test_appends_past_max_pending_are_refused_busy_with_nothing_appended() -> None:
+    h = Harness()
+    h.rt.max_pending = 2
+    h.elect()
+    acks: list[tuple] = []
+    for payload in (b"a", b"b"):
+        h.rt.propose([payload], lambda *a: acks.append(a))
+    last = h.core.log.last_index
+    with pytest.raises(Busy, match="max_pending_appends = 2"):
+        h.rt.propose([b"c"], lambda *a: acks.append(a))
+    assert h.core.log.last_index == last and len(h.rt.pending) == 2
+    h.run()
+    h.disk.finish_sync()
+    for p in ("n2", "n3"):
+        h.rt.step(AppendResponse(h.core.term, p, "n1", True, last))
+    h.run()
+    assert [a[0] for a in acks] == [0, 0] and not h.rt.pending
+    h.rt.propose([b"c"], lambda *a: acks.append(a))  # room again once they committed
+    assert h.core.log.last_index == last + 1

@@ -11,8 +11,8 @@ Ledger classification (from ``ledger.client.LedgerClient._call``): ``UNKNOWN_OUT
 raised whenever an append left the client and no answer came back, and the client never
 retries such an append; ``NOT_LEADER`` answers are retried and, when the deadline runs
 out, surface as ``UNAVAILABLE`` — which for an append therefore means every attempt was
-refused or never sent. ``FAILED`` (overwritten by a newer leader), ``BAD_REQUEST`` and
-``TOO_LARGE`` are definite. Reads have no effect, so every read error is a ``fail``.
+refused or never sent. ``FAILED`` (overwritten by a newer leader), ``BUSY`` (refused: too many appends await commit),
+``BAD_REQUEST`` and ``TOO_LARGE`` are definite. Reads have no effect, so every read error is a ``fail``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ledger.client import LedgerClient
 from ledger.codec import KIND_NORMAL, Entry
-from ledger.wire import BAD_REQUEST, FAILED, NOT_LEADER, TOO_LARGE, UNAVAILABLE, LedgerError
+from ledger.wire import BAD_REQUEST, BUSY, FAILED, NOT_LEADER, TOO_LARGE, UNAVAILABLE, LedgerError
 
 Pair = tuple[int, Any]  # (offset, value) as the history records it
 
@@ -77,7 +77,7 @@ class RegisterClient(Protocol):
 def classify_append_error(exc: BaseException) -> Exception:
     """Map an error from a ledger append to :class:`Definite` or :class:`Indefinite`."""
     if isinstance(exc, LedgerError):
-        if exc.code in (FAILED, BAD_REQUEST, TOO_LARGE, NOT_LEADER, UNAVAILABLE):
+        if exc.code in (FAILED, BAD_REQUEST, TOO_LARGE, NOT_LEADER, UNAVAILABLE, BUSY):
             return Definite(str(exc))
         return Indefinite(str(exc))
     return Indefinite(f"{type(exc).__name__}: {exc}")
