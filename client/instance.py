@@ -107,6 +107,11 @@ class ClientInstance:
         without it, a ``remoting_config`` carrying ``client_ssl``, else the LEDGERMQ_TLS_* variables."""
         self.client_id = make_client_id()
         self.signer = make_signer(access_key, secret_key)
+        if self.signer is not None and (remoting_config is None or remoting_config.send_crc):
+            # A signed request carries no body CRC field: the signature (HMAC-SHA1 over the
+            # headers and the body) already protects the body end to end, and the CRC field,
+            # added after signing, would make a RocketMQ broker verify different fields.
+            remoting_config = dataclasses.replace(remoting_config or RemotingConfig(), send_crc=False)
         if remoting_config is None or remoting_config.client_ssl is None:
             tls = tls or tls_from_env()
             if tls is not None:

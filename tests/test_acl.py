@@ -25,6 +25,7 @@ from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.acl import ACCESS_KEY, SIGNATURE, AccessValidator, RequestSigner, load_accounts
 from remoting.message import Message
+from remoting.protocol import encode_parts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -217,6 +218,12 @@ def test_broker_acl(acl_broker: LocalBrokerGroup) -> None:
 
         # our Producer signs with the instance's credentials: PUB allowed for writer...
         writer_instance = ClientInstance(ns, access_key="writer", secret_key="writer-secret-1")
+        # a signed frame carries no lmqBodyCrc32 (added after signing, a RocketMQ broker would
+        # verify the signature over it too): the HMAC already covers the body
+        probe = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"topic": "AclTopic"}, b"body")
+        writer_instance.signer(probe)
+        head, _ = encode_parts(probe, crc=writer_instance.remoting.config.send_crc)
+        assert b"lmqBodyCrc32" not in head and b"Signature" in head
         producer = Producer("acl-producer", instance=writer_instance, retries=0, send_timeout_s=5)
         await producer.start()
         try:
