@@ -87,6 +87,7 @@ class BrokerState:
         # -> (queue offset, position, store ms), oldest first
         self.uniq: OrderedDict[bytes, tuple[int, int, int]] = OrderedDict()
         self.dedup_ttl_ms = int(dedup_ttl_s * 1000)
+        self._ttl_due = 0  # store time from which _forget_keys may find expired keys
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.dispatched_messages = 0
 
@@ -112,6 +113,8 @@ class BrokerState:
         v6 = codec.V6_FLAGS
         magic_code = codec.MAGIC
         uniq_seen = self.uniq
+        window = self.dedup_window
+        bfind, bstartswith = bytes.find, bytes.startswith
         last: tuple[bytes, int, ConsumeQueue] | None = None  # (raw topic, queue id, queue) of the last record
         dispatched = 0
         try:
@@ -138,8 +141,6 @@ class BrokerState:
                     continue
                 # Record by record, in place: the topic compared rather than copied when it
                 # repeats, a UNIQ_KEY alone (what producers send) taken without parsing.
-                find = data.find
-                startswith = data.startswith
                 base = index << SLOT_BITS
                 hit = [] if last is None else [last[2]]  # queues this entry's records went to
                 added = 0
@@ -193,7 +194,7 @@ class BrokerState:
                             last is not None
                             and last[1] == qid
                             and len(last[0]) == tlen
-                            and startswith(last[0], p + 1)
+                            and bstartswith(data, last[0], p + 1)
                         ):
                             topic = last[0]
                         else:
@@ -211,7 +212,7 @@ class BrokerState:
                         th = 0
                         if p == end:
                             uniq = None
-                        elif startswith(uniq_probe, p) and find(b"\x02", p, end) == end - 1:
+                        elif bstartswith(data, uniq_probe, p) and bfind(data, b"\x02", p, end) == end - 1:
                             uniq = data[p + uniq_at : end - 1]
                         else:
                             th, uniq, keyed = codec.properties_in_place(data, p, end)
@@ -242,7 +243,7 @@ class BrokerState:
                     if keyed is not None:
                         self._index_keys(cq.topic, position, keyed)
                         keyed_any = True
-                if added:
+                if added and (len(uniq_seen) > window or store_ms >= self._ttl_due):
                     self._forget_keys(store_ms)
                 self.applied = index
         finally:
@@ -343,7 +344,8 @@ class BrokerState:
         if with_keys:
             places = zip(range(first, first + k), range(base, base + k), repeat(store_ms, k), strict=True)
             uniq_seen.update(zip(uniqs, places, strict=True))
-            self._forget_keys(store_ms)
+            if len(uniq_seen) > self.dedup_window or store_ms >= self._ttl_due:
+                self._forget_keys(store_ms)
         return True
 
     def _undo_entry(
@@ -361,6 +363,7 @@ class BrokerState:
             del positions[keep:], cq.sizes[keep:], cq.tags[keep:]
         for _ in range(added):
             self.uniq.popitem(last=True)
+        self._ttl_due = 0  # (recomputed at the next entry with keys)
         if keyed_any:
             for lst in self.keys.values():
                 while lst and lst[-1] >= base:
@@ -380,6 +383,10 @@ class BrokerState:
             values = uniq.values()
             while uniq and next(iter(values))[2] < horizon:
                 uniq.popitem(last=False)
+            # the store time at which the oldest key left expires: no need to look before it
+            self._ttl_due = next(iter(values))[2] + self.dedup_ttl_ms if uniq else 0
+        else:
+            self._ttl_due = 1 << 62
 
     def _undecodable(self, position: int, error: str) -> None:
         log.error("undecodable message record", extra={"position": position, "error": error})
