@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,60 @@ def free_port_pair(host: str) -> int:
     raise RuntimeError(f"no free port pair on {host}")
 
 
-class LocalBrokerGroup(ProcessSet):
+class _BrokerProcesses(ProcessSet, ABC):
+    """What every local broker layout shares: start-up order, nameservers, broker config files.
+
+    Subclasses set ``namesrv_ids``, ``ns_addr``, ``node_ids``, ``topics``, ``settings`` and
+    ``python``, and provide ``namesrv_addrs``, ``write_configs`` and ``start_broker``.
+    """
+
+    namesrv_ids: list[str]
+    ns_addr: dict[str, str]
+    node_ids: list[str]
+    topics: Any
+    settings: dict[str, Any]
+    python: str
+
+    @property
+    @abstractmethod
+    def namesrv_addrs(self) -> list[str]: ...
+
+    @abstractmethod
+    def write_configs(self) -> None: ...
+
+    @abstractmethod
+    def start_broker(self, nid: str) -> None: ...
+
+    def start(self) -> None:
+        self.write_configs()
+        for ns in self.namesrv_ids:
+            self.start_namesrv(ns)
+        for nid in self.node_ids:
+            self.start_broker(nid)
+
+    def start_namesrv(self, ns: str) -> None:
+        host, port = self.ns_addr[ns].rsplit(":", 1)
+        argv = [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port, "--node-name", ns]
+        self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
+
+    def _write_broker_config(
+        self, d: Path, broker_name: str, node_id: str, group: list[str], listen_host: str
+    ) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        conf = {
+            "broker_name": broker_name,
+            "node_id": node_id,
+            "group": group,
+            "namesrv_addr": self.namesrv_addrs,
+            "data_dir": str(d / "data"),
+            "listen_host": listen_host,
+            "topics": self.topics,
+            **self.settings,
+        }
+        write_toml(d / "broker.toml", conf)
+
+
+class LocalBrokerGroup(_BrokerProcesses):
     def __init__(
         self,
         base_dir: str | Path,
@@ -88,31 +142,8 @@ class LocalBrokerGroup(ProcessSet):
                 f"{n}={self.broker_addr[n]}@{self.ledger_addr[n] if n == nid else self.peer_ledger_addr(nid, n)}"
                 for n in self.node_ids
             ]
-            d = self.base_dir / self.name_of(nid)
-            d.mkdir(parents=True, exist_ok=True)
-            conf = {
-                "broker_name": self.broker_name,
-                "node_id": nid,
-                "group": group,
-                "namesrv_addr": self.namesrv_addrs,
-                "data_dir": str(d / "data"),
-                "listen_host": self.broker_addr[nid].rsplit(":", 1)[0],
-                "topics": self.topics,
-                **self.settings,
-            }
-            write_toml(d / "broker.toml", conf)
-
-    def start(self) -> None:
-        self.write_configs()
-        for ns in self.namesrv_ids:
-            self.start_namesrv(ns)
-        for nid in self.node_ids:
-            self.start_broker(nid)
-
-    def start_namesrv(self, ns: str) -> None:
-        host, port = self.ns_addr[ns].rsplit(":", 1)
-        argv = [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port, "--node-name", ns]
-        self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
+            host = self.broker_addr[nid].rsplit(":", 1)[0]
+            self._write_broker_config(self.base_dir / self.name_of(nid), self.broker_name, nid, group, host)
 
     def start_broker(self, nid: str) -> None:
         d = self.base_dir / self.name_of(nid)
@@ -176,7 +207,7 @@ GROUP_SIZE = 3
 PORTS_PER_BROKER = 3
 
 
-class LocalBrokerGroups(ProcessSet):
+class LocalBrokerGroups(_BrokerProcesses):
     """Nameservers and ``groups`` 3-broker groups as local processes, all behind the same nameservers.
 
     Groups are named as ``broker local-cluster`` names them (``broker-a``, ``broker-b``, ...);
@@ -245,31 +276,8 @@ class LocalBrokerGroups(ProcessSet):
                     f"{self.ledger_addr[p] if p == nid else self.peer_ledger_addr(nid, p)}"
                     for p in self.members[name]
                 ]
-                d = self.node_dir(nid)
-                d.mkdir(parents=True, exist_ok=True)
-                conf = {
-                    "broker_name": name,
-                    "node_id": nid.split("/", 1)[1],
-                    "group": peers,
-                    "namesrv_addr": self.namesrv_addrs,
-                    "data_dir": str(d / "data"),
-                    "listen_host": self.broker_addr[nid].rsplit(":", 1)[0],
-                    "topics": self.topics,
-                    **self.settings,
-                }
-                write_toml(d / "broker.toml", conf)
-
-    def start(self) -> None:
-        self.write_configs()
-        for ns in self.namesrv_ids:
-            self.start_namesrv(ns)
-        for nid in self.node_ids:
-            self.start_broker(nid)
-
-    def start_namesrv(self, ns: str) -> None:
-        host, port = self.ns_addr[ns].rsplit(":", 1)
-        argv = [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port, "--node-name", ns]
-        self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
+                host = self.broker_addr[nid].rsplit(":", 1)[0]
+                self._write_broker_config(self.node_dir(nid), name, nid.split("/", 1)[1], peers, host)
 
     def start_broker(self, nid: str) -> None:
         d = self.node_dir(nid)
