@@ -226,16 +226,7 @@ async def _drive(
         **wraps,
     )
     workload: Workload = WORKLOADS[cfg.workload](backend, ctx)
-    nemesis = Nemesis(
-        backend,
-        history,
-        list(cfg.nemesis),
-        cfg.interval,
-        random.Random(rng.random()),
-        run_dir / "nemesis.log",
-        fault_scope=cfg.fault_scope,
-    )
-    monitor = LeaderMonitor(backend, history, run_dir / "leaders.jsonl")
+    nemesis, monitor = _nemesis_and_monitor(cfg, backend, history, rng, run_dir)
     watch_stop = asyncio.Event()
     progress = _Progress(cfg, lambda: dict(history.counts), nemesis)
     side = [
@@ -362,16 +353,7 @@ async def _drive_workers(
         values=iter(()),  # the controller only reads (drains, final reads); it sends nothing
     )
     workload: Workload = WORKLOADS[cfg.workload](backend, ctx)
-    nemesis = Nemesis(
-        backend,
-        history,
-        list(cfg.nemesis),
-        cfg.interval,
-        random.Random(rng.random()),
-        run_dir / "nemesis.log",
-        fault_scope=cfg.fault_scope,
-    )
-    monitor = LeaderMonitor(backend, history, run_dir / "leaders.jsonl")
+    nemesis, monitor = _nemesis_and_monitor(cfg, backend, history, rng, run_dir)
     pool = WorkerPool(run_dir, worker_specs(cfg, backend, history, history_dir))
     watch_stop = asyncio.Event()
     progress = _Progress(cfg, lambda: _add(pool.counts(), history.counts), nemesis)
@@ -505,3 +487,19 @@ def run(cfg: RunConfig) -> RunResult:
     if valid is True and not cfg.keep_data:
         backend.cleanup_data()
     return RunResult(run_dir=run_dir, valid=valid, history=history_path, summary=summary)
+
+
+def _nemesis_and_monitor(
+    cfg: RunConfig, backend: Backend, history: History, rng: random.Random, run_dir: Path
+) -> tuple[Nemesis, LeaderMonitor]:
+    """The run's nemesis (its own seeded stream) and leader monitor, as every run mode makes them."""
+    nemesis = Nemesis(
+        backend,
+        history,
+        list(cfg.nemesis),
+        cfg.interval,
+        random.Random(rng.random()),
+        run_dir / "nemesis.log",
+        fault_scope=cfg.fault_scope,
+    )
+    return nemesis, LeaderMonitor(backend, history, run_dir / "leaders.jsonl")
