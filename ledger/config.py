@@ -34,6 +34,14 @@ Security and resource bounds (defaults in parentheses):
 - ``max_buffered_bytes`` (256 MiB): all partly received frames of all connections together.
 - ``max_client_write_buffer_bytes`` (64 MiB): replies queued for a client that does not read.
 - ``max_read_bytes`` (4 MiB): the most a read request returns, whatever max_bytes it asks.
+
+Durability:
+
+- ``durable_mark_interval_s`` (1.0, at most 3600): how often a log fsync also records the (index, term) it
+  made durable (``LogStore.mark_interval_s``). A restart whose log ends before that mark knows
+  it lost entries it may have acknowledged and recovers them from its peers; an entry newer
+  than the last mark that is lost whole looks like a torn write instead (see ``ledger/store.py``).
+  Shorter narrows that window at the cost of one more small file write per interval.
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ from common.settings import ConfigError, parse_host_port
 from .auth import MIN_SECRET_BYTES
 from .raft import RaftConfig
 from .tls import client_context, server_context
+
+#: Default of ``NodeConfig.durable_mark_interval_s`` (seconds between durable marks).
+DEFAULT_DURABLE_MARK_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -91,6 +102,7 @@ class NodeConfig:
     max_buffered_bytes: int = 256 << 20
     max_client_write_buffer_bytes: int = 64 << 20
     max_read_bytes: int = 4 << 20
+    durable_mark_interval_s: float = DEFAULT_DURABLE_MARK_INTERVAL_S
     members: dict[str, str] = field(init=False, default_factory=dict)
     secret: bytes = field(init=False, default=b"", repr=False, compare=False)
     accepted_secrets: tuple[bytes, ...] = field(init=False, default=(), repr=False, compare=False)
@@ -156,6 +168,8 @@ class NodeConfig:
         for key in ("handshake_timeout_s", "idle_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"key '{key}' must be positive")
+        if not 0 < self.durable_mark_interval_s <= 3600:  # NaN fails too
+            raise ConfigError("key 'durable_mark_interval_s' must be between 0 (exclusive) and 3600 seconds")
         if not 256 <= self.max_handshake_frame_bytes <= self.max_frame_bytes:
             raise ConfigError("key 'max_handshake_frame_bytes' must be between 256 and max_frame_bytes")
         if self.max_buffered_bytes < self.max_frame_bytes + 4:

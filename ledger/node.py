@@ -65,10 +65,6 @@ RECOVERY_MARKER = "recovering"
 #: ``LedgerRuntime.disk_retry_s`` before the node leads or votes again.
 DISK_PROBE_BYTES = 1 << 20
 DISK_PROBE_NAME = "disk-probe.tmp"
-#: How often a sync also records the (index, term) it made durable (``LogStore.mark_interval_s``):
-#: a restart whose log ends before the mark knows it lost acknowledged entries. A few fsyncs
-#: per interval; losses of entries newer than the last mark still look like a torn tail.
-DURABLE_MARK_INTERVAL_S = 1.0
 
 
 class StoreDisk:
@@ -181,7 +177,7 @@ class LedgerNode:
             retention_bytes=config.retention_bytes or None,
             retention_seconds=config.retention_hours * 3600 or None,
             salvage=True,  # a damaged log keeps its valid prefix; the node recovers the rest from peers
-            mark_interval_s=DURABLE_MARK_INTERVAL_S,
+            mark_interval_s=config.durable_mark_interval_s,  # see NodeConfig
         )
         self.hardstate = HardState(data / "hardstate")
         self._recovery_marker = data / RECOVERY_MARKER

@@ -17,7 +17,7 @@ from ledger.codec import (
     encode_entries,
     scan_entries,
 )
-from ledger.config import NodeConfig
+from ledger.config import DEFAULT_DURABLE_MARK_INTERVAL_S, NodeConfig
 from ledger.messages import (
     AppendRequest,
     AppendResponse,
@@ -29,6 +29,7 @@ from ledger.messages import (
     decode_message,
     encode_message,
 )
+from ledger.node import LedgerNode
 from ledger.wire import (
     OP_APPEND,
     TOO_LARGE,
@@ -130,6 +131,24 @@ def test_config_loads_and_env_overrides(tmp_path):
     assert cfg.tick_ms == 20 and cfg.members == {"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002"}
 
 
+def test_durable_mark_interval_is_a_setting_that_reaches_the_store(tmp_path):
+    """The mark interval bounds which losses a restart can tell from a torn write, so operators
+    set it like any other ledger setting (TOML or env); the store must run with that value."""
+    path = tmp_path / "node.toml"
+    path.write_text(GOOD.replace('"d"', repr(str(tmp_path / "d")).replace("'", '"')))
+    default = load_settings(NodeConfig, path, env_prefix="LEDGER_", environ={})
+    assert default.durable_mark_interval_s == DEFAULT_DURABLE_MARK_INTERVAL_S == 1.0
+    cfg = load_settings(
+        NodeConfig, path, env_prefix="LEDGER_", environ={"LEDGER_DURABLE_MARK_INTERVAL_S": "0.25"}
+    )
+    assert cfg.durable_mark_interval_s == 0.25
+    node = LedgerNode(cfg)
+    try:
+        assert node.store.mark_interval_s == 0.25
+    finally:
+        node.disk.close()
+
+
 @pytest.mark.parametrize(
     "text,words",
     [
@@ -139,6 +158,8 @@ def test_config_loads_and_env_overrides(tmp_path):
         (GOOD.replace('"n1=127.0.0.1:7001", ', ""), "must include this node's id 'n1'"),
         (GOOD.replace('data_dir = "d"\n', ""), "missing required setting(s): data_dir"),
         (GOOD + "election_ticks = 1\n", "election_ticks must be at least 2"),
+        (GOOD + "durable_mark_interval_s = 0\n", "key 'durable_mark_interval_s' must be between"),
+        (GOOD + "durable_mark_interval_s = nan\n", "key 'durable_mark_interval_s' must be between"),
         ("id = \n", "invalid TOML"),
     ],
 )

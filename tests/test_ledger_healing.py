@@ -24,8 +24,8 @@ import pytest
 
 from ledger.client import LedgerClient
 from ledger.codec import HEADER_SIZE, scan_entries
+from ledger.config import DEFAULT_DURABLE_MARK_INTERVAL_S
 from ledger.localcluster import LocalCluster
-from ledger.node import DURABLE_MARK_INTERVAL_S
 from ledger.store import IDX_SUFFIX, SEG_SUFFIX
 from ledger.wire import LedgerError
 
@@ -35,7 +35,7 @@ CATCH_UP_S = 20.0
 #: How each case damages a stopped follower's files, and whether the node can tell it lost data
 #: (then it defends the log it had until repaired); deleted index files lose nothing.
 DAMAGE = {
-    "emptied": True,  # the log ends before the durable mark (see DURABLE_MARK_INTERVAL_S)
+    "emptied": True,  # the log ends before the durable mark (see durable_mark_interval_s)
     "truncated": True,
     "bit-flip-tail": True,  # the marked entry; newer than the last mark it would pass as a torn write
     "bit-flip-middle": True,
@@ -125,7 +125,7 @@ def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path
                     assert time.monotonic() < deadline, "the follower never caught up the first time"
                     await asyncio.sleep(0.05)
                 # One more append after a mark interval: the follower's sync of it records a mark.
-                await asyncio.sleep(DURABLE_MARK_INTERVAL_S + 0.1)
+                await asyncio.sleep(DEFAULT_DURABLE_MARK_INTERVAL_S + 0.1)
                 index, _ = await client.append(b"marked")
                 acked.append((index, b"marked"))
                 while (await _status(client, cluster, follower))["commit_index"] < index:
