@@ -29,7 +29,7 @@ from common.settings import parse_host_port
 
 from .codec import Entry
 from .config import NodeConfig
-from .hardstate import HardState
+from .hardstate import HardState, after_lost_hard_state
 from .messages import Message
 from .metrics import NodeMetrics
 from .raft import NotLeader, RaftCore, Role
@@ -59,6 +59,8 @@ log = logging.getLogger("ledger.node")
 
 #: Written in the data directory at a node's first start: later, a missing hard state is a loss.
 FIRST_START_MARKER = "initialized"
+#: Beside the hard state, a term the node never goes past without moving it (``ledger.hardstate``).
+TERM_BOUND_NAME = "term-bound"
 #: Present while a node that lost its hard state refuses to vote (see ``_detect_lost_hard_state``).
 RECOVERY_MARKER = "recovering"
 #: After a refused write, the disk is probed with this much data (and an fsync) every
@@ -179,7 +181,7 @@ class LedgerNode:
             salvage=True,  # a damaged log keeps its valid prefix; the node recovers the rest from peers
             mark_interval_s=config.durable_mark_interval_s,  # see NodeConfig
         )
-        self.hardstate = HardState(data / "hardstate")
+        self.hardstate = HardState(data / "hardstate", data / TERM_BOUND_NAME)
         self._recovery_marker = data / RECOVERY_MARKER
         self.log_damage_found = self.store.lost_from  # first index a salvage at this start dropped
         recovering = self._detect_lost_hard_state(data)
@@ -240,9 +242,11 @@ class LedgerNode:
 
         A missing hard-state file is normal only on a node's very first start, so that start
         writes one (and a marker) at once. Later, a missing file next to a log or the marker
-        means it was lost: the node may have voted in any term, so it refuses to vote until
-        a leader has brought it up to date. The recovering state itself survives a restart
-        (its own marker file), since the first save of a term would recreate the hard state.
+        means it was lost: the node may have voted in any term up to its term bound, so it
+        restarts in that term with its vote spent (``after_lost_hard_state``) and votes as
+        usual in later terms. Only when the bound is lost too does it refuse every vote until a
+        leader has brought it up to date; that recovering state survives a restart (its own
+        marker file), since the first save of a term would recreate the hard state.
         """
         first_start = data / FIRST_START_MARKER
         had_state = first_start.exists() or self.store.last_index > 0 or self.store.first_index > 1
@@ -250,24 +254,42 @@ class LedgerNode:
         # Damage with a known claim (the last entry the damaged part still showed) only
         # constrains votes (RaftCore.log_claim); without one the node refuses them all.
         lost_log = self.store.lost_from is not None and self.store.lost_claim is None
-        recovering = self._recovery_marker.exists() or lost_state or lost_log
+        refuse_votes = lost_log
+        self.hard_state_lost: int | None = None  # the term it restarted in after losing its hard state
+        if lost_state:
+            term, vote, refuse_votes = after_lost_hard_state(
+                self.hardstate.bound, self.store.last_term, self.config.id
+            )
+            refuse_votes = refuse_votes or lost_log
+            self.hard_state_lost = term
+            log.warning(
+                "hard state lost while the node had data: restarting in term %d %s",
+                term,
+                "refusing votes until a leader brings it up to date"
+                if vote is None
+                else "(its term bound) with its vote spent",
+                extra={"path": self.hardstate.path, "term": term, "term_bound": self.hardstate.bound},
+            )
+        recovering = self._recovery_marker.exists() or refuse_votes
         if recovering:
             write_file_atomically(self._recovery_marker, b"lost data; votes refused until caught up\n")
             log.warning(
                 "%s: refusing to vote until a leader brings it up to date",
-                "log damaged" if lost_log else "hard state lost while the node had data",
+                "log damaged" if lost_log else "hard state and term bound lost",
                 extra={
                     "path": self.hardstate.path,
                     "last_index": self.store.last_index,
                     "lost_from": self.store.lost_from,
                 },
             )
-            if lost_state and self.store.last_term > 0:
-                # At least the term of its last entry, saved (after the marker) so that every
-                # message it sends is covered by a persisted term, as Raft requires.
-                self.hardstate.save(self.store.last_term, None)
+        if lost_state and (term > 0 or vote is not None):
+            # Saved (after the recovery marker, if any) so that every message it sends is
+            # covered by a persisted term, as Raft requires, and its spent vote survives a crash.
+            self.hardstate.save(term, vote)
         elif not self.hardstate.exists:
             self.hardstate.create()
+        else:
+            self.hardstate.ensure_bound()  # a directory from before term bounds, or a lost bound
         if not first_start.exists():
             write_file_atomically(first_start, b"ledger node data directory\n")
         return recovering
@@ -477,6 +499,8 @@ class LedgerNode:
             log_bytes=self.store.size_bytes(),
             log_lost_from=self.store.lost_from,
             log_damage_found=self.log_damage_found,
+            hard_state_lost=self.hard_state_lost,
+            term_bound=self.hardstate.bound,
         )
         return st
 

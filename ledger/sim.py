@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .hardstate import after_lost_hard_state, term_bound_after
 from .memlog import MemoryLog
 from .messages import (
     InstallBase,
@@ -74,7 +75,8 @@ _TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL, 
 #: can commit); send_before_persist - messages leave before the hard state is saved. Into
 #: the voters: vote_any_log - they skip the up-to-date check. Into storage damage:
 #: forget_damage - a damaged node restarts on its valid prefix as if it never had the rest;
-#: forget_lost_state - a node that lost its hard state votes at once (it may vote twice in a term).
+#: forget_lost_state - a node that lost its hard state ignores its term bound and votes at once
+#: (it may vote twice in a term).
 MUTATIONS = (
     "none",
     "forget_vote",
@@ -197,6 +199,8 @@ class SimNode:
     lost_claim: tuple[int, int] | None = None
     lost_terms: dict[int, int] = field(default_factory=dict)
     recovering: bool = False  # lost its hard state: the node's recovery marker, until caught up
+    # The durable term bound beside the hard state (``ledger.hardstate``), as a first start writes it.
+    term_bound: int | None = field(default_factory=lambda: term_bound_after(0, None))
 
     @property
     def core(self) -> RaftCore | None:
@@ -532,6 +536,9 @@ class SimDisk:
     def save_hard_state(self, term: int, voted_for: str | None) -> None:
         if self.sim.now < self.node.disk_full_until:
             raise OSError(28, "No space left on device (simulated)")
+        bound = term_bound_after(term, self.node.term_bound)
+        if bound is not None:
+            self.node.term_bound = bound  # durable before the state it covers, as HardState.save does
         self.node.hard_state = (term, voted_for)
 
     def writable(self) -> bool:
@@ -700,7 +707,7 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             durable_index=n.log.durable_index,
             log_claim=None if self.opts.mutation == "forget_damage" else n.lost_claim,
-            recovering=n.recovering and self.opts.mutation != "forget_lost_state",
+            recovering=n.recovering,
         )
         if self.opts.mutation == "vote_any_log":
             core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
@@ -1043,15 +1050,18 @@ class Simulation:
         self._trace(f"DAMAGE {n.id} log cut at {cut}, claim {claim}")
 
     def _lose_hard_state(self, n: SimNode) -> None:
-        """A crash that also lost the hard-state file: the node restarts recovering, in the term
-        of its last entry with no vote (what ``LedgerNode`` does), and votes again only once a
-        leader has caught it up. One such node at a time, and not next to a damaged one."""
+        """A crash that also lost the hard-state file (not the term bound beside it): the node
+        restarts as ``LedgerNode`` does (``after_lost_hard_state``), in its bound's term with its
+        vote spent. One such node at a time, and not next to a damaged one."""
         if any(o.recovering or o.lost_claim is not None for o in self.nodes):
             return
-        n.recovering = True
-        n.hard_state = (n.log.last_term, None)
+        mutation = self.opts.mutation
+        bound = None if mutation == "forget_lost_state" else n.term_bound
+        term, vote, recovering = after_lost_hard_state(bound, n.log.last_term, n.id)
+        n.recovering = recovering and mutation != "forget_lost_state"
+        n.hard_state = (term, vote)
         self.stats.lost_state += 1
-        self._trace(f"LOSE-STATE {n.id} restarts in term {n.log.last_term}")
+        self._trace(f"LOSE-STATE {n.id} restarts in term {term} voted {vote} (bound {n.term_bound})")
 
     def _chaos_transfer(self) -> None:
         leaders = self._leaders()

@@ -188,11 +188,12 @@ async def _wait_status(client: LedgerClient, address: str, timeout: float = CATC
 @pytest.mark.parametrize("loss", ["hardstate-deleted", "bit-flip-middle", "zeroed-hole"])
 def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, loss: str) -> None:
     """Before the fix a node that lost its hard state restarted at term 0 with no vote and could
-    vote twice in a term: here it would have elected n2 with n3 down. A node whose log was
-    damaged in the middle did not start at all; kept running on its valid prefix it would vote
-    for n2, whose log here ends (cleanly, as if it never had them) before entries n1 had
-    acknowledged. Now n1 refuses until a leader catches it up, or, knowing how far its damaged
-    log reached, votes only for candidates holding at least that much."""
+    vote twice in a term: here it would have elected n2 with n3 down. Now it restarts in its
+    term bound (``ledger.hardstate``) with its vote spent, so n2 can win only a term n1 never
+    voted in. A node whose log was damaged in the middle did not start at all; kept running
+    on its valid prefix it would vote for n2, whose log here ends (cleanly, as if it never had
+    them) before entries n1 had acknowledged. Now, knowing how far its damaged log reached,
+    n1 votes only for candidates holding at least that much."""
     cluster = LocalCluster(tmp_path, 3)
     cluster.start()
     try:
@@ -206,6 +207,7 @@ def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, los
                     while (await _wait_status(client, cluster.address(nid)))["commit_index"] < acked[-1]:
                         assert time.monotonic() < deadline, f"{nid} never committed"
                         await asyncio.sleep(0.05)
+                before = await client.status(cluster.address("n1"))
                 for nid in cluster.ids:
                     cluster.kill(nid)
                 if loss == "hardstate-deleted":
@@ -218,15 +220,23 @@ def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, los
                 cluster.start_node("n2")
                 st1 = await _wait_status(client, cluster.address("n1"))
                 if loss == "hardstate-deleted":
-                    assert st1["recovering"] and st1["voted_for"] is None and st1["log_damage_found"] is None
+                    assert st1["hard_state_lost"] >= before["term"] and st1["voted_for"] == "n1", (
+                        st1,
+                        before,
+                    )
+                    assert not st1["recovering"] and st1["log_damage_found"] is None, st1
+                    # n1 and n2 elect a leader at once, in a term n1 never voted in before.
+                    leader = await cluster.wait_for_leader(30)
+                    st = await client.status(cluster.address(leader))
+                    assert leader in ("n1", "n2") and st["term"] > st1["hard_state_lost"] >= before["term"]
                 else:
                     assert 1 < st1["log_damage_found"] <= acked[-1] and st1["last_index"] < acked[-1]
                     assert st1["log_claim"] and st1["log_claim"][0] >= acked[-1], st1
                     st2 = await _wait_status(client, cluster.address("n2"))
                     assert st1["last_index"] < st2["last_index"] < acked[-1], (st1, st2)
                 await _wait_status(client, cluster.address("n2"))
-                end = time.monotonic() + 2.5  # several election timeouts: n2 must not win with n1's vote
-                while time.monotonic() < end:
+                end = time.monotonic() + (0 if loss == "hardstate-deleted" else 2.5)
+                while time.monotonic() < end:  # several election timeouts: n2 must not win with n1's vote
                     for nid in ("n1", "n2"):
                         st = await client.status(cluster.address(nid))
                         assert st["role"] != "leader", (
@@ -236,7 +246,7 @@ def test_a_node_that_lost_data_does_not_vote_until_caught_up(tmp_path: Path, los
 
                 cluster.start_node("n3")
                 leader = await cluster.wait_for_leader(30)
-                assert leader in (("n2", "n3") if loss == "hardstate-deleted" else ("n3",))
+                assert leader in (cluster.ids if loss == "hardstate-deleted" else ("n3",))
                 index, _ = await client.append(b"after recovery")
                 deadline = time.monotonic() + CATCH_UP_S
                 while True:
