@@ -67,6 +67,7 @@ class BrokerConfig:
     handshake_timeout_s: float = 10.0  # a connection must deliver one complete frame within this long
     idle_timeout_s: float = 120.0  # a connection without a complete frame this long is closed (0: off)
     max_buffered_frame_bytes: int = 256 << 20  # unfinished frames held per listener, all connections
+    reply_flush_bytes: int = 32 << 10  # replies are written once this many wait (0: at turn end)
     max_heartbeat_clients: int = 20_000  # (group, client) entries from heartbeats; over it SYSTEM_BUSY
     max_suspended_pulls: int = 10_000  # long polls held at once; over it a pull is answered at once
     acl_enable: bool = False  # every request must be signed by an account of acl_file (RocketMQ ACL)
@@ -171,6 +172,7 @@ class BrokerConfig:
             handshake_timeout_s=self.handshake_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+            reply_flush_bytes=self.reply_flush_bytes,
             tls_mode=self.tls_server_mode,
             server_ssl=self.server_ssl,
         )

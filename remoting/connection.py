@@ -70,6 +70,7 @@ class RemotingStats:
         "connections_closed",
         "frames_in",
         "frames_out",
+        "writes",
         "bad_frames",
         "protocol_errors",
         "timeouts",
@@ -80,6 +81,7 @@ class RemotingStats:
         self.connections_closed = 0
         self.frames_in = 0
         self.frames_out = 0
+        self.writes = 0  # transport writes: frames_out / writes is how well output is coalesced
         self.bad_frames = 0
         self.protocol_errors = 0
         self.timeouts = 0
@@ -146,6 +148,10 @@ class RemotingConnection(asyncio.Protocol):
         self._pending: dict[int, _Pending] = {}
         self._next_opaque = 1
         self._out: list[bytes | bytearray | memoryview] = []
+        self._out_bytes = 0
+        # replies are written in pieces of this size (RemotingConfig.reply_flush_bytes); a
+        # client's requests wait for the end of the turn, so one read carries them all
+        self._flush_at = config.reply_flush_bytes if side == "server" else 0
         self._flush_scheduled = False
         self._writable = asyncio.Event()
         self._writable.set()
@@ -284,7 +290,8 @@ class RemotingConnection(asyncio.Protocol):
 
     # --- output ---------------------------------------------------------------------------
     def send(self, cmd: RemotingCommand) -> None:
-        """Queue a frame (response, or request with opaque set); written at the end of this loop turn."""
+        """Queue a frame (response, or request with opaque set); written at the end of this loop
+        turn, or a server's replies once ``reply_flush_bytes`` of them wait."""
         if self.closing:
             raise RemotingSendRequestError(
                 f"connection {self.local_addr}->{self.remote_addr} is closed ({self.close_reason or 'closing'})"
@@ -300,12 +307,22 @@ class RemotingConnection(asyncio.Protocol):
         if body:
             out.append(body)
         self.stats.frames_out += 1
+        if self._flush_at:
+            self._out_bytes += len(head) + len(body)
+            if self._out_bytes >= self._flush_at:
+                self._write_out()
+                return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._write_out()
+
+    def _write_out(self) -> None:
+        """Hand what is queued to the transport (one write)."""
+        self._out_bytes = 0
         out = self._out
         if not out:
             return
@@ -315,6 +332,7 @@ class RemotingConnection(asyncio.Protocol):
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
+        self.stats.writes += 1
         transport.write(data)
 
     def _allocate_opaque(self) -> int:

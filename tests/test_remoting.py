@@ -500,6 +500,30 @@ def test_many_requests_in_flight_on_one_connection_are_matched_by_opaque() -> No
     run(main())
 
 
+@pytest.mark.parametrize("flush_bytes", [0, 4096])
+def test_a_burst_of_replies_is_written_in_pieces_of_reply_flush_bytes(flush_bytes: int) -> None:
+    """Replies made in one turn go out once reply_flush_bytes of them wait (so the client can
+    start on the first ones), or all at the turn's end with 0; in order either way."""
+    n, body = 200, b"x" * 1000
+
+    async def main() -> None:
+        server = await start_server(config=RemotingConfig(reply_flush_bytes=flush_bytes))
+        frames = b"".join(
+            encode_command(RemotingCommand(RequestCode.HEART_BEAT, {}, body, "", i + 1, 0)) for i in range(n)
+        )
+        got = await raw_exchange(server.port, frames, n)
+        assert [r.opaque for r in got] == list(range(1, n + 1))
+        assert all(r.body == body for r in got)
+        reply_bytes = n * (len(body) + 40)
+        if flush_bytes:  # at least one write per reply_flush_bytes (each a little over it)
+            assert server.stats.writes >= reply_bytes // (2 * flush_bytes)
+        else:  # one write per turn: no more writes than socket reads (each at least 16 KiB)
+            assert server.stats.writes <= len(frames) // (16 << 10) + 1
+        await server.stop()
+
+    run(main())
+
+
 def test_async_invoke_calls_back_with_response_or_error() -> None:
     async def never(conn: Any, req: RemotingCommand) -> None:
         await asyncio.sleep(10)
