@@ -37,11 +37,12 @@ Security and resource bounds (defaults in parentheses):
 
 Durability:
 
-- ``durable_mark_interval_s`` (1.0, at most 3600): how often a log fsync also records the (index, term) it
-  made durable (``LogStore.mark_interval_s``). A restart whose log ends before that mark knows
-  it lost entries it may have acknowledged and recovers them from its peers; an entry newer
-  than the last mark that is lost whole looks like a torn write instead (see ``ledger/store.py``).
-  Shorter narrows that window at the cost of one more small file write per interval.
+- ``durable_mark_interval_s`` (1.0, at most 3600): how often a log fsync also records the
+  (index, term) it made durable (``LogStore.mark_interval_s``; a clean stop records it too).
+  A restart whose log ends before that mark knows it lost entries it may have acknowledged
+  and recovers them from its peers; entries made durable after the last mark and lost after
+  a crash look like a torn write instead (the exact window: ``ledger/store.py``). Shorter
+  narrows that window at the cost of one more small file write (two fsyncs) per interval.
 """
 
 from __future__ import annotations

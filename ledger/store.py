@@ -22,6 +22,26 @@ one fsync, which is what makes the durable-ack rate independent of the batch siz
 Any I/O error while writing or flushing makes the store refuse further writes: after a
 failed fsync the kernel may have dropped dirty pages, so the only safe continuation is a
 restart and recovery from what is really on disk.
+
+Lost data versus a torn write. Recovery finds damage a crash cannot explain (a corrupt entry
+with valid ones after it, a hole, a missing segment) by itself. A log that simply ends early
+is told from one whose last writes a crash cut short only by the ``durable-mark`` file: the
+(index, term) one sync per ``mark_interval_s`` made durable, and ``mark_durable`` at a clean
+stop. A start whose log ends before the mark (by (term, index)) knows it lost entries it may
+have acknowledged (``lost_from``, ``lost_claim``). What it cannot tell, exactly:
+
+- a loss confined to entries made durable after the last mark: since the last mark, at
+  most one interval (1 s by default) of fsynced entries, when the node crashed rather than
+  stopped. Cut at an entry boundary, or with the damage in the last entries and no valid
+  entry after it, that suffix looks like writes a crash interrupted before their fsync, and
+  the node votes as if it never had them;
+- a loss together with the mark itself (deleted, or damaged: ignored with a warning), or of
+  the whole log directory, which then looks like a log that was never written;
+- a log directory restored from an older copy, mark included (consistent, only old).
+
+Closing the first on every group commit would cost one more file write and fsync per
+commit; it stays a window of one interval, paid once per interval
+(``tests/test_store.py::test_what_the_durable_mark_can_and_cannot_tell`` pins it down).
 """
 
 from __future__ import annotations
@@ -131,6 +151,12 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
+
+
+def _mark_bytes(index: int, term: int) -> bytes:
+    """The durable mark's file content: (index, term) and their checksum."""
+    body = _MARK.pack(_MARK_MAGIC, index, term, 0)[:-8]
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
 
 
 def _index_records(first_index: int, terms: Sequence[int], positions: Sequence[int]) -> bytes:
@@ -470,8 +496,7 @@ class LogStore:
             now = time.monotonic()
             if now - self._mark_at >= self.mark_interval_s:  # once per interval, not per entry
                 self._mark_at = now
-                body = _MARK.pack(_MARK_MAGIC, self.last_index, self.last_term, 0)[:-8]
-                job.mark = (self._mark_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
+                job.mark = (self._mark_path, _mark_bytes(self.last_index, self.last_term))
         self._jobs.append(job)
         return job
 
@@ -495,6 +520,20 @@ class LogStore:
         self._evict_fds()
         self._check_shape()
         return self.durable_index
+
+    def mark_durable(self) -> None:
+        """Record ``durable_index`` as the durable mark now, on the calling thread (a clean stop).
+
+        A loss while the node is down (the operator's slip, a restore from an old copy) is then
+        told from a torn write whatever the mark interval: one file write per stop, none per
+        append. Skipped while a sync job may still write its own mark, and on a failed store.
+        """
+        if self.mark_interval_s is None or self._failed is not None or self._dir_fd is None or self._jobs:
+            return
+        index = self.durable_index
+        if index <= self._base_index:
+            return
+        write_file_atomically(self._mark_path, _mark_bytes(index, self.term_at(index)))
 
     def sync(self) -> int:
         """Flush everything appended so far on the calling thread; returns ``durable_index``.

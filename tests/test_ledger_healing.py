@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -168,6 +169,59 @@ def test_a_follower_that_lost_its_log_is_repaired_from_the_leader(tmp_path: Path
                 by_index = {i: data for i, _, data in leader_log}
                 lost = [i for i, payload in acked if by_index.get(i) != payload]
                 assert not lost, f"acknowledged entries lost: {lost}"
+
+        asyncio.run(scenario())
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("stop", ["crash", "clean-stop"])
+def test_entries_lost_after_the_last_mark_are_noticed_only_after_a_clean_stop(
+    tmp_path: Path, stop: str
+) -> None:
+    """The residual window of the durable mark (see ``ledger/store.py``), with real processes:
+    entries fsynced after the last mark and then cut off look like a torn write after a crash
+    (SIGKILL), but a clean stop (SIGTERM) marks everything durable, so the same loss is known
+    and defended. Either way the leader repairs the follower and nothing acknowledged is lost."""
+    cluster = LocalCluster(tmp_path, 3, settings={"durable_mark_interval_s": 3600.0})
+    cluster.start()
+    try:
+
+        async def scenario() -> None:
+            leader = await cluster.wait_for_leader(30)
+            follower = next(n for n in cluster.ids if n != leader)
+            address = cluster.address(follower)
+            async with LedgerClient(cluster.addresses, timeout=10, secret=cluster.client_secret) as client:
+                acked = [await client.append(f"e{i}".encode() * 10) for i in range(30)]
+                last = acked[-1][0]
+                deadline = time.monotonic() + CATCH_UP_S
+                while (await _wait_status(client, address))["commit_index"] < last:
+                    assert time.monotonic() < deadline, "the follower never caught up"
+                    await asyncio.sleep(0.05)
+                cluster.kill(follower, signal.SIGKILL if stop == "crash" else signal.SIGTERM)
+                seg = sorted((tmp_path / follower / "data" / "log").glob("*" + SEG_SUFFIX))[-1]
+                offsets = _entry_offsets(seg)
+                assert len(offsets) >= 25, offsets
+                os.truncate(seg, offsets[-5])  # the last 5 entries, fsynced long after the first mark
+                cluster.start_node(follower)
+                st = await _wait_status(client, address)
+                if stop == "crash":
+                    assert st["log_damage_found"] is None, f"a loss after the last mark was noticed: {st}"
+                else:
+                    assert st["log_damage_found"] is not None and st["log_claim"], st
+                acked.append(await client.append(b"after"))
+                last = acked[-1][0]
+                deadline = time.monotonic() + CATCH_UP_S
+                while True:
+                    st = await client.status(address)
+                    if st["commit_index"] >= last and not st["log_claim"] and st["log_lost_from"] is None:
+                        break
+                    assert time.monotonic() < deadline, f"the follower was never repaired: {st}"
+                    await asyncio.sleep(0.05)
+                leader_log = await _whole_log(client, cluster.address(leader), last)
+                assert await _whole_log(client, address, last) == leader_log
+                by_index = {i: data for i, _, data in leader_log}
+                assert all(i in by_index for i, _ in acked)
 
         asyncio.run(scenario())
     finally:

@@ -400,6 +400,54 @@ def test_without_a_mark_a_short_log_is_a_short_log(tmp_path: Path) -> None:
     r.close()
 
 
+#: Losses after the last durable mark, and what a restart makes of them (the residual window the
+#: store's docstring states): True when the store knows it lost entries it had made durable.
+MARK_WINDOW = {
+    "cut-before-mark": True,  # the log ends before the mark: detected
+    "cut-after-mark": False,  # only entries synced after the last mark: a clean, shorter log
+    "torn-after-mark": False,  # the last entry, synced after the mark, damaged: a torn write
+    "cut-after-clean-stop": True,  # a clean stop marks everything durable: detected
+    "cut-and-mark-deleted": False,  # the mark lost with the entries: nothing to compare with
+}
+
+
+@pytest.mark.parametrize("case", sorted(MARK_WINDOW))
+def test_what_the_durable_mark_can_and_cannot_tell(tmp_path: Path, case: str) -> None:
+    """A mark is written by at most one sync per interval (here: the first), so entries made
+    durable after it and then lost look exactly like writes a crash cut short. This pins the
+    window down, so that narrowing or widening it is a visible change."""
+    s = open_store(tmp_path, segment_bytes=1 << 20, mark_interval_s=3600.0)
+    want = fill(s, 20)  # the first sync records the mark (20, 1)
+    want += fill(s, 20)  # durable, but no mark for another hour
+    assert s.durable_index == 40
+    cut_at = 10 if case == "cut-before-mark" else 31
+    victim = s.entries(cut_at, cut_at)[0]
+    last = s.entries(40, 40)[0]
+    if case == "cut-after-clean-stop":
+        s.mark_durable()
+    s.close()  # otherwise a crash: nothing more is written
+    seg, off = file_offset(tmp_path, victim)
+    if case == "torn-after-mark":
+        seg, off = file_offset(tmp_path, last)
+        flip(seg, off + HEADER_SIZE + 1)
+    else:
+        os.truncate(seg, off)
+    if case == "cut-and-mark-deleted":
+        (tmp_path / store_mod.MARK_NAME).unlink()
+    r = open_store(tmp_path, segment_bytes=1 << 20, salvage=True)  # as a node opens it
+    try:
+        assert r.last_index < 40 and r.entries(1, r.last_index) == want[: r.last_index]
+        if MARK_WINDOW[case]:
+            assert r.lost_from == r.last_index + 1 and r.lost_claim is not None, r
+            assert r.lost_claim == ((40, 1) if case == "cut-after-clean-stop" else (20, 1)), r.lost_claim
+        else:
+            assert r.lost_from is None and r.lost_claim is None, (
+                f"{case} was detected after all: {r.lost_claim}"
+            )
+    finally:
+        r.close()
+
+
 def test_salvage_cuts_a_damaged_earlier_segment_and_drops_later_ones(tmp_path: Path) -> None:
     s = open_store(tmp_path)
     want = fill(s, 200)
