@@ -7,15 +7,19 @@ may send requests and responses on the same connection.
 Hot-path choices, because the broker pushes tens of thousands of frames a second through here:
 - an ``asyncio.Protocol`` rather than streams: ``data_received`` decodes in place and resolves
   response futures directly, with no task per frame;
-- outgoing frames are queued and written once per event-loop iteration, so a burst of
-  responses becomes one ``send()`` system call;
-- per-call timeouts are loop timer handles, not ``wait_for`` tasks.
+- outgoing frames are queued and written once per event-loop iteration (a server's replies
+  also once ``reply_flush_bytes`` wait), so a burst of responses becomes few ``send()`` calls;
+- per-call timeouts are deadlines in one heap per connection with one loop timer armed for
+  the earliest (RocketMQ scans its response table instead), not a timer handle or a
+  ``wait_for`` task per call: an answered call costs a heap push and nothing to cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import socket
 from collections.abc import Callable
 from typing import Protocol
@@ -91,7 +95,7 @@ class RemotingStats:
 
 
 class _Pending:
-    __slots__ = ("future", "callback", "timer", "code", "timeout_s")
+    __slots__ = ("future", "callback", "code", "timeout_s")
 
     def __init__(
         self,
@@ -102,13 +106,10 @@ class _Pending:
     ) -> None:
         self.future = future
         self.callback = callback
-        self.timer: asyncio.TimerHandle | None = None
         self.code = code
         self.timeout_s = timeout_s
 
     def complete(self, response: RemotingCommand | None, error: BaseException | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
         fut = self.future
         if fut is not None:
             if not fut.done():
@@ -147,6 +148,11 @@ class RemotingConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, _Pending] = {}
         self._next_opaque = 1
+        # (deadline, sequence, opaque, call) of calls sent; answered ones are dropped lazily
+        self._deadlines: list[tuple[float, int, int, _Pending]] = []
+        self._deadline_seq = 0
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = math.inf  # when the timer fires (inf: not armed)
         self._out: list[bytes | bytearray | memoryview] = []
         self._out_bytes = 0
         # replies are written in pieces of this size (RemotingConfig.reply_flush_bytes); a
@@ -222,6 +228,10 @@ class RemotingConnection(asyncio.Protocol):
         self.close_reason = reason
         self.stats.connections_closed += 1
         pending, self._pending = self._pending, {}
+        self._deadlines.clear()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer, self._deadline_at = None, math.inf
         for opaque, entry in pending.items():
             entry.complete(
                 None,
@@ -370,9 +380,41 @@ class RemotingConnection(asyncio.Protocol):
         if self.rpc_hook is not None:
             self.rpc_hook(request)
         self.send(request)  # raises before registering: nothing to clean up
-        entry.timer = self._loop.call_later(timeout_s, self._on_timeout, opaque)
-        self._pending[opaque] = entry
+        pending = self._pending
+        pending[opaque] = entry
+        deadlines = self._deadlines
+        if len(deadlines) > 2 * len(pending) + 256:  # mostly answered calls: keep it small
+            deadlines[:] = [d for d in deadlines if pending.get(d[2]) is d[3]]
+            heapq.heapify(deadlines)
+        deadline = self._loop.time() + timeout_s
+        self._deadline_seq += 1
+        heapq.heappush(deadlines, (deadline, self._deadline_seq, opaque, entry))
+        if deadline < self._deadline_at:
+            self._arm(deadline)
         return future
+
+    def _arm(self, when: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = when
+        self._deadline_timer = self._loop.call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        """The earliest deadline passed: time out every call still waiting past its own, then
+        arm the timer for the earliest call still waiting (answered ones are dropped)."""
+        self._deadline_timer, self._deadline_at = None, math.inf
+        now = self._loop.time()
+        deadlines, pending = self._deadlines, self._pending
+        while deadlines:
+            deadline, _, opaque, entry = deadlines[0]
+            if pending.get(opaque) is not entry:
+                heapq.heappop(deadlines)  # answered (or failed) already
+            elif deadline <= now:
+                heapq.heappop(deadlines)
+                self._on_timeout(opaque)
+            else:
+                self._arm(deadline)
+                return
 
     def invoke_oneway(self, request: RemotingCommand) -> None:
         request.opaque = self._allocate_opaque()
@@ -385,7 +427,6 @@ class RemotingConnection(asyncio.Protocol):
         entry = self._pending.pop(opaque, None)
         if entry is None:
             return
-        entry.timer = None
         self.stats.timeouts += 1
         entry.complete(
             None,

@@ -600,6 +600,50 @@ def test_timeout_then_connection_still_usable() -> None:
     run(main())
 
 
+def test_timeouts_fire_in_deadline_order_among_many_answered_calls() -> None:
+    """Per-call deadlines live in one heap per connection: answered calls leave it (bounded),
+    a short timeout sent after a long one still fires first, and each fires on time."""
+    never: list[asyncio.Future[None]] = []
+
+    async def hold(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        fut = asyncio.get_running_loop().create_future()
+        never.append(fut)
+        await fut
+        return req.make_response()
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, hold)
+        async with RemotingClient() as client:
+            long_call = asyncio.ensure_future(
+                client.invoke_sync(server.address, RemotingCommand.request(1), 30.0)
+            )
+            for _ in range(5):
+                await asyncio.gather(
+                    *(
+                        client.invoke_sync(
+                            server.address, RemotingCommand.request(RequestCode.HEART_BEAT), 20.0
+                        )
+                        for _ in range(400)
+                    )
+                )
+            (conn,) = client._conns.values()  # noqa: SLF001 - the bound is internal
+            assert len(conn._deadlines) <= 2 * conn.in_flight + 256 + 400  # noqa: SLF001
+            t0 = time.monotonic()
+            with pytest.raises(RemotingTimeoutError, match=r"within 0.2s"):
+                await client.invoke_sync(server.address, RemotingCommand.request(1), 0.2)
+            assert 0.18 <= time.monotonic() - t0 < 1.0
+            assert not long_call.done() and client.stats.timeouts == 1
+            long_call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await long_call
+        for fut in never:
+            fut.cancel()
+        await server.stop()
+
+    run(main())
+
+
 def test_malformed_stream_drops_only_that_connection() -> None:
     async def main() -> None:
         server = await start_server()
