@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,6 +43,8 @@ from jepsen.docker.compose import (  # noqa: E402
 )
 from jepsen.docker.images import build_image  # noqa: E402
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode  # noqa: E402
+from remoting.acl import RequestSigner  # noqa: E402
+from remoting.config import RemotingConfig  # noqa: E402
 from remoting.message import decode_stored_messages  # noqa: E402
 
 _REASON = docker_unavailable_reason()
@@ -124,7 +127,11 @@ def group(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comp
         net=free_net_prefix(start=40),
         image=image,
         published_ports={name: free_port() for name in LAYOUT},
+        # ACL is on, as docker-compose.yml has it; a fresh superuser secret and cluster secret
+        secret_key=secrets.token_hex(24),
+        cluster_secret=secrets.token_hex(32),
     )
+    assert g.acl_enabled, "docker-compose.yml's default is ACL on; the test group must keep it"
     t0 = time.monotonic()
     try:
         g.up(build="never", timeout=240)
@@ -152,7 +159,7 @@ def test_group_comes_up_healthy_on_its_fixed_addresses(group: ComposeGroup) -> N
 
     async def scenario() -> None:
         master = await group.wait_for_master(all_nameservers=True, timeout=60)
-        async with RemotingClient() as client:
+        async with group.remoting_client() as client:
             # The nameservers answer through their published ports too, and know all three brokers.
             for ns in NAMESERVERS:
                 resp = await client.invoke_sync(
@@ -173,12 +180,49 @@ def test_group_comes_up_healthy_on_its_fixed_addresses(group: ComposeGroup) -> N
     asyncio.run(scenario())
 
 
+def test_acl_is_on_unsigned_requests_are_refused_signed_ones_served(group: ComposeGroup) -> None:
+    """docker-compose.yml's ACL: unsigned admin operations (broker topic creation, nameserver KV
+    put) and unsigned broker requests are refused; the superuser's signed ones are served."""
+
+    def create_topic() -> RemotingCommand:
+        return RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": "AclProbeTopic", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6},
+        )
+
+    def kv_put() -> RemotingCommand:
+        return RemotingCommand.request(
+            RequestCode.PUT_KV_CONFIG, {"namespace": "acl-probe", "key": "k", "value": "v"}
+        )
+
+    async def scenario() -> None:
+        master = await group.wait_for_master(all_nameservers=True, timeout=60)
+        addr = group.broker_addr(master)
+        ns = group.namesrv_addrs[0]
+        async with RemotingClient() as anon, group.remoting_client() as admin:
+            for req in (create_topic(), RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)):
+                resp = await anon.invoke_sync(addr, req, 5)
+                assert resp.code == ResponseCode.NO_PERMISSION, (req.code, resp.code, resp.remark)
+            resp = await anon.invoke_sync(ns, kv_put(), 5)
+            assert resp.code == ResponseCode.NO_PERMISSION, (resp.code, resp.remark)
+            wrong = RemotingClient(
+                RemotingConfig(send_crc=False), rpc_hook=RequestSigner(group.access_key, "wrong-secret")
+            )
+            async with wrong:
+                resp = await wrong.invoke_sync(addr, create_topic(), 5)
+                assert resp.code == ResponseCode.NO_PERMISSION, (resp.code, resp.remark)
+            assert (await admin.invoke_sync(addr, create_topic(), 5)).code == ResponseCode.SUCCESS
+            assert (await admin.invoke_sync(ns, kv_put(), 5)).code == ResponseCode.SUCCESS
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
 def test_produce_kill_leader_container_failover_through_nameserver_consume_all(group: ComposeGroup) -> None:
     async def scenario() -> None:
         old = await group.wait_for_master(all_nameservers=True, timeout=60)
         acked: dict[bytes, tuple[int, int]] = {}
         stop = False
-        async with RemotingClient() as client:
+        async with group.remoting_client() as client:
 
             async def producer(q: int) -> None:
                 n = 0
@@ -271,7 +315,7 @@ def test_partition_and_pause_move_mastership_and_heal(group: ComposeGroup) -> No
         assert result["unapplied"] == {}, result
         assert f"-s {group.ip(others[0])}/32 -j DROP" in group.rules(first)
         second = await group.wait_for_master(exclude={first}, all_nameservers=True, timeout=60)
-        async with RemotingClient() as client:
+        async with group.remoting_client() as client:
             # The isolated broker lost its quorum: it must not still claim to be master.
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
@@ -314,11 +358,14 @@ def test_partition_and_pause_move_mastership_and_heal(group: ComposeGroup) -> No
 
 CLIENT_SCRIPT = r"""
 import asyncio, json, os, sys
+from client.instance import make_signer
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from remoting.config import RemotingConfig
 from remoting.message import decode_stored_messages
 
 async def main():
-    async with RemotingClient() as c:
+    # signs as LEDGERMQ_ACCESS_KEY / LEDGERMQ_SECRET_KEY say: the brokers refuse unsigned requests
+    async with RemotingClient(RemotingConfig(send_crc=False), rpc_hook=make_signer()) as c:
         master = None
         for ns in os.environ["NAMESRV_ADDR"].split(";"):
             r = await c.invoke_sync(ns, RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TopicTest"}), 5)
@@ -351,6 +398,8 @@ def test_client_container_on_the_group_network(group: ComposeGroup) -> None:
         DockerContainer(IMAGE)
         .with_command(["python", "-c", CLIENT_SCRIPT])
         .with_env("NAMESRV_ADDR", group.namesrv_addr_str)
+        .with_env("LEDGERMQ_ACCESS_KEY", group.access_key)
+        .with_env("LEDGERMQ_SECRET_KEY", group.secret_key)
         .with_kwargs(network=group.network_name())
     )
     container.start()

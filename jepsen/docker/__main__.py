@@ -1,4 +1,4 @@
-"""``python -m jepsen.docker build|up|down|status`` — the image and the compose group from a shell.
+"""``python -m jepsen.docker build|up|down|status|groups-file`` — the image and the compose group from a shell.
 
 ``build`` needs only the standard library (it runs before the project is installed);
 the other commands use ``ComposeGroup`` and so the project's own packages.
@@ -26,7 +26,28 @@ def main(argv: list[str] | None = None) -> int:
     ):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("-p", "--project", default="ledgermq", help="compose project name")
+        sp.add_argument("--groups", type=int, default=1, help="broker groups of 3 (default 1)")
+    gf = sub.add_parser(
+        "groups-file", help="print the override file that adds broker groups 2..N to docker-compose.yml"
+    )
+    gf.add_argument("groups", type=int, help="broker groups in all (2 or more)")
+    gf.add_argument("-o", "--output", default=None, help="write it here instead of stdout")
     args = p.parse_args(argv)
+
+    if args.cmd == "groups-file":
+        from .layout import groups_override
+
+        try:
+            text = groups_override(args.groups)
+        except ValueError as exc:
+            print(f"groups-file: {exc}", file=sys.stderr)
+            return 2
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            sys.stdout.write(text)
+        return 0
 
     if args.cmd == "build":
         from .images import ImageBuildError, build_image
@@ -48,11 +69,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from .compose import ComposeGroup
 
-    group = ComposeGroup(project=args.project)
+    try:
+        group = ComposeGroup(project=args.project, groups=args.groups)
+    except ValueError as exc:
+        print(f"{args.cmd}: {exc}", file=sys.stderr)
+        return 2
     if args.cmd == "up":
         group.up()
-        master = asyncio.run(group.wait_for_master())
-        print(f"group up; master: {master} ({group.broker_addr(master)})")
+        for name in group.broker_names:
+            master = asyncio.run(group.wait_for_master(group=name))
+            print(f"{name} up; master: {master} ({group.broker_addr(master)})")
     elif args.cmd == "down":
         group.down()
     else:

@@ -43,58 +43,34 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from remoting import RemotingClient
+    from remoting.acl import RequestSigner
 
 from .images import DEFAULT_IMAGE, ROOT, build_image, image_exists
+from .layout import (
+    DEFAULT_ACCESS_KEY,
+    DEFAULT_SECRET_KEY,
+    NAMESRV_PORT,
+    ServiceSpec,
+    broker_name,
+    check_groups,
+    groups_override,
+    layout,
+)
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEFAULT_NET = "172.28.10"
-NAMESRV_PORT = 9876
 
 
-@dataclass(frozen=True)
-class ServiceSpec:
-    """One service of docker-compose.yml: its fixed address and ports (keep in step with the file)."""
-
-    name: str
-    kind: Literal["namesrv", "broker"]
-    octet: int
-    port: int  # namesrv: 9876; broker: main port (fast port = port - 2)
-    ledger_port: int = 0
-    node_id: str = ""  # the broker's member id in the ledger group
-    publish_env: str = ""  # the variable that sets the published host port
-    default_published: int = 0
-
-
-LAYOUT: dict[str, ServiceSpec] = {
-    s.name: s
-    for s in (
-        ServiceSpec(
-            "namesrv1",
-            "namesrv",
-            11,
-            NAMESRV_PORT,
-            publish_env="LEDGERMQ_NAMESRV1_PORT",
-            default_published=9876,
-        ),
-        ServiceSpec(
-            "namesrv2",
-            "namesrv",
-            12,
-            NAMESRV_PORT,
-            publish_env="LEDGERMQ_NAMESRV2_PORT",
-            default_published=9877,
-        ),
-        ServiceSpec("broker1", "broker", 21, 10911, 20911, "n1", "LEDGERMQ_BROKER1_PORT", 10911),
-        ServiceSpec("broker2", "broker", 22, 10921, 20921, "n2", "LEDGERMQ_BROKER2_PORT", 10921),
-        ServiceSpec("broker3", "broker", 23, 10931, 20931, "n3", "LEDGERMQ_BROKER3_PORT", 10931),
-    )
-}
+LAYOUT: dict[str, ServiceSpec] = layout(1)  # docker-compose.yml on its own
 NAMESERVERS = tuple(n for n, s in LAYOUT.items() if s.kind == "namesrv")
 BROKERS = tuple(n for n, s in LAYOUT.items() if s.kind == "broker")
 TOPIC = "TopicTest"  # created by the first master (BROKER_TOPICS in docker-compose.yml)
@@ -175,11 +151,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ComposeGroup:
-    """The 2-nameserver + 3-broker group of docker-compose.yml as one compose project.
+    """The 2 nameservers and the broker group(s) of docker-compose.yml as one compose project.
 
     ``project`` names the compose project (containers, network and volumes carry it), so
     several groups can run side by side when each gets its own ``net`` prefix and published
-    ports. All waits are bounded and raise :class:`ComposeError` naming what was not reached.
+    ports. ``groups`` > 1 adds broker groups through a generated override file
+    (:func:`jepsen.docker.layout.groups_override`). All waits are bounded and raise
+    :class:`ComposeError` naming what was not reached.
+
+    ACL: docker-compose.yml turns it on by default, so everything this class asks the brokers
+    signs with the superuser account the containers get (``access_key``/``secret_key``; by
+    default ``LEDGERMQ_ACCESS_KEY``/``LEDGERMQ_SECRET_KEY`` from ``env`` or the environment,
+    else the file's defaults), which :meth:`compose_env` hands to compose.
     """
 
     def __init__(
@@ -194,20 +177,34 @@ class ComposeGroup:
         compose_cmd: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
+        groups: int = 1,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        cluster_secret: str | None = None,
     ) -> None:
         """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
         ``published_ports``: service -> host port (defaults as in docker-compose.yml);
         ``env``: extra variables for compose (e.g. ``LEDGERMQ_BASE_IMAGE``);
-        ``log_dir``: where :meth:`down` saves every container's log before removing it."""
+        ``log_dir``: where :meth:`down` saves every container's log before removing it;
+        ``groups``: broker groups of three; ``access_key``/``secret_key``: the superuser account
+        (see the class docstring); ``cluster_secret``: the ledger peers' shared secret."""
         self.project = project
+        self.groups = check_groups(groups)
+        self.layout = layout(self.groups)
+        self.brokers = tuple(n for n, s in self.layout.items() if s.kind == "broker")
+        self.broker_names = tuple(broker_name(g) for g in range(self.groups))
         self.net = net or os.environ.get("LEDGERMQ_NET") or DEFAULT_NET
         self.image = image or os.environ.get("LEDGERMQ_IMAGE") or DEFAULT_IMAGE
         self.publish_host = publish_host
-        self.published_ports = {s.name: s.default_published for s in LAYOUT.values()}
+        self.published_ports = {s.name: s.default_published for s in self.layout.values()}
         self.published_ports.update(published_ports or {})
         self.compose_file = Path(compose_file)
         self._compose_cmd = list(compose_cmd) if compose_cmd else None
         self.extra_env = dict(env or {})
+        lookup = {**os.environ, **self.extra_env}
+        self.access_key = access_key or lookup.get("LEDGERMQ_ACCESS_KEY") or DEFAULT_ACCESS_KEY
+        self.secret_key = secret_key or lookup.get("LEDGERMQ_SECRET_KEY") or DEFAULT_SECRET_KEY
+        self.cluster_secret = cluster_secret
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.killed: set[str] = set()
         self.paused: set[str] = set()
@@ -217,7 +214,31 @@ class ComposeGroup:
 
     @property
     def services(self) -> tuple[str, ...]:
-        return tuple(LAYOUT)
+        return tuple(self.layout)
+
+    @property
+    def acl_enabled(self) -> bool:
+        """Whether the brokers refuse unsigned requests (``LEDGERMQ_ACL_ENABLE``, default true)."""
+        flag = self.compose_env().get("LEDGERMQ_ACL_ENABLE", "true").strip().lower()
+        return flag not in ("0", "false", "no", "off")
+
+    @property
+    def signer(self) -> RequestSigner:
+        """Signs requests as the superuser the containers were given (harmless when ACL is off)."""
+        from remoting.acl import RequestSigner
+
+        return RequestSigner(self.access_key, self.secret_key)
+
+    def remoting_client(self, name: str = "compose-group") -> RemotingClient:
+        """A remoting client that signs every request as the group's superuser.
+
+        Without the body CRC field: it would be added after signing, and a broker checking
+        signatures over every field would see one the signature does not cover.
+        """
+        from remoting import RemotingClient
+        from remoting.config import RemotingConfig
+
+        return RemotingClient(RemotingConfig(send_crc=False), name=name, rpc_hook=self.signer)
 
     def ip(self, service: str) -> str:
         """The service's fixed address on the project network."""
@@ -227,6 +248,14 @@ class ComposeGroup:
     def namesrv_addrs(self) -> list[str]:
         """Nameserver addresses as brokers and in-network clients use them (reachable from a Linux host too)."""
         return [f"{self.ip(n)}:{NAMESRV_PORT}" for n in NAMESERVERS]
+
+    def broker_name_of(self, service: str) -> str:
+        """The broker group (``broker-a``...) a broker service belongs to."""
+        return self._spec(service).broker_name
+
+    def members(self, name: str) -> tuple[str, ...]:
+        """The broker services of one broker group, in order."""
+        return tuple(b for b in self.brokers if self.layout[b].broker_name == name)
 
     @property
     def namesrv_addr_str(self) -> str:
@@ -249,33 +278,39 @@ class ComposeGroup:
     def node_id(self, service: str) -> str:
         return self._spec(service).node_id
 
+    def node_name(self, service: str) -> str:
+        """The harness's name for a broker: its member id (``n2``) with one group, else
+        ``<broker name>/<member id>`` (``broker-b/n2``), as the local backend names them."""
+        spec = self._spec(service)
+        return spec.node_id if self.groups == 1 else f"{spec.broker_name}/{spec.node_id}"
+
     @property
     def node_ids(self) -> list[str]:
-        """The ledger group's member ids (``n1``..``n3``), in broker order."""
-        return [self.node_id(b) for b in BROKERS]
+        """Every broker's :meth:`node_name` (``n1``..``n3`` with one group), in broker order."""
+        return [self.node_name(b) for b in self.brokers]
 
     @property
     def ledger_addrs(self) -> dict[str, str]:
-        """Node id -> ledger address (for ``ledger.client.LedgerClient`` status calls from the host)."""
-        return {self.node_id(b): self.ledger_addr(b) for b in BROKERS}
+        """Node name -> ledger address (for ``ledger.client.LedgerClient`` status calls from the host)."""
+        return {self.node_name(b): self.ledger_addr(b) for b in self.brokers}
 
     @property
     def broker_addrs(self) -> dict[str, str]:
-        """Node id -> broker address (as the nameservers route it)."""
-        return {self.node_id(b): self.broker_addr(b) for b in BROKERS}
+        """Node name -> broker address (as the nameservers route it)."""
+        return {self.node_name(b): self.broker_addr(b) for b in self.brokers}
 
     def service_of(self, node_or_addr: str) -> str:
-        """The broker service for a node id (``n2``) or a broker address (as a route names it)."""
-        for name in BROKERS:
-            if node_or_addr in (self.node_id(name), self.broker_addr(name), name):
+        """The broker service for a node name (``n2``, ``broker-b/n2``), a service or a broker address."""
+        for name in self.brokers:
+            if node_or_addr in (self.node_name(name), self.broker_addr(name), name):
                 return name
         raise KeyError(f"no broker service for {node_or_addr!r}")
 
     def _spec(self, service: str) -> ServiceSpec:
         try:
-            return LAYOUT[service]
+            return self.layout[service]
         except KeyError:
-            raise KeyError(f"unknown service {service!r}; services: {', '.join(LAYOUT)}") from None
+            raise KeyError(f"unknown service {service!r}; services: {', '.join(self.layout)}") from None
 
     # ------------------------------------------------------------------ commands
 
@@ -288,16 +323,17 @@ class ComposeGroup:
     def compose_env(self) -> dict[str, str]:
         """The variables docker-compose.yml reads, for this group (plus the caller's environment)."""
         env = {**os.environ, **self.extra_env}
-        # docker-compose.yml turns ACL on by default; the harness's clients do not sign (yet), so its
-        # groups run without it unless the caller's environment asks for it
-        env.setdefault("LEDGERMQ_ACL_ENABLE", "false")
         env.update(
             LEDGERMQ_NET=self.net,
             LEDGERMQ_IMAGE=self.image,
             LEDGERMQ_PUBLISH_HOST=self.publish_host,
             COMPOSE_PROJECT_NAME=self.project,
+            LEDGERMQ_ACCESS_KEY=self.access_key,
+            LEDGERMQ_SECRET_KEY=self.secret_key,
         )
-        for s in LAYOUT.values():
+        if self.cluster_secret is not None:
+            env["LEDGERMQ_CLUSTER_SECRET"] = self.cluster_secret
+        for s in self.layout.values():
             env[s.publish_env] = str(self.published_ports[s.name])
         return env
 
@@ -305,8 +341,21 @@ class ComposeGroup:
         self, *args: str, timeout: float = 300.0, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run one compose subcommand on this project (``-p``/``-f`` added)."""
-        argv = [*self.compose_cmd, "-p", self.project, "-f", str(self.compose_file), *args]
+        files = ["-f", str(self.compose_file)]
+        if self.groups > 1:
+            files += ["-f", str(self.groups_file())]
+        argv = [*self.compose_cmd, "-p", self.project, *files, *args]
         return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
+
+    def groups_file(self) -> Path:
+        """The override file adding groups 2..N, written beside the logs (or in the temp dir)."""
+        folder = self.log_dir.parent if self.log_dir is not None else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.project}.groups-{self.groups}.yml"
+        text = groups_override(self.groups)
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        return path
 
     @staticmethod
     def _run(
@@ -364,7 +413,7 @@ class ComposeGroup:
         self.killed.clear()
         self.paused.clear()
         self.wait_healthy(timeout=timeout)
-        for name in LAYOUT:
+        for name in self.layout:
             got = self.container_ip(name)
             if got != self.ip(name):
                 raise ComposeError(f"{name} has address {got}, docker-compose.yml says {self.ip(name)}")
@@ -460,9 +509,9 @@ class ComposeGroup:
 
     def network_name(self) -> str:
         """The Docker network of the group (``<project>_ledgermq``), to attach client containers to."""
-        nets = self.inspect(BROKERS[0])["NetworkSettings"]["Networks"]
+        nets = self.inspect(self.brokers[0])["NetworkSettings"]["Networks"]
         if len(nets) != 1:
-            raise ComposeError(f"{BROKERS[0]} is on {len(nets)} networks, expected one: {sorted(nets)}")
+            raise ComposeError(f"{self.brokers[0]} is on {len(nets)} networks, expected one: {sorted(nets)}")
         return next(iter(nets))
 
     def container_ip(self, service: str) -> str:
@@ -472,7 +521,7 @@ class ComposeGroup:
 
     def wait_healthy(self, services: Iterable[str] | None = None, *, timeout: float = 180.0) -> None:
         """Wait until each service's container is running and its healthcheck says healthy."""
-        want = list(services or LAYOUT)
+        want = list(services or self.layout)
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         while True:
@@ -550,7 +599,7 @@ class ComposeGroup:
             if src != dst:
                 wanted.add((src, dst))
         self.cut_links = wanted
-        unapplied = self._apply_cuts(list(LAYOUT))
+        unapplied = self._apply_cuts(list(self.layout))
         return {"cut": sorted([list(link) for link in wanted]), "unapplied": unapplied}
 
     def partition(self, *sides: Iterable[str]) -> dict[str, Any]:
@@ -572,7 +621,7 @@ class ComposeGroup:
 
     def isolate(self, service: str, from_: Iterable[str] | None = None) -> dict[str, Any]:
         """Cut ``service`` off from ``from_`` (default: every other service), both directions."""
-        others = [s for s in (from_ or LAYOUT) if s != service]
+        others = [s for s in (from_ or self.layout) if s != service]
         return self.partition([service], others)
 
     def heal(self) -> dict[str, Any]:
@@ -623,7 +672,7 @@ class ComposeGroup:
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         out: dict[str, Path] = {}
-        for name in LAYOUT:
+        for name in self.layout:
             ids = self._ids(name)
             if not ids:
                 continue
@@ -665,14 +714,16 @@ class ComposeGroup:
             return None
         return json.loads(bytes(resp.body)) if resp.is_success else None
 
-    async def routed_master(self, client: Any, topic: str = TOPIC) -> dict[str, str | None]:
-        """Nameserver address -> the broker address it routes as master (id 0) of the group, or None."""
+    async def routed_master(
+        self, client: Any, topic: str = TOPIC, group: str = BROKER_NAME
+    ) -> dict[str, str | None]:
+        """Nameserver address -> the broker address it routes as master (id 0) of ``group``, or None."""
         out: dict[str, str | None] = {}
         for ns in self.namesrv_addrs:
             route = await self.route(client, ns, topic)
             master = None
             for bd in (route or {}).get("brokerDatas") or []:
-                if bd.get("brokerName") == BROKER_NAME:
+                if bd.get("brokerName") == group:
                     master = (bd.get("brokerAddrs") or {}).get("0")
             out[ns] = master
         return out
@@ -684,20 +735,20 @@ class ComposeGroup:
         timeout: float = 60.0,
         topic: str = TOPIC,
         all_nameservers: bool = False,
+        group: str = BROKER_NAME,
     ) -> str:
-        """Wait until a broker (not in ``exclude``) says MASTER and a nameserver routes ``topic`` to it.
+        """Wait until a broker of ``group`` (not in ``exclude``) says MASTER and a nameserver routes
+        ``topic`` to it.
 
         ``all_nameservers=True`` waits until every nameserver routes to it. Returns the service name.
         """
-        from remoting import RemotingClient
-
         excluded = set(exclude)
         deadline = time.monotonic() + timeout
         last: dict[str, Any] = {}
-        async with RemotingClient(name="compose-group") as client:
+        async with self.remoting_client() as client:
             while time.monotonic() < deadline:
-                routes = await self.routed_master(client, topic)
-                for name in BROKERS:
+                routes = await self.routed_master(client, topic, group)
+                for name in self.members(group):
                     if name in excluded or name in self.killed or name in self.paused:
                         continue
                     info = await self.runtime_info(client, name)
@@ -710,16 +761,14 @@ class ComposeGroup:
                 last["routes"] = routes
                 await asyncio.sleep(0.2)
         raise ComposeError(
-            f"no routed master (excluding {sorted(excluded)}) within {timeout:.0f}s; last seen {last}"
+            f"{group}: no routed master (excluding {sorted(excluded)}) within {timeout:.0f}s; last seen {last}"
         )
 
     async def status(self) -> dict[str, Any]:
         """Each service's container state and address; brokers add role/term/leader from runtime info."""
-        from remoting import RemotingClient
-
         out: dict[str, Any] = {}
-        async with RemotingClient(name="compose-group") as client:
-            for name, spec in LAYOUT.items():
+        async with self.remoting_client() as client:
+            for name, spec in self.layout.items():
                 try:
                     state = self.state(name)
                 except ComposeError as exc:
@@ -731,6 +780,7 @@ class ComposeGroup:
                 }
                 if spec.kind == "broker":
                     entry["addr"] = self.broker_addr(name)
+                    entry["group"] = spec.broker_name
                     info = await self.runtime_info(client, name) if state.startswith("running") else None
                     if info:
                         ledger = info.get("ledger") or {}
@@ -741,5 +791,5 @@ class ComposeGroup:
                             leader=ledger.get("leader"),
                         )
                 out[name] = entry
-            out["routes"] = await self.routed_master(client)
+            out["routes"] = {g: await self.routed_master(client, group=g) for g in self.broker_names}
         return out

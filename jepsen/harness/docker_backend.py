@@ -5,18 +5,26 @@ inside the containers for partitions), via ``jepsen.docker.compose.ComposeGroup`
 run gets its own compose project, network prefix and published ports, so it never touches
 a group a user already runs, and the group is torn down (volumes included) afterwards,
 with every container's log saved beside the history.
+
+The group runs as docker-compose.yml has it: ACL on and the ledger peers authenticated. Each
+run makes its own superuser secret and cluster secret and hands them to compose; the
+harness's clients (status calls, the workload's producers and consumers, in this process and
+in the workers) sign with that account. ``groups`` > 1 (``--groups``) adds broker groups
+through the generated override file; nodes are then named ``<broker name>/<member>``
+(``broker-b/n2``) and the workload spreads its queues over every group, as with the local
+backend.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
 
 from jepsen.docker.compose import (
-    LAYOUT,
     TOPIC,
     ComposeGroup,
     docker_unavailable_reason,
@@ -27,6 +35,7 @@ from remoting import RemotingClient
 
 from .backends import Backend, Unsupported
 from .clients import LogClient
+from .credentials import Credentials
 from .proxy import Link
 from .queue import QueueClient, broker_status, queue_spec
 
@@ -60,17 +69,25 @@ class DockerBrokerBackend(Backend):
     supports_loss = True  # iptables statistic match
     supports_delay = False  # needs netem (tc qdisc ... netem), which this kernel does not offer
 
-    def __init__(self, base_dir: Path, queues: int = 2) -> None:
+    def __init__(self, base_dir: Path, queues: int = 2, *, groups: int = 1) -> None:
         super().__init__(base_dir)
         self.queues = queues
         self.logs_dir = self.base_dir / "logs"
+        self.credentials = Credentials("jepsen-admin", secrets.token_hex(24))
         self.group = ComposeGroup(
             f"jepsen{os.getpid()}t{int(time.time())}",
             net=free_net_prefix(),
-            published_ports={name: free_port() for name in LAYOUT},
             log_dir=self.logs_dir,
+            groups=groups,
+            access_key=self.credentials.access_key,
+            secret_key=self.credentials.secret_key,
+            cluster_secret=secrets.token_hex(32),
         )
+        self.group.published_ports = {name: free_port() for name in self.group.services}
         self.nodes = list(self.group.node_ids)
+        #: several groups: the workload spreads its queues over these (None: one group)
+        self.broker_names = list(self.group.broker_names) if groups > 1 else None
+        self._credentials_file: Path | None = None
         self._rc: RemotingClient | None = None
         self._rc_loop: asyncio.AbstractEventLoop | None = None
         self._up = False
@@ -80,6 +97,7 @@ class DockerBrokerBackend(Backend):
         if reason:
             raise Unsupported(f"--backend docker needs a Docker engine: {reason}")
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._credentials_file = self.credentials.write(self.base_dir)
         self._up = True
         self.group.up(build="always", log=lambda *a: None)  # test the code as it is now
 
@@ -91,9 +109,45 @@ class DockerBrokerBackend(Backend):
     async def status(self, nid: str) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
         if self._rc is None or self._rc_loop is not loop:
-            self._rc = RemotingClient()
+            self._rc = self.group.remoting_client("jepsen-status")  # signs: ACL is on
             self._rc_loop = loop
-        return broker_status(await self.group.runtime_info(self._rc, self.group.service_of(nid)))
+        service = self.group.service_of(nid)
+        st = broker_status(await self.group.runtime_info(self._rc, service))
+        if st is not None and st.get("leader") and self.group.groups > 1:
+            st["leader"] = f"{self.group.broker_name_of(service)}/{st['leader']}"  # the ledger's member id
+        return st
+
+    def node_groups(self) -> dict[str, list[str]]:
+        if self.group.groups == 1:
+            return super().node_groups()
+        return {
+            name: [self.group.node_name(s) for s in self.group.members(name)]
+            for name in self.group.broker_names
+        }
+
+    async def wait_for_leader(self, timeout: float = 30.0) -> str:
+        """Every group has a ready master (the run needs all its queues); returns them, comma-separated."""
+        if self.group.groups == 1:
+            return await super().wait_for_leader(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            leaders = {name: await self.leader(members) for name, members in self.node_groups().items()}
+            if all(leaders.values()):
+                return ",".join(str(v) for v in leaders.values())
+            if loop.time() >= deadline:
+                missing = sorted(name for name, v in leaders.items() if v is None)
+                raise TimeoutError(f"broker groups {', '.join(missing)}: no master within {timeout}s")
+            await asyncio.sleep(0.1)
+
+    def forge_targets(self) -> dict[str, Any]:
+        """The containers' real ledger and broker addresses (reachable from a Linux host)."""
+        return {
+            "ledger": dict(self.group.ledger_addrs),
+            "secured": bool(self.group.cluster_secret),
+            "admin": [self.group.broker_addr(s) for s in self.group.brokers],
+            "acl": self.group.acl_enabled,
+        }
 
     def kill(self, nid: str) -> None:
         self.group.kill(self.group.service_of(nid))
@@ -149,13 +203,26 @@ class DockerBrokerBackend(Backend):
     def log_client(self) -> LogClient:
         raise Unsupported("the docker group runs brokers: use --workload queue")
 
-    def queue_client(self) -> QueueClient:
-        names = {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
-        return QueueClient(self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout)
+    def _names(self) -> dict[str, str]:
+        return {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
+
+    def queue_client(self, broker_name: str | None = None) -> QueueClient:
+        return QueueClient(
+            self.group.namesrv_addrs,
+            self._names(),
+            self.topic,
+            timeout=self.client_timeout,
+            broker_name=broker_name,
+            credentials=self.credentials,
+        )
 
     def client_spec(self) -> dict[str, Any]:
-        names = {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
-        return queue_spec(self, names, self.group.namesrv_addrs)
+        if self._credentials_file is None:
+            self._credentials_file = self.credentials.write(self.base_dir)
+        spec = queue_spec(self, self._names(), self.group.namesrv_addrs, self._credentials_file)
+        if self.broker_names:
+            spec["broker_names"] = list(self.broker_names)
+        return spec
 
     def log_files(self) -> dict[str, Path]:
         return {n: self.logs_dir / f"{self.group.service_of(n)}.log" for n in self.nodes}

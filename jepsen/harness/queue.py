@@ -40,6 +40,7 @@ from client.broker_api import (
 )
 from client.consumer import PullConsumer
 from client.errors import ClientError, SendOutcomeUnknownError
+from client.instance import ClientInstance
 from client.producer import Producer
 from client.route import MessageQueue
 from client.send_attempts import SendStatus
@@ -51,6 +52,7 @@ from remoting.message import Message
 
 from .backends import ProcessBackend, Unsupported, write_cluster_secret
 from .clients import Definite, Indefinite, LogClient, Pair, decode_value
+from .credentials import Credentials
 from .proxy import Link, LinkProxy
 from .rocketmq_compat import rocketmq_instance
 from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
@@ -305,9 +307,15 @@ class LocalBrokerGroupsBackend(ProcessBackend):
             shutil.rmtree(self.group.node_dir(n) / "data", ignore_errors=True)
 
 
-def queue_spec(backend: Any, names: dict[str, str], namesrv: list[str]) -> dict[str, Any]:
-    """A broker backend's clients as plain JSON for worker processes."""
-    return {
+def queue_spec(
+    backend: Any, names: dict[str, str], namesrv: list[str], credentials_file: Path | None = None
+) -> dict[str, Any]:
+    """A broker backend's clients as plain JSON for worker processes.
+
+    ``credentials_file`` (see :mod:`.credentials`): the ACL account the clients sign with, named
+    by path so that the secret itself is not copied into every worker's spec.
+    """
+    spec: dict[str, Any] = {
         "system": "broker",
         "namesrv": list(namesrv),
         "names": names,
@@ -316,6 +324,9 @@ def queue_spec(backend: Any, names: dict[str, str], namesrv: list[str]) -> dict[
         "timeout": backend.client_timeout,
         "broker_name": getattr(backend, "broker_name", None),
     }
+    if credentials_file is not None:
+        spec["credentials_file"] = str(credentials_file)
+    return spec
 
 
 class QueueEndpoints:
@@ -335,6 +346,8 @@ class QueueEndpoints:
         self.rocketmq = bool(spec.get("rocketmq", False))
         if self.rocketmq:
             self.system = "rocketmq"
+        cred = spec.get("credentials_file")
+        self.credentials = Credentials.read(cred) if cred else None
 
     def queue_client(self, broker_name: str | None = None) -> QueueClient:
         return QueueClient(
@@ -344,6 +357,7 @@ class QueueEndpoints:
             timeout=self.client_timeout,
             broker_name=broker_name or self.broker_name,
             rocketmq=self.rocketmq,
+            credentials=self.credentials,
         )
 
     def log_client(self) -> LogClient:
@@ -360,7 +374,9 @@ class QueueClient:
     several groups has a queue 0 on each; one history key must be one queue). ``rocketmq``
     speaks only what any RocketMQ 4.x broker reads: JSON headers, no ledgermq CRC extField,
     and pulls that carry their subscription (RocketMQ refuses a pull from a group it holds no
-    subscription for).
+    subscription for). ``credentials``: sign every request with this ACL account (brokers with
+    ACL on refuse unsigned ones); without them the LEDGERMQ_ACCESS_KEY/SECRET_KEY variables, if
+    set, are used, as for any of our clients.
     """
 
     def __init__(
@@ -372,10 +388,17 @@ class QueueClient:
         timeout: float = 4.0,
         broker_name: str | None = None,
         rocketmq: bool = False,
+        credentials: Credentials | None = None,
     ) -> None:
         self.topic = topic
         self.rocketmq = rocketmq
-        self._instance = rocketmq_instance(namesrv, "jepsen-rocketmq") if rocketmq else None
+        self._instance: ClientInstance | None = None
+        if rocketmq:
+            self._instance = rocketmq_instance(namesrv, "jepsen-rocketmq")
+        elif credentials is not None:  # one signing instance shared by the producer and the consumer
+            self._instance = ClientInstance(
+                namesrv, name="jepsen", access_key=credentials.access_key, secret_key=credentials.secret_key
+            )
         self.producer = Producer(
             "jepsen",
             namesrv,

@@ -34,10 +34,18 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
 
         return RocketMQRustBackend(base_dir, **kw)
     if name == "docker":
-        if any(kw.get(k) not in (None, 1) for k in ("groups", "host_base", "port_base")):
-            raise Unsupported("--groups, --host-base and --port-base apply to the local backend only")
-        for k in ("groups", "host_base", "port_base"):
+        if any(kw.get(k) is not None for k in ("host_base", "port_base")):
+            raise Unsupported(
+                "--host-base and --port-base apply to the local backend only "
+                "(the docker group has its own network and publishes free ports)"
+            )
+        for k in ("host_base", "port_base"):
             kw.pop(k, None)
+        kw["groups"] = int(kw.pop("groups", 1) or 1)
+        from jepsen.docker.layout import MAX_GROUPS
+
+        if kw["groups"] > MAX_GROUPS:
+            raise Unsupported(f"the docker group holds at most {MAX_GROUPS} broker groups (one /24 network)")
         if system != "broker":
             raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
         from .docker_backend import DockerBrokerBackend

@@ -1,0 +1,171 @@
+"""Where every service of the compose setup lives, for one broker group or several.
+
+``docker-compose.yml`` holds two nameservers and one 3-broker group (``broker-a``: services
+``broker1``..``broker3``). More groups come from an override file that this module
+generates, the way compose users add services to a base file::
+
+    python -m jepsen.docker groups-file 2 -o docker-compose.groups.yml
+    docker-compose -f docker-compose.yml -f docker-compose.groups.yml up -d
+
+Group ``g`` (0-based; broker name ``broker-<letter>``) has services ``broker<3g+1>``..
+``broker<3g+3>`` at ``<net>.<21+10g>``..``<net>.<23+10g>``. Every group uses the same
+container ports (10911/10921/10931, ledger 20911/20921/20931): addresses differ, so ports
+need not; only the ports published on the host are distinct. The generated services carry
+the same settings as the base file's brokers (``broker_service`` builds both, and a test
+compares it with docker-compose.yml), so an override never drifts from the base file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+NAMESRV_PORT = 9876
+BROKERS_PER_GROUP = 3
+#: groups one compose project can hold: group g's last address is <net>.(23 + 10g) <= 254
+MAX_GROUPS = 20
+DEFAULT_ACCESS_KEY = "ledgermq-admin"  # docker-compose.yml's defaults for the superuser account
+DEFAULT_SECRET_KEY = "ledgermq-admin-secret-change-me"
+NET = "${LEDGERMQ_NET:-172.28.10}"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One service of the compose setup: its fixed address and ports."""
+
+    name: str
+    kind: Literal["namesrv", "broker"]
+    octet: int
+    port: int  # namesrv: 9876; broker: main port (fast port = port - 2)
+    ledger_port: int = 0
+    node_id: str = ""  # the broker's member id in its ledger group
+    publish_env: str = ""  # the variable that sets the published host port
+    default_published: int = 0
+    broker_name: str = ""  # the broker group (``broker-a``...)
+
+
+def broker_name(group: int) -> str:
+    """``broker-a`` for group 0, ``broker-b`` for group 1, ..."""
+    return f"broker-{chr(ord('a') + group)}"
+
+
+def check_groups(groups: int) -> int:
+    """``groups`` if compose can hold that many broker groups, else a one-line ValueError."""
+    if not isinstance(groups, int) or not 1 <= groups <= MAX_GROUPS:
+        raise ValueError(f"broker groups must be 1..{MAX_GROUPS} (MAX_GROUPS), got {groups!r}")
+    return groups
+
+
+def layout(groups: int = 1) -> dict[str, ServiceSpec]:
+    """Service name -> spec for two nameservers and ``groups`` broker groups of three."""
+    check_groups(groups)
+    specs = [
+        ServiceSpec(
+            "namesrv1",
+            "namesrv",
+            11,
+            NAMESRV_PORT,
+            publish_env="LEDGERMQ_NAMESRV1_PORT",
+            default_published=9876,
+        ),
+        ServiceSpec(
+            "namesrv2",
+            "namesrv",
+            12,
+            NAMESRV_PORT,
+            publish_env="LEDGERMQ_NAMESRV2_PORT",
+            default_published=9877,
+        ),
+    ]
+    for g in range(groups):
+        for i in range(1, BROKERS_PER_GROUP + 1):
+            k = BROKERS_PER_GROUP * g + i
+            specs.append(
+                ServiceSpec(
+                    f"broker{k}",
+                    "broker",
+                    21 + 10 * g + (i - 1),
+                    10911 + 10 * (i - 1),
+                    20911 + 10 * (i - 1),
+                    f"n{i}",
+                    f"LEDGERMQ_BROKER{k}_PORT",
+                    10911 + 10 * (k - 1),
+                    broker_name(g),
+                )
+            )
+    return {s.name: s for s in specs}
+
+
+def _var(name: str, default: str) -> str:
+    return "${" + name + ":-" + default + "}"
+
+
+def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[str, Any]:
+    """The compose service of one broker, as docker-compose.yml writes broker1..3 (anchors resolved)."""
+    members = [s for s in services.values() if s.kind == "broker" and s.broker_name == spec.broker_name]
+    group = ",".join(f"{m.node_id}={NET}.{m.octet}:{m.port}@{NET}.{m.octet}:{m.ledger_port}" for m in members)
+    namesrv = ",".join(f"{NET}.{s.octet}:{s.port}" for s in services.values() if s.kind == "namesrv")
+    access = _var("LEDGERMQ_ACCESS_KEY", DEFAULT_ACCESS_KEY)
+    secret = _var("LEDGERMQ_SECRET_KEY", DEFAULT_SECRET_KEY)
+    return {
+        "image": _var("LEDGERMQ_IMAGE", "ledgermq:latest"),
+        "cap_add": ["NET_ADMIN"],
+        "stop_grace_period": "10s",
+        "command": ["broker"],
+        "depends_on": {
+            s.name: {"condition": "service_healthy"} for s in services.values() if s.kind == "namesrv"
+        },
+        "hostname": spec.name,
+        "environment": {
+            "LEDGERMQ_ACCESS_KEY": access,
+            "LEDGERMQ_SECRET_KEY": secret,
+            "BROKER_ACL_ENABLE": _var("LEDGERMQ_ACL_ENABLE", "true"),
+            "BROKER_ACL_ADMIN_ACCESS_KEY": access,
+            "BROKER_ACL_ADMIN_SECRET_KEY": secret,
+            "BROKER_ACCESS_KEY": access,
+            "BROKER_SECRET_KEY": secret,
+            "BROKER_BROKER_NAME": spec.broker_name,
+            "BROKER_CLUSTER_NAME": "DefaultCluster",
+            "BROKER_GROUP": group,
+            "BROKER_NAMESRV_ADDR": namesrv,
+            "BROKER_LISTEN_HOST": "0.0.0.0",
+            "BROKER_DATA_DIR": "/var/lib/ledgermq",
+            "BROKER_TOPICS": "TopicTest:4",
+            "BROKER_REGISTER_INTERVAL_S": "10",
+            "BROKER_CLUSTER_SECRET": _var("LEDGERMQ_CLUSTER_SECRET", ""),
+            "BROKER_NODE_ID": spec.node_id,
+        },
+        "healthcheck": {
+            "test": ["CMD", "python", "-m", "jepsen.docker.healthcheck", "broker", f"127.0.0.1:{spec.port}"],
+            "interval": "2s",
+            "timeout": "5s",
+            "retries": 30,
+            "start_period": "5s",
+        },
+        "networks": {"ledgermq": {"ipv4_address": f"{NET}.{spec.octet}"}},
+        "ports": [
+            f"{_var('LEDGERMQ_PUBLISH_HOST', '127.0.0.1')}:"
+            f"{_var(spec.publish_env, str(spec.default_published))}:{spec.port}"
+        ],
+        "volumes": [f"{spec.name}-data:/var/lib/ledgermq"],
+    }
+
+
+def groups_override(groups: int) -> str:
+    """The override file (YAML; written in JSON's flow style, which YAML reads) adding groups 2..N."""
+    services = layout(groups)
+    base = layout(1)
+    extra = {name: broker_service(s, services) for name, s in services.items() if name not in base}
+    doc = {
+        "version": "2.4",
+        "services": extra,
+        "volumes": {f"{name}-data": {} for name in extra},
+    }
+    header = (
+        f"# Generated by `python -m jepsen.docker groups-file {groups}`: broker groups "
+        f"{', '.join(broker_name(g) for g in range(1, groups))} beside docker-compose.yml's broker-a.\n"
+        "# Use: docker-compose -f docker-compose.yml -f THIS_FILE up -d   (same variables as the base file;\n"
+        "# LEDGERMQ_BROKER<k>_PORT publishes broker<k>). Regenerate rather than edit.\n"
+    )
+    return header + json.dumps(doc, indent=2) + "\n"
