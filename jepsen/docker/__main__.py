@@ -1,4 +1,4 @@
-"""``python -m jepsen.docker build|up|down|status|groups-file`` — the image and the compose group from a shell.
+"""``python -m jepsen.docker build|build-spark|up|down|status|groups-file`` — the image and the compose group from a shell.
 
 ``build`` needs only the standard library (it runs before the project is installed);
 the other commands use ``ComposeGroup`` and so the project's own packages.
@@ -19,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         "--base-image", default=None, help="default: python:3.11-slim, else a local debootstrap base"
     )
     b.add_argument("--refresh-deps", action="store_true", help="download the dependency wheels again")
+    bs = sub.add_parser(
+        "build-spark",
+        help="build ledgermq-spark (the project image + a JRE + this host's pyspark, pandas, pyarrow)",
+    )
+    bs.add_argument("--tag", default="ledgermq-spark:latest")
+    bs.add_argument("--base-image", default="ledgermq:latest", help="the project image to build on")
     for name, text in (
         ("up", "build if needed, start the group, wait until healthy and a master is routed"),
         ("down", "stop the group and remove its containers, network and volumes"),
@@ -27,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         sp = sub.add_parser(name, help=text)
         sp.add_argument("-p", "--project", default="ledgermq", help="compose project name")
         sp.add_argument("--groups", type=int, default=1, help="broker groups of 3 (default 1)")
+        sp.add_argument(
+            "--spark",
+            action="store_true",
+            help="with docker-compose.spark.yml's master, worker and Connect server",
+        )
     gf = sub.add_parser(
         "groups-file", help="print the override file that adds broker groups 2..N to docker-compose.yml"
     )
@@ -47,6 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(text)
         else:
             sys.stdout.write(text)
+        return 0
+
+    if args.cmd == "build-spark":
+        from .images import ImageBuildError, build_spark_image
+
+        try:
+            build_spark_image(args.tag, base_image=args.base_image, log=lambda m: print(m, file=sys.stderr))
+        except ImageBuildError as exc:
+            print(f"build-spark failed: {exc}", file=sys.stderr)
+            return 1
         return 0
 
     if args.cmd == "build":
@@ -70,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from .compose import ComposeGroup
 
     try:
-        group = ComposeGroup(project=args.project, groups=args.groups)
+        group = ComposeGroup(project=args.project, groups=args.groups, spark=args.spark)
     except ValueError as exc:
         print(f"{args.cmd}: {exc}", file=sys.stderr)
         return 2
@@ -79,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in group.broker_names:
             master = asyncio.run(group.wait_for_master(group=name))
             print(f"{name} up; master: {master} ({group.broker_addr(master)})")
+        if group.spark:
+            print(
+                f"Spark: {group.spark_master_url}, Connect {group.spark_connect_url}; runs folder {group.runs_dir}"
+            )
     elif args.cmd == "down":
         group.down()
     else:

@@ -54,11 +54,13 @@ if TYPE_CHECKING:
     from remoting import RemotingClient
     from remoting.acl import RequestSigner
 
-from .images import DEFAULT_IMAGE, ROOT, build_image, image_exists
+from .images import DEFAULT_IMAGE, ROOT, build_image, build_spark_image, image_exists
 from .layout import (
     DEFAULT_ACCESS_KEY,
     DEFAULT_SECRET_KEY,
     NAMESRV_PORT,
+    SPARK_CONNECT_PORT,
+    SPARK_MASTER_PORT,
     ServiceSpec,
     broker_name,
     check_groups,
@@ -67,6 +69,9 @@ from .layout import (
 )
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
+SPARK_COMPOSE_FILE = ROOT / "docker-compose.spark.yml"
+DEFAULT_SPARK_IMAGE = "ledgermq-spark:latest"
+DEFAULT_RUNS_DIR = Path("/tmp/ledgermq-runs")
 DEFAULT_NET = "172.28.10"
 
 
@@ -181,16 +186,24 @@ class ComposeGroup:
         access_key: str | None = None,
         secret_key: str | None = None,
         cluster_secret: str | None = None,
+        spark: bool = False,
+        runs_dir: Path | None = None,
     ) -> None:
         """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
         ``published_ports``: service -> host port (defaults as in docker-compose.yml);
         ``env``: extra variables for compose (e.g. ``LEDGERMQ_BASE_IMAGE``);
         ``log_dir``: where :meth:`down` saves every container's log before removing it;
         ``groups``: broker groups of three; ``access_key``/``secret_key``: the superuser account
-        (see the class docstring); ``cluster_secret``: the ledger peers' shared secret."""
+        (see the class docstring); ``cluster_secret``: the ledger peers' shared secret;
+        ``spark``: add docker-compose.spark.yml's master, worker and Connect server, which see
+        ``runs_dir`` (absolute; default /tmp/ledgermq-runs) at the same path as this host."""
         self.project = project
         self.groups = check_groups(groups)
-        self.layout = layout(self.groups)
+        self.spark = spark
+        self.runs_dir = Path(runs_dir or DEFAULT_RUNS_DIR).resolve()
+        self.layout = layout(self.groups, spark=spark)
+        #: the services faults (kills, pauses, cuts) are aimed at: the message system, not Spark
+        self.system_services = tuple(n for n, s in self.layout.items() if s.kind != "spark")
         self.brokers = tuple(n for n, s in self.layout.items() if s.kind == "broker")
         self.broker_names = tuple(broker_name(g) for g in range(self.groups))
         self.net = net or os.environ.get("LEDGERMQ_NET") or DEFAULT_NET
@@ -248,6 +261,16 @@ class ComposeGroup:
     def namesrv_addrs(self) -> list[str]:
         """Nameserver addresses as brokers and in-network clients use them (reachable from a Linux host too)."""
         return [f"{self.ip(n)}:{NAMESRV_PORT}" for n in NAMESERVERS]
+
+    @property
+    def spark_master_url(self) -> str:
+        """The standalone master as executors and drivers on the network reach it."""
+        return f"spark://{self.ip('spark-master')}:{SPARK_MASTER_PORT}"
+
+    @property
+    def spark_connect_url(self) -> str:
+        """The Spark Connect server (``jepsen analyze --master``, ``jepsen run --spark-master``)."""
+        return f"sc://{self.ip('spark-connect')}:{SPARK_CONNECT_PORT}"
 
     def broker_name_of(self, service: str) -> str:
         """The broker group (``broker-a``...) a broker service belongs to."""
@@ -333,8 +356,12 @@ class ComposeGroup:
         )
         if self.cluster_secret is not None:
             env["LEDGERMQ_CLUSTER_SECRET"] = self.cluster_secret
+        if self.spark:
+            env["LEDGERMQ_RUNS_DIR"] = str(self.runs_dir)
+            env.setdefault("LEDGERMQ_SPARK_IMAGE", DEFAULT_SPARK_IMAGE)
         for s in self.layout.values():
-            env[s.publish_env] = str(self.published_ports[s.name])
+            if s.publish_env:
+                env[s.publish_env] = str(self.published_ports[s.name])
         return env
 
     def compose(
@@ -344,6 +371,8 @@ class ComposeGroup:
         files = ["-f", str(self.compose_file)]
         if self.groups > 1:
             files += ["-f", str(self.groups_file())]
+        if self.spark:
+            files += ["-f", str(SPARK_COMPOSE_FILE)]
         argv = [*self.compose_cmd, "-p", self.project, *files, *args]
         return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
 
@@ -409,6 +438,11 @@ class ComposeGroup:
         """
         if build == "always" or (build == "missing" and not image_exists(self.image)):
             self.build(log=log)
+        if self.spark:
+            spark_image = self.compose_env()["LEDGERMQ_SPARK_IMAGE"]
+            if build == "always" or (build == "missing" and not image_exists(spark_image)):
+                build_spark_image(spark_image, base_image=self.image, log=log)
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.compose("up", "-d", "--no-build", timeout=timeout)
         self.killed.clear()
         self.paused.clear()
@@ -599,7 +633,7 @@ class ComposeGroup:
             if src != dst:
                 wanted.add((src, dst))
         self.cut_links = wanted
-        unapplied = self._apply_cuts(list(self.layout))
+        unapplied = self._apply_cuts(list(self.system_services))
         return {"cut": sorted([list(link) for link in wanted]), "unapplied": unapplied}
 
     def partition(self, *sides: Iterable[str]) -> dict[str, Any]:
@@ -621,7 +655,7 @@ class ComposeGroup:
 
     def isolate(self, service: str, from_: Iterable[str] | None = None) -> dict[str, Any]:
         """Cut ``service`` off from ``from_`` (default: every other service), both directions."""
-        others = [s for s in (from_ or self.layout) if s != service]
+        others = [s for s in (from_ or self.system_services) if s != service]
         return self.partition([service], others)
 
     def heal(self) -> dict[str, Any]:

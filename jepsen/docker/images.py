@@ -268,3 +268,79 @@ def _image_id(tag: str) -> str | None:
         check=False,
     )
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+SPARK_IMAGE = "ledgermq-spark:latest"
+SPARK_WHEELHOUSE = WHEELHOUSE / "spark"
+SPARK_DOCKERFILE = Path(__file__).resolve().with_name("spark.Dockerfile")
+#: what the Spark image's Python needs, pinned to this host's versions: a Spark Connect client
+#: and server must be the same Spark release, and the checker's UDFs run on both sides
+SPARK_PACKAGES = ("pyspark", "py4j", "pandas", "pyarrow", "numpy")
+
+
+def _installed(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        raise ImageBuildError(
+            f"{package} is not installed here; the Spark image copies this host's version"
+        ) from None
+
+
+def build_spark_wheelhouse(dest: Path = SPARK_WHEELHOUSE, *, log=print) -> Path:
+    """Wheels for the Spark image, at this host's versions: pyspark (published as an sdist, so
+    ``pip wheel`` makes it once; pip's wheel cache keeps it) and the binary wheels of the rest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = {p: _installed(p) for p in SPARK_PACKAGES}
+    have = {w.name.split("-")[0].lower(): w.name.split("-")[1] for w in dest.glob("*.whl")}
+    if all(have.get(p.replace("-", "_")) == v for p, v in pins.items()):
+        return dest
+    t0 = time.monotonic()
+    pip = [sys.executable, "-m", "pip"]
+    _run(
+        [
+            *pip,
+            "wheel",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-q",
+            "-w",
+            str(dest),
+            f"pyspark=={pins['pyspark']}",
+        ],
+        timeout=1800,
+    )
+    arch = _engine_arch()
+    argv = [
+        *pip,
+        "download",
+        "--disable-pip-version-check",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+    ]
+    argv += ["--implementation", "cp", "--dest", str(dest)]
+    for v in ("2014", "_2_17", "_2_24", "_2_27", "_2_28"):
+        argv += ["--platform", f"manylinux{v}_{arch}"]
+    _run([*argv, *(f"{p}=={v}" for p, v in pins.items() if p != "pyspark")], timeout=900)
+    log(f"Spark wheels in {dest} ({time.monotonic() - t0:.0f}s)")
+    return dest
+
+
+def build_spark_image(tag: str = SPARK_IMAGE, *, base_image: str = DEFAULT_IMAGE, log=print) -> str:
+    """Build ``tag`` (the project image + a JRE + pyspark) from jepsen/docker/spark.Dockerfile.
+
+    The project image is built first when missing; the JRE layer and the wheel layer come
+    from Docker's cache after the first build (which takes a few minutes).
+    """
+    if not image_exists(base_image):
+        build_image(base_image, log=log)
+    context = build_spark_wheelhouse(log=log)
+    t0 = time.monotonic()
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    argv = ["docker", "build", "--build-arg", f"BASE_IMAGE={base_image}", "-t", tag]
+    _run([*argv, "-f", str(SPARK_DOCKERFILE), str(context)], timeout=1800, env=env)
+    log(f"image {tag} (FROM {base_image}) built in {time.monotonic() - t0:.0f}s")
+    return tag

@@ -35,7 +35,7 @@ class ServiceSpec:
     """One service of the compose setup: its fixed address and ports."""
 
     name: str
-    kind: Literal["namesrv", "broker"]
+    kind: Literal["namesrv", "broker", "spark"]
     octet: int
     port: int  # namesrv: 9876; broker: main port (fast port = port - 2)
     ledger_port: int = 0
@@ -43,6 +43,30 @@ class ServiceSpec:
     publish_env: str = ""  # the variable that sets the published host port
     default_published: int = 0
     broker_name: str = ""  # the broker group (``broker-a``...)
+
+
+SPARK_MASTER_PORT = 7077
+SPARK_CONNECT_PORT = 15002
+#: docker-compose.spark.yml's services (keep in step with the file): a master, a worker, Connect
+SPARK_SERVICES = (
+    ServiceSpec(
+        "spark-master",
+        "spark",
+        5,
+        SPARK_MASTER_PORT,
+        publish_env="LEDGERMQ_SPARK_MASTER_PORT",
+        default_published=7077,
+    ),
+    ServiceSpec("spark-worker", "spark", 6, 8081),
+    ServiceSpec(
+        "spark-connect",
+        "spark",
+        7,
+        SPARK_CONNECT_PORT,
+        publish_env="LEDGERMQ_SPARK_CONNECT_PORT",
+        default_published=15002,
+    ),
+)
 
 
 def broker_name(group: int) -> str:
@@ -57,8 +81,9 @@ def check_groups(groups: int) -> int:
     return groups
 
 
-def layout(groups: int = 1) -> dict[str, ServiceSpec]:
-    """Service name -> spec for two nameservers and ``groups`` broker groups of three."""
+def layout(groups: int = 1, *, spark: bool = False) -> dict[str, ServiceSpec]:
+    """Service name -> spec for two nameservers, ``groups`` broker groups of three and, with
+    ``spark``, docker-compose.spark.yml's services."""
     check_groups(groups)
     specs = [
         ServiceSpec(
@@ -94,6 +119,8 @@ def layout(groups: int = 1) -> dict[str, ServiceSpec]:
                     broker_name(g),
                 )
             )
+    if spark:
+        specs.extend(SPARK_SERVICES)
     return {s.name: s for s in specs}
 
 
