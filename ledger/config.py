@@ -38,11 +38,12 @@ Security and resource bounds (defaults in parentheses):
 Durability:
 
 - ``durable_mark_interval_s`` (1.0, at most 3600): how often a log fsync also records the
-  (index, term) it made durable (``LogStore.mark_interval_s``; a clean stop records it too).
-  A restart whose log ends before that mark knows it lost entries it may have acknowledged
-  and recovers them from its peers; entries made durable after the last mark and lost after
-  a crash look like a torn write instead (the exact window: ``ledger/store.py``). Shorter
-  narrows that window at the cost of one more small file write (two fsyncs) per interval.
+  (index, term) it made durable (``LogStore.mark_interval_s``; a log quiet that long and a
+  clean stop record it too). A restart whose log ends before that mark knows it lost entries
+  it may have acknowledged and recovers them from its peers; entries made durable in the last
+  interval before a crash and then lost look like a torn write instead (the exact window:
+  ``ledger/store.py``). Shorter narrows that window at the cost of at most one more small
+  file write (two fsyncs) per interval.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ the bound, a new bound ``TERM_BOUND_STEP`` terms ahead is made durable. A node t
 hard state therefore knows a term it never went past, and restarts in that term with its vote
 spent (``after_lost_hard_state``), so it can only vote in terms it never saw before the loss.
 Without the bound it could not tell: catching up from a stale leader of an older term would
-let it vote again in a term it had already voted in (protocol-aware recovery, as in
-"Protocol-Aware Recovery for Consensus-Based Storage", keeps such a node out of every term
-it may have voted in).
+let it vote again in a term it had already voted in. Protocol-aware recovery asks exactly
+this of a node that lost its metadata: never vote again in a term it may have voted in.
 """
 
 from __future__ import annotations

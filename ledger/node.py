@@ -84,6 +84,7 @@ class StoreDisk:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"fsync-{node_id}")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.in_flight = False
+        self.mark_in_flight = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -115,6 +116,25 @@ class StoreDisk:
                 os.unlink(probe)
             except OSError:
                 pass
+
+    def maybe_mark(self) -> None:
+        """On a tick: a quiet log whose newest durable entries are unmarked gets its mark now
+        (``LogStore.mark_due``), on the fsync thread, so a job queued meanwhile waits for it
+        as it would for a mark of its own: at most one mark per interval either way."""
+        if self.in_flight or self.mark_in_flight or self._loop is None or not self.log.mark_due():
+            return
+        path, data = self.log.prepare_mark()
+        self.mark_in_flight = True
+        self._loop.run_in_executor(self._pool, write_file_atomically, path, data).add_done_callback(
+            self._mark_written
+        )
+
+    def _mark_written(self, fut: asyncio.Future[None]) -> None:
+        self.mark_in_flight = False
+        exc = fut.exception()
+        if exc is not None:
+            self.log.mark_failed()
+            log.warning("could not record the durable mark: %s", exc, extra={"path": self.log.directory})
 
     def start_sync(self, done: SyncDone) -> None:
         """Capture the job on the next loop turn (so appends of this turn join it), fsync on the thread."""
@@ -351,7 +371,7 @@ class LedgerNode:
         if self._server is not None:
             self._server.close()
         self.runtime.stop("node shutting down")
-        while self.disk.in_flight:
+        while self.disk.in_flight or self.disk.mark_in_flight:
             await asyncio.sleep(0.005)
         self.disk.close()
         self._stopped.set()
@@ -376,6 +396,7 @@ class LedgerNode:
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             self.runtime.tick()
+            self.disk.maybe_mark()
             if self._recovery_pending and not self.core.recovering and self.core.log_claim is None:
                 self._recovery_pending = False
                 self._clear_recovery()

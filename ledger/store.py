@@ -26,21 +26,22 @@ restart and recovery from what is really on disk.
 Lost data versus a torn write. Recovery finds damage a crash cannot explain (a corrupt entry
 with valid ones after it, a hole, a missing segment) by itself. A log that simply ends early
 is told from one whose last writes a crash cut short only by the ``durable-mark`` file: the
-(index, term) one sync per ``mark_interval_s`` made durable, and ``mark_durable`` at a clean
-stop. A start whose log ends before the mark (by (term, index)) knows it lost entries it may
-have acknowledged (``lost_from``, ``lost_claim``). What it cannot tell, exactly:
+(index, term) made durable, recorded by at most one sync per ``mark_interval_s``, by the
+node's tick once the log has been quiet that long (``mark_due``), and at a clean stop
+(``mark_durable``). A start whose log ends before the mark (by (term, index)) knows it lost
+entries it may have acknowledged (``lost_from``, ``lost_claim``). What it cannot tell, exactly:
 
-- a loss confined to entries made durable after the last mark: since the last mark, at
-  most one interval (1 s by default) of fsynced entries, when the node crashed rather than
-  stopped. Cut at an entry boundary, or with the damage in the last entries and no valid
-  entry after it, that suffix looks like writes a crash interrupted before their fsync, and
-  the node votes as if it never had them;
+- a loss confined to the entries made durable in the last interval before a crash (those
+  after the last mark: under load, since the last sync that carried one; when quiet, at most
+  one interval plus a tick). Cut at an entry boundary, or with the damage in those last
+  entries and no valid entry after it, that suffix looks like writes the crash interrupted
+  before their fsync, and the node votes as if it never had them;
 - a loss together with the mark itself (deleted, or damaged: ignored with a warning), or of
   the whole log directory, which then looks like a log that was never written;
 - a log directory restored from an older copy, mark included (consistent, only old).
 
 Closing the first on every group commit would cost one more file write and fsync per
-commit; it stays a window of one interval, paid once per interval
+commit; it stays a window of one interval, at one mark write per interval at most
 (``tests/test_store.py::test_what_the_durable_mark_can_and_cannot_tell`` pins it down).
 """
 
@@ -263,6 +264,7 @@ class LogStore:
         # later start can tell a log cut short (emptied, truncated) from one never written.
         self.mark_interval_s = mark_interval_s
         self._mark_at = float("-inf")
+        self._marked: tuple[int, int] | None = None  # (index, term) of the last mark written or owed
         self._mark_path = os.path.join(self.directory, MARK_NAME)
         os.makedirs(self.directory, exist_ok=True)
         self._base_path = os.path.join(self.directory, BASE_NAME)
@@ -496,6 +498,7 @@ class LogStore:
             now = time.monotonic()
             if now - self._mark_at >= self.mark_interval_s:  # once per interval, not per entry
                 self._mark_at = now
+                self._marked = (self.last_index, self.last_term)
                 job.mark = (self._mark_path, _mark_bytes(self.last_index, self.last_term))
         self._jobs.append(job)
         return job
@@ -521,6 +524,36 @@ class LogStore:
         self._check_shape()
         return self.durable_index
 
+    def mark_due(self) -> bool:
+        """Whether an idle log owes a mark: its newest entries are flushed but unmarked, and the
+        interval has passed since the last mark. Called on every tick, so cheap when not due.
+
+        Under load a sync records the mark itself; this covers the log going quiet right after
+        a sync that did not (the interval had not passed), which would otherwise leave those
+        entries unmarked until the next append, however late. Nothing may be unflushed or in
+        flight: the mark must never name an entry that is not yet on disk.
+        """
+        return (
+            self.mark_interval_s is not None
+            and self.durable_index == self.last_index > self._base_index
+            and not self._jobs
+            and not self._dirty
+            and self._failed is None
+            and self._marked != (self.last_index, self.last_term)
+            and time.monotonic() - self._mark_at >= self.mark_interval_s
+        )
+
+    def prepare_mark(self) -> tuple[str, bytes]:
+        """(path, content) of the mark owed when ``mark_due``: the caller writes it atomically,
+        on the thread that runs the sync jobs so no job's own mark can race it."""
+        self._mark_at = time.monotonic()
+        self._marked = (self.last_index, self.last_term)
+        return self._mark_path, _mark_bytes(self.last_index, self.last_term)
+
+    def mark_failed(self) -> None:
+        """A mark write failed (a full disk, say): owe it again after the interval."""
+        self._marked = None
+
     def mark_durable(self) -> None:
         """Record ``durable_index`` as the durable mark now, on the calling thread (a clean stop).
 
@@ -531,9 +564,10 @@ class LogStore:
         if self.mark_interval_s is None or self._failed is not None or self._dir_fd is None or self._jobs:
             return
         index = self.durable_index
-        if index <= self._base_index:
+        if index <= self._base_index or self._marked == (index, self.term_at(index)):
             return
         write_file_atomically(self._mark_path, _mark_bytes(index, self.term_at(index)))
+        self._marked = (index, self.term_at(index))
 
     def sync(self) -> int:
         """Flush everything appended so far on the calling thread; returns ``durable_index``.
@@ -1139,6 +1173,7 @@ class LogStore:
             log.warning("ignoring durable mark %s: checksum mismatch", self._mark_path)
             return
         if (self.last_term, self.last_index) >= (term, index):
+            self._marked = (index, term)
             return
         claim = (index, term)
         if self.lost_claim is not None:

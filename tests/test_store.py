@@ -407,6 +407,7 @@ MARK_WINDOW = {
     "cut-after-mark": False,  # only entries synced after the last mark: a clean, shorter log
     "torn-after-mark": False,  # the last entry, synced after the mark, damaged: a torn write
     "cut-after-clean-stop": True,  # a clean stop marks everything durable: detected
+    "cut-after-quiet-mark": True,  # the log went quiet for an interval: its owed mark is written
     "cut-and-mark-deleted": False,  # the mark lost with the entries: nothing to compare with
 }
 
@@ -423,8 +424,14 @@ def test_what_the_durable_mark_can_and_cannot_tell(tmp_path: Path, case: str) ->
     cut_at = 10 if case == "cut-before-mark" else 31
     victim = s.entries(cut_at, cut_at)[0]
     last = s.entries(40, 40)[0]
+    assert not s.mark_due(), "a mark is owed only once the interval has passed"
     if case == "cut-after-clean-stop":
         s.mark_durable()
+    elif case == "cut-after-quiet-mark":
+        s.mark_interval_s = 0.0  # as if the interval passed with no sync to carry a mark
+        assert s.mark_due()
+        store_mod.write_file_atomically(*s.prepare_mark())  # what the node's tick does
+        assert not s.mark_due(), "one mark per quiet spell, not one per tick"
     s.close()  # otherwise a crash: nothing more is written
     seg, off = file_offset(tmp_path, victim)
     if case == "torn-after-mark":
@@ -439,7 +446,7 @@ def test_what_the_durable_mark_can_and_cannot_tell(tmp_path: Path, case: str) ->
         assert r.last_index < 40 and r.entries(1, r.last_index) == want[: r.last_index]
         if MARK_WINDOW[case]:
             assert r.lost_from == r.last_index + 1 and r.lost_claim is not None, r
-            assert r.lost_claim == ((40, 1) if case == "cut-after-clean-stop" else (20, 1)), r.lost_claim
+            assert r.lost_claim == ((20, 1) if case == "cut-before-mark" else (40, 1)), r.lost_claim
         else:
             assert r.lost_from is None and r.lost_claim is None, (
                 f"{case} was detected after all: {r.lost_claim}"
