@@ -37,9 +37,7 @@ pytestmark = [
 def test_compose_spark_connect_judges_a_history_from_the_shared_runs_folder(tmp_path: Path) -> None:
     t0 = time.monotonic()
     image = build_image("ledgermq:test", log=lambda m: print(f"[docker] {m}"))
-    spark_image = build_spark_image(
-        "ledgermq-spark:test", base_image=image, log=lambda m: print(f"[docker] {m}")
-    )
+    spark_image = build_spark_image("ledgermq-spark:test", log=lambda m: print(f"[docker] {m}"))
     print(f"[docker] images ready in {time.monotonic() - t0:.0f}s")
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         help="build ledgermq-spark (the project image + a JRE + this host's pyspark, pandas, pyarrow)",
     )
     bs.add_argument("--tag", default="ledgermq-spark:latest")
-    bs.add_argument("--base-image", default="ledgermq:latest", help="the project image to build on")
+    bs.add_argument("--base-image", default=None, help="default: the project image's base image")
     for name, text in (
         ("up", "build if needed, start the group, wait until healthy and a master is routed"),
         ("down", "stop the group and remove its containers, network and volumes"),

@@ -441,7 +441,7 @@ class ComposeGroup:
         if self.spark:
             spark_image = self.compose_env()["LEDGERMQ_SPARK_IMAGE"]
             if build == "always" or (build == "missing" and not image_exists(spark_image)):
-                build_spark_image(spark_image, base_image=self.image, log=log)
+                build_spark_image(spark_image, base_image=self.extra_env.get("LEDGERMQ_BASE_IMAGE"), log=log)
             self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.compose("up", "-d", "--no-build", timeout=timeout)
         self.killed.clear()

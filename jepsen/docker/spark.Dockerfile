@@ -1,11 +1,12 @@
-# ledgermq-spark: the project's image plus a Java runtime and pip's pyspark (its jars include
-# Spark Connect's), pandas and pyarrow, so one image runs a standalone master, a worker and a
-# Spark Connect server whose Python workers can run the checker's code (it is installed).
+# ledgermq-spark: a Java runtime, pip's pyspark (its jars include Spark Connect's), pandas and
+# pyarrow, and the project (the checker's Python workers import it), so one image runs a
+# standalone master, a worker and a Spark Connect server.
 #
-# Built by `python -m jepsen.docker build-spark` with wheelhouse/spark/ as the build context
-# (the wheels are prepared on the host; no package index is needed inside). The JRE comes
-# from the base image's own Debian mirror, as the base image itself did.
-ARG BASE_IMAGE=ledgermq:latest
+# Built by `python -m jepsen.docker build-spark` with wheelhouse/ as the build context (its
+# wheels are prepared on the host; no package index is needed inside). The JRE comes from the
+# base image's own Debian mirror, as the base image itself did. Layers go from the most stable
+# to the least: the JRE and Spark layers stay cached while only the project changes.
+ARG BASE_IMAGE=ledgermq-base:bookworm
 FROM ${BASE_IMAGE}
 
 # openjdk's postinst writes man-page links: the slim base removed /usr/share/man/man1
@@ -15,15 +16,27 @@ RUN mkdir -p /usr/share/man/man1 \
     && rm -rf /var/lib/apt/lists/* \
     && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java
 
-COPY *.whl /wheelhouse/spark/
-RUN /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check \
+COPY spark/*.whl /wheelhouse/spark/
+RUN python3 -m venv /opt/ledgermq \
+    && /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check \
         --find-links /wheelhouse/spark pyspark pandas pyarrow \
-    && rm -rf /wheelhouse \
-    && /opt/ledgermq/bin/python -c "import pyspark, pandas, pyarrow, jepsen.checker.linear"
+    && rm -rf /wheelhouse/spark
 
-ENV JAVA_HOME=/opt/java \
+COPY deps/*.whl /wheelhouse/deps/
+RUN /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check \
+        --find-links /wheelhouse/deps xxhash zlib-ng uvloop prometheus-client click \
+    && rm -rf /wheelhouse/deps
+
+COPY ledgermq-*.whl /wheelhouse/
+RUN /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check --no-deps \
+        /wheelhouse/ledgermq-*.whl \
+    && rm -rf /wheelhouse \
+    && /opt/ledgermq/bin/python -c "import pyspark, pandas, pyarrow, jepsen.checker.linear_spark"
+
+ENV PATH=/opt/ledgermq/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    JAVA_HOME=/opt/java \
     SPARK_HOME=/opt/ledgermq/lib/python3.11/site-packages/pyspark \
     PYSPARK_PYTHON=/opt/ledgermq/bin/python \
-    SPARK_NO_DAEMONIZE=1
+    PYTHONDONTWRITEBYTECODE=1
 WORKDIR /tmp
 CMD ["spark-class", "org.apache.spark.deploy.master.Master"]
