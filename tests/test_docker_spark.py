@@ -4,7 +4,8 @@ with the runs folder mounted at the same path as on the host.
 
 A log history written into that folder is judged through the Connect server, its executors
 reading the file by path (nothing shipped through the session), and the verdict, anomaly
-types, counts and anomalies must equal the in-process (local) ones. Skips with the reason
+types, counts and anomalies must equal the in-process (local) ones; then a short
+``jepsen run --backend docker`` is checked on the same Connect server. Skips with the reason
 where no Docker engine answers.
 """
 
@@ -23,6 +24,7 @@ from jepsen.checker.analyze import analyze_files
 from jepsen.checker.synth import generate_log_history
 from jepsen.docker.compose import ComposeGroup, docker_unavailable_reason, free_net_prefix, free_port
 from jepsen.docker.images import build_image, build_spark_image
+from jepsen.harness.runner import RunConfig, run
 
 ROOT = Path(__file__).resolve().parents[1]
 REASON = docker_unavailable_reason()
@@ -34,7 +36,9 @@ pytestmark = [
 ]
 
 
-def test_compose_spark_connect_judges_a_history_from_the_shared_runs_folder(tmp_path: Path) -> None:
+def test_compose_spark_connect_judges_a_history_from_the_shared_runs_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     t0 = time.monotonic()
     image = build_image("ledgermq:test", log=lambda m: print(f"[docker] {m}"))
     spark_image = build_spark_image("ledgermq-spark:test", log=lambda m: print(f"[docker] {m}"))
@@ -79,6 +83,30 @@ def test_compose_spark_connect_judges_a_history_from_the_shared_runs_folder(tmp_
             for field in ("valid", "anomaly-types", "counts", "anomalies"):
                 assert got[field] == want[field], (log.name, field)
         assert local[str(logs[0])]["valid"] is True and local[str(logs[1])]["valid"] is False
+
+        # `jepsen run --backend docker --spark-master sc://...`: a short run on its own broker
+        # group, its history (in the shared runs folder) judged by the compose Connect server
+        monkeypatch.setenv("LEDGERMQ_SPARK_MASTER", g.spark_connect_url)
+        t3 = time.monotonic()
+        result = run(
+            RunConfig(
+                workload="queue",
+                backend="docker",
+                nemesis=("kill-leader",),
+                time=8,
+                interval=2,
+                rate=30,
+                clients=2,
+                seed=3,
+                out=runs,
+                progress=False,
+                check_engine="spark",
+            )
+        )
+        print(f"[docker] docker run checked on compose Spark in {time.monotonic() - t3:.0f}s")
+        assert result.valid is True, result.summary.get("check")
+        verdict = json.loads((result.run_dir / "results.json").read_text())
+        assert verdict["engine"] == f"spark {g.spark_connect_url}"
     finally:
         g.down()
     assert g.leftovers() == []
