@@ -273,7 +273,7 @@ def _placement(
     default=None,
     help="Spark master for the checker: local[N], spark://HOST:PORT or sc://HOST:PORT "
     "[default: $LEDGERMQ_SPARK_MASTER, else a running `jepsen spark start` cluster, else local[2]; "
-    "histories up to 8 MB are judged in-process either way]",
+    "without this option histories up to 8 MB are judged in-process; with it, on this master]",
 )
 @click.option("--keep-data", is_flag=True, help="keep node data directories even when the run is valid")
 @click.option("--no-progress", is_flag=True, help="no progress bar")
@@ -365,6 +365,8 @@ def run(
         )
     if spark_master:
         os.environ["LEDGERMQ_SPARK_MASTER"] = spark_master  # the checker's default, for this run
+    # a master named on the command line is where the check runs, however small the history
+    check_engine = "spark" if spark_master else "auto"
     cfg = RunConfig(
         workload=workload,
         system=system,
@@ -379,6 +381,7 @@ def run(
         seed=seed,
         op_timeout=op_timeout,
         send_batch=send_batch,
+        check_engine=check_engine,
         progress=not no_progress and sys.stderr.isatty(),
         check=not no_check,
         keep_data=keep_data,
