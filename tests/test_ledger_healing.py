@@ -386,7 +386,8 @@ def test_damage_behind_a_trusted_index_is_found_on_read_and_repaired(tmp_path: P
 
                 cluster.start_node(follower)
                 st = await _wait_status(client, address)
-                assert st["log_damage_found"] is not None and st["last_index"] < acked[-1], st
+                # the scan truncated at the damage; the leader may already have refilled the tail
+                assert st["log_damage_found"] is not None and st["log_damage_found"] <= acked[-1], st
                 acked += [(await client.append(f"new-{i}".encode()))[0] for i in range(5)]
                 deadline = time.monotonic() + CATCH_UP_S
                 while True:
