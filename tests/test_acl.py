@@ -4,11 +4,14 @@ for a superuser; against a real nameserver and a real one-broker group over real
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac as hmac_lib
 import json
 import os
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,14 @@ from common.process import free_port
 from common.settings import ConfigError
 from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
-from remoting.acl import ACCESS_KEY, SIGNATURE, AccessValidator, RequestSigner, load_accounts
+from remoting.acl import (
+    ACCESS_KEY,
+    SIGNATURE,
+    AccessValidator,
+    RequestSigner,
+    accounts_from_doc,
+    load_accounts,
+)
 from remoting.message import Message
 from remoting.protocol import encode_parts
 
@@ -77,6 +87,42 @@ def test_signature_verifies_and_detects_tampering(tmp_path: Path) -> None:
     READER(denied)
     refusal = validator.check(None, denied)
     assert refusal is not None and "needs PUB on topic 'AclTopic'" in refusal.remark
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"topic": "T"},
+        {"topic": "T", "queueId": 3, "flag": True, "_UNIQUE_KEY_QUERY": "x"},
+        {"queueId": 3, "topic": "T", "flag": False},  # same keys, other order: same content
+        {"b": "T", "a": "g", "g": 1795481683110, "i": "UNIQ_KEY\x01abc\x02", "k": "false"},
+    ],
+)
+def test_signature_is_hmac_sha1_over_sorted_values_then_body(headers: dict[str, Any]) -> None:
+    """RocketMQ's AclUtils.combineRequestContent: values (not keys) of every extField but
+    Signature and _UNIQUE_KEY_QUERY, in key order, then the body; wire text for ints/bools."""
+
+    def wire(v: object) -> str:
+        return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+    for _ in range(2):  # a second time through the cached key order
+        req = RemotingCommand.request(RequestCode.SEND_MESSAGE, dict(headers), b"the body")
+        WRITER(req)
+        signed = {k: v for k, v in req.headers.items() if k not in (SIGNATURE, "_UNIQUE_KEY_QUERY")}
+        content = "".join(wire(signed[k]) for k in sorted(signed)).encode() + b"the body"
+        expected = base64.b64encode(hmac_lib.digest(b"writer-secret-1", content, "sha1")).decode()
+        assert req.headers[SIGNATURE] == expected
+        decoded = {k: wire(v) for k, v in req.headers.items()}  # as a server decodes it
+        validator = AccessValidator(
+            accounts_from_doc(tomllib.loads(ACCOUNTS), "test"), require_signature=True
+        )
+        assert (
+            validator.check(
+                None, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO, decoded, b"the body")
+            )
+            is None
+        )
 
 
 def test_bad_accounts_file_is_a_clear_error(tmp_path: Path) -> None:
