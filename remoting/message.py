@@ -308,6 +308,18 @@ def _host(raw: bytes) -> str:
     return text
 
 
+_HOST_IDS: dict[bytes, str] = {}  # store-host bytes -> their upper-case hex (offset message ids)
+_U64 = (1 << 64) - 1
+_V6_HOSTS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+
+
+def _host_id(raw: bytes) -> str:
+    text = raw.hex().upper()
+    if len(_HOST_IDS) < _HOSTS_MAX:
+        _HOST_IDS[raw] = text
+    return text
+
+
 _TOPICS: dict[bytes, str] = {}  # raw topic -> name, for decoding pulls without a decode per message
 _TOPICS_MAX = 4096
 _UNIQ_ONLY_PREFIX = b"UNIQ_KEY\x01"
@@ -327,40 +339,38 @@ def decode_stored_messages(
     off = 0
     out: list[Message] = []
     unpack4 = _RECORD_HEAD4.unpack_from
-    pack_q = _I64BE.pack
+    head4 = _RECORD_HEAD4.size
+    hosts, host_ids = _HOSTS, _HOST_IDS
     while off < n:
         if len(out) >= max_messages:
             raise MessageFormatError(f"pull body holds more than {max_messages} messages")
-        if n - off < _STORED_FIXED.size:
-            raise MessageFormatError(f"stored message {len(out)} at byte {off}: truncated header")
-        size = int.from_bytes(b[off : off + 4], "big", signed=True)
-        sysflag = int.from_bytes(b[off + 36 : off + 40], "big", signed=True)
-        if (
-            sysflag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
-            or size < STORED_HEADER_SIZE + 3
-            or off + size > n
-        ):
+        if n - off < head4:
+            if n - off < _STORED_FIXED.size:
+                raise MessageFormatError(f"stored message {len(out)} at byte {off}: truncated header")
+            size = sysflag = -1  # shorter than an IPv4 header: the general parser says what is wrong
+        else:
+            (
+                size,
+                magic,
+                crc,
+                qid,
+                flag,
+                qoff,
+                phys,
+                sysflag,
+                born,
+                born_host,
+                store_ms,
+                store_host,
+                reconsume,
+                prepared,
+                blen,
+            ) = unpack4(b, off)  # read as IPv4 at once; the checks below send anything else aside
+        if sysflag < 0 or sysflag & _V6_HOSTS or size < STORED_HEADER_SIZE + 3 or off + size > n:
             msg = _decode_stored_slow(b, off, len(out), verify_crc)
             out.append(msg)
             off += msg.store_size
             continue
-        (
-            _,
-            magic,
-            crc,
-            qid,
-            flag,
-            qoff,
-            phys,
-            sysflag,
-            born,
-            born_host,
-            store_ms,
-            store_host,
-            reconsume,
-            prepared,
-            blen,
-        ) = unpack4(b, off)
         end = off + size
         p = off + STORED_HEADER_SIZE
         if magic != MESSAGE_MAGIC_CODE:
@@ -414,7 +424,8 @@ def decode_stored_messages(
                 ) from None
         tags = props.pop(PROPERTY_TAGS, None)
         keys = props.pop(PROPERTY_KEYS, "")
-        msg_id = (store_host + pack_q(phys)).hex().upper()
+        # the offset message id: store host in hex (cached per host), then the offset's 16 digits
+        msg_id = (host_ids.get(store_host) or _host_id(store_host)) + f"{phys & _U64:016X}"
         out.append(
             Message(
                 topic,
@@ -434,8 +445,8 @@ def decode_stored_messages(
                 sysflag,
                 crc,
                 phys,
-                _host(born_host),
-                _host(store_host),
+                hosts.get(born_host) or _host(born_host),
+                hosts.get(store_host) or _host(store_host),
                 reconsume,
                 prepared,
                 msg_id,

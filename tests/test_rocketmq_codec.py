@@ -152,12 +152,42 @@ def test_pull_body_of_several_records_and_compressed_body() -> None:
         (lambda r: r[:4] + b"\x00\x00\x00\x00" + r[8:], "bad magic code"),
         (lambda r: r[:8] + b"\x00\x00\x00\x01" + r[12:], "body CRC mismatch"),
         (lambda r: r[:30], "truncated header"),
+        (lambda r: r[:60], "runs past"),  # past the fixed part, short of an IPv4 header
     ],
 )
 def test_malformed_records_name_where(mutate, reason: str) -> None:  # type: ignore[no-untyped-def]
     record = hand_built_record(b"hello", b"T", b"a\x01b\x02")
     with pytest.raises(MessageFormatError, match=reason):
         decode_stored_messages(mutate(record), verify_crc=True)
+
+
+def test_ipv6_and_ipv4_records_mixed_in_one_pull_body() -> None:
+    """The fast path reads every record as IPv4 first; an IPv6 one must still go to the general parser."""
+    from remoting.message import (
+        SYSFLAG_BORNHOST_V6,
+        SYSFLAG_STOREHOST_V6,
+        encode_stored_message,
+        host_to_bytes,
+    )
+
+    v6, v4 = host_to_bytes("[::1]:9876"), host_to_bytes("127.0.0.1:10911")
+    six = encode_stored_message(
+        topic="T",
+        body=b"six",
+        properties=b"",
+        queue_id=1,
+        sys_flag=SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6,
+        born_host=v6,
+        store_host=v6,
+        physical_offset=7,
+    )
+    four = encode_stored_message(
+        topic="T", body=b"four", properties=b"", queue_id=1, store_host=v4, physical_offset=-2
+    )
+    got = decode_stored_messages(six + four + six)
+    assert [m.body for m in got] == [b"six", b"four", b"six"]
+    assert got[0].store_host == "[::1]:9876" and got[1].store_host == "127.0.0.1:10911"
+    assert got[1].msg_id == offset_msg_id(v4, -2) and got[2].msg_id == offset_msg_id(v6, 7)
 
 
 def test_batch_body_is_encode_message_per_message() -> None:
