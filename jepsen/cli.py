@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from common.gc_tuning import tune_gc
 from jepsen.checker.analyze import DEFAULT_BUDGET, FileOutcome, analyze_files
 
 
@@ -40,6 +41,7 @@ class _LazyGroup(click.Group):
 @click.group(cls=_LazyGroup)
 def main() -> None:
     """ledgermq's Jepsen-style harness and consistency checker."""
+    tune_gc()  # a run's controller and the checker allocate per operation too (common.gc_tuning)
 
 
 def _anomaly_summary(o: FileOutcome) -> str:

@@ -36,6 +36,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.gc_tuning import tune_gc
+
 Link = tuple[str, str]  # (src, dst) node ids
 
 
@@ -249,6 +251,7 @@ async def _serve(spec: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
+    tune_gc()
     try:
         asyncio.run(_serve(spec))
     except KeyboardInterrupt:

@@ -34,6 +34,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.gc_tuning import tune_gc
+
 from .clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
 from .history import History
 from .queue import QueueWorkload  # noqa: F401 - registers the queue workload
@@ -168,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         sys.exit(f"cannot read worker spec {args[0]}: {exc}")
+    tune_gc()  # half of a full-rate worker's CPU went to the collector before (common.gc_tuning)
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
         _emit(asyncio.run(run_worker(spec)))
