@@ -270,18 +270,7 @@ class LocalBrokerGroupsBackend(ProcessBackend):
 
     async def wait_for_leader(self, timeout: float = 30.0) -> str:
         """Every group has a ready master (the run needs all its queues); returns them, comma-separated."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            leaders = {name: await self.leader(members) for name, members in self.node_groups().items()}
-            if all(leaders.values()):
-                return ",".join(str(v) for v in leaders.values())
-            if loop.time() >= deadline:
-                missing = sorted(name for name, v in leaders.items() if v is None)
-                raise TimeoutError(
-                    f"broker groups {', '.join(missing)}: no master within {timeout}s; logs under {self.base_dir}"
-                )
-            await asyncio.sleep(0.1)
+        return await self.wait_for_every_leader(timeout)
 
     def log_client(self) -> LogClient:
         raise Unsupported("the broker backend runs the queue workload")
@@ -538,10 +527,12 @@ class SendCoalescer:
         self._sending: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.largest = 0
+        # the loop, looked up once: asyncio.get_running_loop() costs a getpid() system call
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def send(self, value: int) -> tuple[int, str | None]:
         """(offset, node that stored it) once the batch holding ``value`` is acknowledged."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         fut: asyncio.Future[tuple[int, str | None]] = loop.create_future()
         self._pending.append((value, fut))
         if len(self._pending) >= self.max_batch:
@@ -550,13 +541,17 @@ class SendCoalescer:
             self._timer = loop.call_later(self.linger_s, self._flush)
         return await fut
 
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
+
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         batch, self._pending = self._pending, []
         if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+            task = (self._loop or self._bind_loop()).create_task(self._send(batch))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 from .clients import Definite, LogClient, RegisterClient, RegisterReplica
 from .history import History
+from .op_deadlines import OpDeadlines
 
 T = TypeVar("T")
 
@@ -69,6 +70,13 @@ class RunContext:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     wrap_log_client: Callable[[LogClient], LogClient] | None = None
     wrap_register_client: Callable[[RegisterClient], RegisterClient] | None = None
+    _deadlines: OpDeadlines | None = field(default=None, repr=False)
+
+    def op_deadlines(self) -> OpDeadlines:
+        """The operations' timeouts (made on first use, inside the event loop that runs them)."""
+        if self._deadlines is None:
+            self._deadlines = OpDeadlines(self.op_timeout)
+        return self._deadlines
 
     def done(self) -> bool:
         # time.monotonic() is the event loop's clock, without looking the loop up on every operation
@@ -90,22 +98,31 @@ class RunContext:
 
 
 async def attempt(
-    ctx: RunContext, action: Awaitable[T], *, read_only: bool = False
+    ctx: RunContext, action: Awaitable[T], *, read_only: bool = False, task: asyncio.Task[Any] | None = None
 ) -> tuple[str, T | None, str | None]:
     """Run one operation: ``(type, result, error)`` with type ok/fail/info.
 
-    ``asyncio.timeout`` rather than ``wait_for``: the latter wraps every operation in a
-    task of its own, which a full-rate run's profile showed as a visible cost per operation.
+    Its timeout is the context's ``OpDeadlines`` (one sweeper for all clients), not
+    ``asyncio.timeout`` or ``wait_for``: both cost a timer, the latter a task too, per
+    operation, a visible share of a full-rate worker's CPU. ``task``: the caller's own task,
+    if it has it at hand (finding it costs a system call; see OpDeadlines.begin).
     """
+    deadlines = ctx.op_deadlines()
+    task = deadlines.begin(task)
     try:
-        async with asyncio.timeout(ctx.op_timeout):
-            result = await action
+        result = await action
     except Definite as exc:
         return "fail", None, str(exc)[:300]
-    except TimeoutError:
+    except asyncio.CancelledError:
+        if not deadlines.expired(task):
+            raise
         return ("fail" if read_only else "info"), None, f"timed out after {ctx.op_timeout}s"
+    except TimeoutError as exc:  # the client's own timeout, shorter than ours
+        return ("fail" if read_only else "info"), None, f"TimeoutError: {exc}"[:300]
     except Exception as exc:  # noqa: BLE001 - unknown outcome, recorded as such
         return ("fail" if read_only else "info"), None, f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        deadlines.end(task)
     return "ok", result, None
 
 
@@ -158,6 +175,7 @@ class LogWorkload(Workload):
         proc = h.new_process()
         client = self.client()
         pos = 0
+        me = asyncio.current_task()  # once: attempt would look it up per operation
         try:
             while not ctx.done():
                 await ctx.pace(w)
@@ -166,7 +184,7 @@ class LogWorkload(Workload):
                 if ctx.rng.random() < self.send_ratio:
                     v = next(self._values)
                     h.invoke(proc, "send", v, key=key)
-                    typ, off, err = await attempt(ctx, client.send(v))
+                    typ, off, err = await attempt(ctx, client.send(v), task=me)
                     h.complete(
                         proc,
                         typ,
@@ -179,7 +197,9 @@ class LogWorkload(Workload):
                     )
                 else:
                     h.invoke(proc, "poll", {"from": pos, "max": self.poll_max}, key=key)
-                    typ, pairs, err = await attempt(ctx, client.poll(pos, self.poll_max), read_only=True)
+                    typ, pairs, err = await attempt(
+                        ctx, client.poll(pos, self.poll_max), read_only=True, task=me
+                    )
                     value = [[o, v] for o, v in pairs] if typ == "ok" and pairs is not None else None
                     h.complete(proc, typ, "poll", value, key=key, error=err, node=client.node)
                     if value:
