@@ -8,12 +8,17 @@ CI runs it where one does.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from jepsen.checker.recovery import key_group, node_group
-from jepsen.docker.compose import docker_unavailable_reason
+from jepsen.docker.compose import ComposeGroup, docker_unavailable_reason
+from jepsen.harness.backends import SMALL_DISK_MB
+from jepsen.harness.docker_backend import DockerBrokerBackend
 from jepsen.harness.history import read_history, validate_history
 from jepsen.harness.runner import RunConfig, run
 
@@ -95,3 +100,89 @@ def test_two_broker_groups_on_compose_with_kill_leader(tmp_path):
     assert result.valid is True, result.summary.get("check", {}).get("results", {}).get("anomalies")
     logs = result.run_dir / "cluster" / "logs"
     assert {p.name for p in logs.glob("broker*.log")} >= {f"broker{k}.log" for k in range(1, 7)}
+
+
+def _started_last_index(log: Path) -> list[int]:
+    """``last_index`` of each "ledger node started" line of a broker's container log, in order."""
+    found = []
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if "ledger node started" in line:
+            m = re.search(r'"last_index": ?(\d+)', line)
+            found.append(int(m.group(1)) if m else -1)
+    return found
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"no Docker engine: {REASON}")
+def test_disk_full_on_small_volumes_that_survive_kills(tmp_path):
+    """``disk-full`` on the docker backend: each broker's data on a tmpfs volume kept mounted by a
+    holder, the leader's filled to the last page and freed, as on the local backend. A kill-leader
+    in the same run shows the volume keeps the data across ``docker kill`` + ``docker start``
+    (a tmpfs volume without the holder comes back empty)."""
+    result = run(
+        RunConfig(
+            workload="queue",
+            backend="docker",
+            nemesis=("disk-full", "kill-leader"),
+            time=30,
+            interval=4,
+            rate=40,
+            clients=4,
+            seed=11,
+            out=tmp_path,
+            progress=False,
+        )
+    )
+    events = read_history(result.history)
+    assert validate_history(events) == []
+    nem = [e for e in events if e["process"] == "nemesis"]
+    ends = nem[1::2]
+    assert not [e for e in ends if e.get("error")], [e for e in ends if e.get("error")]
+    fills = [e["value"] for e in ends if e["f"] == "fill-disk"]
+    frees = [e["value"] for e in ends if e["f"] == "free-disk"]
+    assert fills, "the nemesis filled no disk"
+    small = SMALL_DISK_MB << 20
+    for fill in fills:
+        assert fill["disk_bytes"] == small and fill["free_bytes"] < 8192, fill
+        assert fill["filler_bytes"] > small // 2, fill  # the data took little; the filler the rest
+    assert [f["node"] for f in frees] == [f["node"] for f in fills]
+    assert [f["freed"] for f in frees] == [f["filler_bytes"] for f in fills]
+    assert not [e for e in nem if e["value"].get("fault") == "disk-full-setup"], "no set-up restarts"
+    # the fault bit: the full leader's appends failed with ENOSPC, it stopped leading and another
+    # node led while its disk was full; once freed, it took writes again
+    filled = fills[0]["node"]
+    assert fills[0]["leader"] == filled, fills[0]
+    window = [e["time"] for e in nem if e["f"] in ("fill-disk", "free-disk")][:4]
+    moves = [json.loads(line) for line in (result.run_dir / "leaders.jsonl").read_text().splitlines()]
+    others = [m for m in moves if window[0] <= m["time"] <= window[3] and m.get("role") == "leader"]
+    assert [m["node"] for m in others if m["node"] != filled], (
+        f"{filled} kept leading on a full disk: {moves}"
+    )
+    log = (result.run_dir / "cluster" / "logs" / f"broker{filled[1:]}.log").read_text(errors="replace")
+    assert "No space left on device" in log and "disk takes writes again" in log
+    recovery = result.summary["check"]["results"]["recovery"]["disk-full"]
+    assert recovery["recovered"] == recovery["faults"] == len(fills), recovery
+    assert result.valid is True, result.summary.get("check", {}).get("results", {}).get("anomalies")
+    kills = [e["value"]["nodes"][0] for e in ends if e["f"] == "kill"]
+    assert kills, "the nemesis killed nothing"
+    logs = result.run_dir / "cluster" / "logs"
+    starts = _started_last_index(logs / f"broker{kills[0][1:]}.log")
+    assert len(starts) >= 2 and starts[1] > 0, f"the killed broker restarted without its log: {starts}"
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"no Docker engine: {REASON}")
+def test_disk_full_volumes_are_laid_out_only_when_planned(tmp_path):
+    """The small volumes come only with ``disk-full`` among the run's faults (told before start), and
+    compose itself reads the generated override: a tmpfs volume and a holder for every broker."""
+    backend = DockerBrokerBackend(tmp_path, groups=2)
+    backend.plan_faults(["kill-leader"])
+    assert "name disk-full among the run's nemeses" in (backend.small_disk_refusal() or "")
+    assert "small-disks" not in " ".join(backend.group.compose("config", "--services").args)
+    backend.plan_faults(["kill-leader", "disk-full"])
+    assert backend.small_disk_refusal() is None
+    config = backend.group.compose("config").stdout
+    for k in range(1, 7):
+        assert f"broker{k}-disk:" in config, config
+    assert config.count("type: tmpfs") == 6 and config.count(f"o: size={SMALL_DISK_MB << 20}") == 6
+    assert config.count("network_mode: none") == 6
+    with pytest.raises(ValueError, match="small disk size"):
+        ComposeGroup("x", small_disk_bytes=4096)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
 from .images import DEFAULT_IMAGE, ROOT, build_image, build_spark_image, image_exists
 from .layout import (
+    DATA_DIR,
     DEFAULT_ACCESS_KEY,
     DEFAULT_SECRET_KEY,
     NAMESRV_PORT,
@@ -64,8 +65,10 @@ from .layout import (
     ServiceSpec,
     broker_name,
     check_groups,
+    disk_holder,
     groups_override,
     layout,
+    small_disks_override,
 )
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -80,6 +83,42 @@ NAMESERVERS = tuple(n for n, s in LAYOUT.items() if s.kind == "namesrv")
 BROKERS = tuple(n for n, s in LAYOUT.items() if s.kind == "broker")
 TOPIC = "TopicTest"  # created by the first master (BROKER_TOPICS in docker-compose.yml)
 BROKER_NAME = "broker-a"
+#: seconds one fill or free of a small disk may take (a fill writes at most the disk's size, in RAM)
+DISK_OP_TIMEOUT_S = 60.0
+
+#: Run inside a disk holder: append zeros to the filler (argv[1]) until ENOSPC, 1 MiB blocks and
+#: then 4 KiB ones for the last pages, at most argv[2] bytes per block size; prints what it did.
+FILL_SCRIPT = """
+import errno, json, os, sys
+path, limit = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+try:
+    for chunk in (1 << 20, 4096):
+        block = bytes(chunk)
+        for _ in range(limit // chunk):
+            try:
+                if os.write(fd, block) < chunk:
+                    break
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+finally:
+    os.close(fd)
+st = os.statvfs(os.path.dirname(path))
+print(json.dumps({"filler_bytes": os.stat(path).st_size, "free_bytes": st.f_bavail * st.f_frsize,
+                  "disk_bytes": st.f_blocks * st.f_frsize}))
+"""
+#: Run inside a disk holder: delete the filler (argv[1]); prints how many bytes that freed.
+FREE_SCRIPT = """
+import json, os, sys
+try:
+    size = os.stat(sys.argv[1]).st_size
+    os.unlink(sys.argv[1])
+except FileNotFoundError:
+    size = 0
+print(json.dumps({"freed": size}))
+"""
 
 Link = tuple[str, str]
 
@@ -188,6 +227,7 @@ class ComposeGroup:
         cluster_secret: str | None = None,
         spark: bool = False,
         runs_dir: Path | None = None,
+        small_disk_bytes: int | None = None,
     ) -> None:
         """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
         ``published_ports``: service -> host port (defaults as in docker-compose.yml);
@@ -196,7 +236,10 @@ class ComposeGroup:
         ``groups``: broker groups of three; ``access_key``/``secret_key``: the superuser account
         (see the class docstring); ``cluster_secret``: the ledger peers' shared secret;
         ``spark``: add docker-compose.spark.yml's master, worker and Connect server, which see
-        ``runs_dir`` (absolute; default /tmp/ledgermq-runs) at the same path as this host."""
+        ``runs_dir`` (absolute; default /tmp/ledgermq-runs) at the same path as this host;
+        ``small_disk_bytes``: put each broker's data on a tmpfs volume of that size, kept mounted
+        by a holder service (:func:`jepsen.docker.layout.small_disks_override`), so that
+        :meth:`fill_disk` can make its writes fail with ENOSPC (None: plain volumes)."""
         self.project = project
         self.groups = check_groups(groups)
         self.spark = spark
@@ -219,6 +262,9 @@ class ComposeGroup:
         self.secret_key = secret_key or lookup.get("LEDGERMQ_SECRET_KEY") or DEFAULT_SECRET_KEY
         self.cluster_secret = cluster_secret
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.small_disk_bytes = small_disk_bytes
+        if small_disk_bytes is not None:
+            small_disks_override(self.groups, small_disk_bytes)  # a bad size fails here, not at `up`
         self.killed: set[str] = set()
         self.paused: set[str] = set()
         self.cut_links: set[Link] = set()
@@ -373,6 +419,8 @@ class ComposeGroup:
             files += ["-f", str(self.groups_file())]
         if self.spark:
             files += ["-f", str(SPARK_COMPOSE_FILE)]
+        if self.small_disk_bytes is not None:
+            files += ["-f", str(self.small_disks_file())]
         argv = [*self.compose_cmd, "-p", self.project, *files, *args]
         return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
 
@@ -382,6 +430,17 @@ class ComposeGroup:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{self.project}.groups-{self.groups}.yml"
         text = groups_override(self.groups)
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        return path
+
+    def small_disks_file(self) -> Path:
+        """The override file putting the brokers' data on small tmpfs volumes, beside the groups file."""
+        assert self.small_disk_bytes is not None
+        folder = self.log_dir.parent if self.log_dir is not None else Path(tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.project}.small-disks.yml"
+        text = small_disks_override(self.groups, self.small_disk_bytes)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
         return path
@@ -692,6 +751,32 @@ class ComposeGroup:
         with ThreadPoolExecutor(max_workers=len(services) or 1) as pool:
             results = list(pool.map(apply, services))
         return {s: why for s, why in results if why}
+
+    def _holder_exec(self, service: str, script: str, *args: str) -> dict[str, Any]:
+        """Run a Python snippet in the broker's disk holder; its last output line is JSON."""
+        if self.small_disk_bytes is None:
+            raise ComposeError(f"{service} has no small disk: the group was started without small_disk_bytes")
+        self._spec(service)
+        holder = disk_holder(service)
+        ids = self._ids(holder)
+        if len(ids) != 1:
+            raise ComposeError(f"expected one {holder} container in project {self.project}, found {ids}")
+        out = self.docker("exec", ids[0], "python", "-c", script, *args, timeout=DISK_OP_TIMEOUT_S).stdout
+        lines = out.strip().splitlines()
+        try:
+            return dict(json.loads(lines[-1]))
+        except (IndexError, ValueError) as exc:
+            raise ComposeError(f"{holder}: unexpected output {out[-300:]!r}") from exc
+
+    def fill_disk(self, service: str, filler: str, max_bytes: int) -> dict[str, Any]:
+        """Fill the broker's small disk to the last page with ``filler`` (a name in its data
+        directory), at most ``max_bytes``; the broker keeps running and its writes now fail.
+        Returns ``filler_bytes``, ``free_bytes`` (what is left: 0 on a full tmpfs), ``disk_bytes``."""
+        return self._holder_exec(service, FILL_SCRIPT, f"{DATA_DIR}/{filler}", str(max_bytes))
+
+    def free_disk(self, service: str, filler: str) -> dict[str, Any]:
+        """Delete the filler again; returns ``freed`` (its size, 0 if there was none)."""
+        return self._holder_exec(service, FREE_SCRIPT, f"{DATA_DIR}/{filler}")
 
     def rules(self, service: str) -> str:
         """The container's current LEDGERMQ chains (``iptables -S``), for reports and tests."""

@@ -28,6 +28,8 @@ MAX_GROUPS = 20
 DEFAULT_ACCESS_KEY = "ledgermq-admin"  # docker-compose.yml's defaults for the superuser account
 DEFAULT_SECRET_KEY = "ledgermq-admin-secret-change-me"
 NET = "${LEDGERMQ_NET:-172.28.10}"
+#: where each broker keeps its data (BROKER_DATA_DIR; the ledger lives in its ``ledger/``)
+DATA_DIR = "/var/lib/ledgermq"
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
             "BROKER_GROUP": group,
             "BROKER_NAMESRV_ADDR": namesrv,
             "BROKER_LISTEN_HOST": "0.0.0.0",
-            "BROKER_DATA_DIR": "/var/lib/ledgermq",
+            "BROKER_DATA_DIR": DATA_DIR,
             "BROKER_TOPICS": "TopicTest:4",
             "BROKER_REGISTER_INTERVAL_S": "10",
             "BROKER_CLUSTER_SECRET": _var("LEDGERMQ_CLUSTER_SECRET", ""),
@@ -175,7 +177,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
             f"{_var('LEDGERMQ_PUBLISH_HOST', '127.0.0.1')}:"
             f"{_var(spec.publish_env, str(spec.default_published))}:{spec.port}"
         ],
-        "volumes": [f"{spec.name}-data:/var/lib/ledgermq"],
+        "volumes": [f"{spec.name}-data:{DATA_DIR}"],
     }
 
 
@@ -194,5 +196,58 @@ def groups_override(groups: int) -> str:
         f"{', '.join(broker_name(g) for g in range(1, groups))} beside docker-compose.yml's broker-a.\n"
         "# Use: docker-compose -f docker-compose.yml -f THIS_FILE up -d   (same variables as the base file;\n"
         "# LEDGERMQ_BROKER<k>_PORT publishes broker<k>). Regenerate rather than edit.\n"
+    )
+    return header + json.dumps(doc, indent=2) + "\n"
+
+
+#: suffix of the service that holds a broker's small disk mounted (``broker1-disk``)
+DISK_HOLDER_SUFFIX = "-disk"
+#: largest small disk the override accepts: tmpfs pages are RAM, and a fill writes all of it
+MAX_SMALL_DISK_BYTES = 4 << 30
+
+
+def disk_holder(broker: str) -> str:
+    """The service that keeps ``broker``'s small disk mounted (see :func:`small_disks_override`)."""
+    return broker + DISK_HOLDER_SUFFIX
+
+
+def small_disks_override(groups: int, size_bytes: int) -> str:
+    """The override file (JSON-style YAML) that puts every broker's data volume on a tmpfs of
+    ``size_bytes``, for the ``disk-full`` nemesis: filling it makes the broker's writes fail with
+    ENOSPC, as a full disk would.
+
+    Why a holder service per broker: Docker's local volume driver mounts a volume with driver
+    options when its first container starts and unmounts it when its last one stops, so a tmpfs
+    volume used by the broker alone would come back empty after ``docker kill`` + ``docker start``
+    (measured: the file was gone), which would turn every kill into a wipe. ``<broker>-disk``
+    mounts the same volume and just sleeps, so the tmpfs lives as long as the project: a killed
+    broker restarts on its data, as it does on a plain volume. The holder has no network and dies
+    on SIGKILL (it holds nothing that needs a clean stop); the harness fills and frees the disk
+    through it, which works whatever state the broker is in (running, paused or killed).
+    """
+    if not isinstance(size_bytes, int) or not 1 << 20 <= size_bytes <= MAX_SMALL_DISK_BYTES:
+        raise ValueError(f"small disk size must be 1 MiB..{MAX_SMALL_DISK_BYTES} bytes, got {size_bytes!r}")
+    brokers = [s.name for s in layout(groups).values() if s.kind == "broker"]
+    holders = {
+        disk_holder(b): {
+            "image": _var("LEDGERMQ_IMAGE", "ledgermq:latest"),
+            "command": ["sleep", "infinity"],
+            "network_mode": "none",
+            "stop_signal": "SIGKILL",
+            "volumes": [f"{b}-data:{DATA_DIR}"],
+        }
+        for b in brokers
+    }
+    volumes = {
+        f"{b}-data": {
+            "driver": "local",
+            "driver_opts": {"type": "tmpfs", "device": "tmpfs", "o": f"size={size_bytes}"},
+        }
+        for b in brokers
+    }
+    doc = {"version": "2.4", "services": holders, "volumes": volumes}
+    header = (
+        f"# Generated for the disk-full nemesis: each broker's data on a {size_bytes}-byte tmpfs volume,\n"
+        "# kept mounted across broker restarts by a <broker>-disk holder. Regenerate rather than edit.\n"
     )
     return header + json.dumps(doc, indent=2) + "\n"

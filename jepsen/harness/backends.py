@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,22 @@ class Backend(ABC):
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{self.system}: no leader within {timeout}s; node logs under {self.base_dir}")
 
+    async def wait_for_every_leader(self, timeout: float = 30.0) -> str:
+        """Every group of ``node_groups`` has a leader (a run needs all its queues); returns
+        them, comma-separated. Backends with several groups use it as ``wait_for_leader``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            leaders = {name: await self.leader(members) for name, members in self.node_groups().items()}
+            if all(leaders.values()):
+                return ",".join(str(v) for v in leaders.values())
+            if loop.time() >= deadline:
+                missing = sorted(name for name, v in leaders.items() if v is None)
+                raise TimeoutError(
+                    f"broker groups {', '.join(missing)}: no master within {timeout}s; logs under {self.base_dir}"
+                )
+            await asyncio.sleep(0.1)
+
     # ------------------------------------------------------------------ faults
 
     @abstractmethod
@@ -191,6 +208,15 @@ class Backend(ABC):
     def small_disk_refusal(self) -> str | None:
         """Why ``disk-full`` cannot run here (None: it can)."""
         return f"{self.system} on this backend has no disk-full fault"
+
+    #: whether ``disk-full``'s small disks exist from the start (laid out by ``start`` after
+    #: ``plan_faults`` named the fault), so the nemesis needs no kill-mount-restart round first
+    small_disks_from_start: bool = False
+
+    def plan_faults(self, faults: Sequence[str]) -> None:
+        """Told the run's nemeses before ``start``, for a backend that must lay its nodes out for a
+        fault (the docker group's small volumes for ``disk-full``); most need nothing."""
+        return None
 
     def forge_targets(self) -> dict[str, Any]:
         """What the ``forge-peer`` nemesis attacks: ``{"ledger": {node: peer address}, "secured": bool,

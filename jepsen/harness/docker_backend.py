@@ -13,6 +13,13 @@ in the workers) sign with that account. ``groups`` > 1 (``--groups``) adds broke
 through the generated override file; nodes are then named ``<broker name>/<member>``
 (``broker-b/n2``) and the workload spreads its queues over every group, as with the local
 backend.
+
+``disk-full``: when the run's nemeses include it (``plan_faults``, before the group starts),
+each broker's data volume is a tmpfs of ``SMALL_DISK_MB`` kept mounted by a holder container
+(``jepsen.docker.layout.small_disks_override``: a tmpfs volume alone would be emptied by every
+kill), and the nemesis fills and frees it like the local backend's tmpfs, with the same
+``fill-disk``/``free-disk`` events. Other runs keep the plain volumes of docker-compose.yml: a
+tmpfs costs RAM and caps the data, which only this fault wants.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import asyncio
 import os
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +41,7 @@ from jepsen.docker.compose import (
 )
 from remoting import RemotingClient
 
-from .backends import Backend, Unsupported
+from .backends import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
 from .clients import LogClient
 from .credentials import Credentials
 from .proxy import Link
@@ -69,6 +77,8 @@ class DockerBrokerBackend(Backend):
     supports_loss = True  # iptables statistic match
     supports_delay = False  # needs netem (tc qdisc ... netem), which this kernel does not offer
 
+    small_disks_from_start = True  # the volumes are laid out by ``start``; no set-up restarts
+
     def __init__(self, base_dir: Path, queues: int = 2, *, groups: int = 1) -> None:
         super().__init__(base_dir)
         self.queues = queues
@@ -91,6 +101,27 @@ class DockerBrokerBackend(Backend):
         self._rc: RemotingClient | None = None
         self._rc_loop: asyncio.AbstractEventLoop | None = None
         self._up = False
+
+    def plan_faults(self, faults: Sequence[str]) -> None:
+        """With ``disk-full`` among the faults, start the brokers on small tmpfs volumes."""
+        if "disk-full" in faults and not self._up:
+            self.group.small_disk_bytes = SMALL_DISK_MB << 20
+
+    def small_disk_refusal(self) -> str | None:
+        if self.group.small_disk_bytes is None:
+            return (
+                "disk-full on the docker backend needs the brokers' data on small volumes, laid out "
+                "when the group starts: name disk-full among the run's nemeses (jepsen run --nemesis)"
+            )
+        return None
+
+    def fill_disk(self, nid: str) -> dict[str, Any]:
+        """Fill the broker's tmpfs volume to the last page (through its holder; the broker keeps running)."""
+        info = self.group.fill_disk(self.group.service_of(nid), FILLER, SMALL_DISK_MB_MAX << 20)
+        return {"node": nid, **info}
+
+    def free_disk(self, nid: str) -> dict[str, Any]:
+        return {"node": nid, **self.group.free_disk(self.group.service_of(nid), FILLER)}
 
     def start(self) -> None:
         reason = docker_unavailable_reason()
@@ -129,16 +160,7 @@ class DockerBrokerBackend(Backend):
         """Every group has a ready master (the run needs all its queues); returns them, comma-separated."""
         if self.group.groups == 1:
             return await super().wait_for_leader(timeout)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            leaders = {name: await self.leader(members) for name, members in self.node_groups().items()}
-            if all(leaders.values()):
-                return ",".join(str(v) for v in leaders.values())
-            if loop.time() >= deadline:
-                missing = sorted(name for name, v in leaders.items() if v is None)
-                raise TimeoutError(f"broker groups {', '.join(missing)}: no master within {timeout}s")
-            await asyncio.sleep(0.1)
+        return await self.wait_for_every_leader(timeout)
 
     def forge_targets(self) -> dict[str, Any]:
         """The containers' real ledger and broker addresses (reachable from a Linux host)."""

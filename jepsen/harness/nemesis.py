@@ -432,10 +432,14 @@ class Nemesis:
 
     async def prepare(self) -> None:
         """Set-up some faults need before the first one: ``disk-full`` moves each node's ledger
-        onto a small tmpfs, one node at a time (a recorded kill and restart, ``disk-full-setup``)."""
+        onto a small tmpfs, one node at a time (a recorded kill and restart, ``disk-full-setup``),
+        unless the backend laid its nodes out on small disks from the start (docker)."""
         if "disk-full" not in self.faults:
             return
         b = self.backend
+        if b.small_disks_from_start:
+            self._log("disk-full: every node has been on its small disk since the start")
+            return
         for n in b.nodes:
             value = {"fault": "disk-full-setup", "nodes": [n]}
             await self.op("kill", value, lambda n=n: b.kill(n))

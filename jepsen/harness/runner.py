@@ -432,6 +432,7 @@ def run(cfg: RunConfig) -> RunResult:
     run_dir = make_run_dir(cfg.out, cfg.test_name())
     backend = make_backend(cfg.backend, cfg.system, run_dir / "cluster", **cfg.system_options)
     backend.client_timeout = max(0.5, cfg.op_timeout - 1.0)
+    backend.plan_faults(cfg.nemesis)  # before start: the docker group lays out disk-full's volumes
     sharded = bool(cfg.workers)
     history_path = run_dir / "history" if sharded else run_dir / "history.jsonl"
     history = (
