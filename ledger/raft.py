@@ -885,10 +885,22 @@ class RaftCore:
             pr.become_probe()
             self._append_dirty = True
             return
-        if m.match_index > pr.match:
+        advanced = m.match_index > pr.match
+        if advanced:
             pr.match = m.match_index
             self._maybe_commit()
         if pr.state == PROBE:
+            # SIM-FIX (python -m ledger.sim --seed 4225): only an acknowledgement that raises the
+            # match proves anything new about the follower's log (etcd's MaybeUpdate). A late or
+            # duplicated success from an abandoned pipeline used to flip PROBE to REPLICATE and
+            # release a whole window again; on a network that reorders, the window's own
+            # out-of-order rejections flipped it back, and every stale answer restarted the
+            # cycle: 2595 stale successes in PROBE, 120k messages, a follower that never caught up.
+            # The answer to a probe that carries entries does raise the match (a follower
+            # acknowledges only once they are durable, ``_respond_success``); an empty one at
+            # next - 1 == match has nothing new to prove, and the next entry-carrying probe does.
+            if not advanced:
+                return
             pr.next = max(pr.next, pr.match + 1)
             pr.become_replicate()
         else:

@@ -43,6 +43,7 @@ __all__ = [
     "AppendCallback",
     "Busy",
     "Clock",
+    "DEFAULT_DISK_RETRY_S",
     "Disk",
     "DurableLog",
     "LedgerRuntime",
@@ -58,6 +59,8 @@ AppendCallback = Callable[[int, int, int, str], None]
 #: ``cb(read index, None)`` once reads up to the index are linearizable, or ``cb(0, error)``.
 ReadCallback = Callable[[int, Exception | None], None]
 SyncDone = Callable[[int, BaseException | None], None]
+#: Seconds between probes of a disk that refused a write (``LedgerRuntime.disk_retry_s``).
+DEFAULT_DISK_RETRY_S = 1.0
 
 
 class DurableLog(LogView, Protocol):
@@ -133,7 +136,7 @@ class LedgerRuntime:
         wake: Callable[[], None],
         on_fatal: Callable[[str], None] | None = None,
         observe_append: Callable[[float], None] | None = None,
-        disk_retry_s: float = 1.0,
+        disk_retry_s: float = DEFAULT_DISK_RETRY_S,
         max_pending: int = 65536,
     ) -> None:
         self.core = core

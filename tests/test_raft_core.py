@@ -23,7 +23,7 @@ from ledger.messages import (
     VoteRequest,
     VoteResponse,
 )
-from ledger.raft import NotLeader, RaftConfig, RaftCore, Ready, Role
+from ledger.raft import PROBE, REPLICATE, NotLeader, RaftConfig, RaftCore, Ready, Role
 
 MEMBERS = ("n1", "n2", "n3")
 E = 8  # election ticks used throughout
@@ -412,6 +412,37 @@ def test_install_base_ack_resumes_appends_from_replicate_state() -> None:
     assert not of(out, InstallBase, "n2")
     (app,) = of(out, AppendRequest, "n2")
     assert app.prev_index == 9 and [e.index for e in app.entries] == [10]
+
+
+def test_a_stale_success_does_not_release_the_window_of_a_probing_follower() -> None:
+    """Regression (sim seed 4225, a message storm): only an ack that raises the match ends PROBE.
+
+    A reordering network delivers a pipeline's appends out of order: the follower rejects
+    the one that overtook its predecessor and the leader falls back to probing. A late or
+    duplicated success that proves nothing new (its match is not above the known one) used
+    to flip the follower back to REPLICATE and resend the whole window, whose own reordering
+    caused the next rejection: about 120k messages in a 2.6 s run, the follower never caught up.
+    """
+    leader = mkcore("n1", [1], term=1, max_inflight=8, max_append_bytes=100)
+    commit_noop(leader, elect(leader))  # term 2, no-op at 2; n2 and n3 REPLICATE with match 2
+    leader.ready()
+    leader.propose([b"p" * 10 for _ in range(6)])  # 3..8, one entry per append
+    window = of(leader.ready(), AppendRequest, "n2")
+    assert [m.prev_index for m in window] == [2, 3, 4, 5, 6, 7]
+    pr = leader.progress["n2"]
+    # The append at prev 3 overtook the one at prev 2: n2 (log ending at 2) rejects it.
+    leader.step(AppendResponse(2, "n2", "n1", False, 0, 3, 2, 2, window[1].seq))
+    (probe,) = of(leader.ready(), AppendRequest, "n2")
+    assert pr.state == PROBE and probe.prev_index == 2
+    # A duplicate of n2's old acknowledgement of the no-op arrives late: nothing new.
+    leader.step(AppendResponse(2, "n2", "n1", True, 2, seq=window[0].seq))
+    assert pr.state == PROBE
+    assert not of(leader.ready(), AppendRequest, "n2"), "a stale ack released the window again"
+    # The answer to the probe (entry 3 durable on n2) resumes the pipeline after it.
+    leader.step(AppendResponse(2, "n2", "n1", True, 3, seq=probe.seq))
+    resumed = of(leader.ready(), AppendRequest, "n2")
+    assert pr.state == REPLICATE and pr.match == 3
+    assert [m.prev_index for m in resumed] == [3, 4, 5, 6, 7]
 
 
 def test_stale_install_base_does_not_rewind_a_follower() -> None:
