@@ -95,3 +95,26 @@ def test_a_shutdown_cancel_propagates_even_when_the_deadline_also_passed(tmp_pat
 def test_a_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         OpDeadlines(0)
+
+
+def test_an_operation_with_its_own_timeout_outlives_the_op_timeout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A final drain reads the whole log back (millions of pairs at full rate: seconds), so it has
+    its own limit (``--drain-timeout``); the per-operation timeout must not cut it short."""
+    ctx = context(tmp_path, op_timeout=0.1)
+
+    async def main() -> list[tuple[str, object, object]]:
+        return list(
+            await asyncio.gather(
+                attempt(ctx, value(5, 0.4), read_only=True, timeout=2.0),  # 4x the op timeout: ok
+                attempt(ctx, hang(), read_only=True, timeout=0.3),
+                attempt(ctx, hang(), timeout=0.3),
+                attempt(ctx, definite(), read_only=True, timeout=1.0),
+            )
+        )
+
+    slow, hung_read, hung, failed = asyncio.run(main())
+    assert slow == ("ok", 5, None)
+    assert hung_read == ("fail", None, "timed out after 0.3s")
+    assert hung == ("info", None, "timed out after 0.3s")
+    assert failed == ("fail", None, "refused")
+    assert ctx.op_deadlines().expired_total == 0  # none of them went through the sweeper

@@ -60,6 +60,10 @@ from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workloa
 TOPIC = "JepsenQueue"
 #: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``QueueClient.poll``)
 MAX_PULLS_PER_POLL = 64
+#: pairs per poll of a drain: at RocketMQ's 32 messages a pull, all MAX_PULLS_PER_POLL pulls
+#: (a poll never stops short of its limit before the queue's end); at ledgermq's 1024, two
+DRAIN_POLL = 32 * MAX_PULLS_PER_POLL
+MAX_DRAIN_POLLS = 100_000  # a drain's bound in polls (its time is bounded by --drain-timeout)
 
 
 class _ProxiedBrokerGroup(LocalBrokerGroup):
@@ -493,13 +497,14 @@ class QueueClient:
         return pairs, result.max_offset
 
     async def drain(self, queue_id: int) -> list[Pair]:
+        """The whole queue from offset 0, in polls of ``DRAIN_POLL`` pairs."""
         out: list[Pair] = []
-        for _ in range(1_000_000):
-            batch = await self.poll(queue_id, out[-1][0] + 1 if out else 0, 500)
+        for _ in range(MAX_DRAIN_POLLS):
+            batch = await self.poll(queue_id, out[-1][0] + 1 if out else 0, DRAIN_POLL)
             out.extend(batch)
-            if len(batch) < 500:
+            if len(batch) < DRAIN_POLL:
                 return out
-        raise Indefinite("drain did not reach the end")
+        raise Indefinite(f"drain did not reach the end in {MAX_DRAIN_POLLS} polls of {DRAIN_POLL}")
 
     async def close(self) -> None:
         if self._started:

@@ -261,6 +261,13 @@ def _placement(
     help="seconds before an operation is recorded as info",
 )
 @click.option(
+    "--drain-timeout",
+    type=click.FloatRange(min=1),
+    default=120,
+    show_default=True,
+    help="seconds the final drain of each queue/log may take (it reads everything sent back)",
+)
+@click.option(
     "--send-batch",
     type=click.IntRange(min=1, max=1024),
     default=None,
@@ -299,6 +306,7 @@ def run(
     name: str | None,
     seed: int | None,
     op_timeout: float,
+    drain_timeout: float,
     send_batch: int | None,
     no_check: bool,
     spark_master: str | None,
@@ -380,6 +388,7 @@ def run(
         out=out,
         seed=seed,
         op_timeout=op_timeout,
+        drain_timeout=drain_timeout,
         send_batch=send_batch,
         check_engine=check_engine,
         progress=not no_progress and sys.stderr.isatty(),

@@ -56,6 +56,7 @@ class RunConfig:
     out: Path = Path("jepsen-runs")
     seed: int | None = None
     op_timeout: float = 5.0
+    drain_timeout: float = 120.0  # seconds a final drain (the whole log read back) may take
     send_batch: int | None = None  # queue workload: coalesce up to this many concurrent sends to a queue
     workers: int | None = None  # client processes; 0: clients in this process; None: resolve_load
     progress: bool = True
@@ -220,6 +221,7 @@ async def _drive(
         rate=cfg.rate,
         clients=cfg.clients,
         op_timeout=cfg.op_timeout,
+        drain_timeout=cfg.drain_timeout,
         send_batch=cfg.send_batch or 1,
         send_ratio=FULL_RATE_SEND_RATIO if cfg.full_rate else 0.75,
         poll_max=FULL_RATE_POLL_MAX if cfg.full_rate else 50,
@@ -349,6 +351,7 @@ async def _drive_workers(
         rate=cfg.rate,
         clients=1,
         op_timeout=cfg.op_timeout,
+        drain_timeout=cfg.drain_timeout,
         send_batch=1,
         values=iter(()),  # the controller only reads (drains, final reads); it sends nothing
     )

@@ -58,6 +58,9 @@ class RunContext:
     rate: float  # operations per second over all workers (math.inf: closed loop, no pause)
     clients: int
     op_timeout: float = 10.0
+    #: seconds a final drain may take: it reads the whole log back, which at full rate is
+    #: millions of pairs, far more than one operation's ``op_timeout`` allows
+    drain_timeout: float = 120.0
     send_batch: int = 1  # queue workload: up to this many concurrent sends go as one batch
     send_ratio: float = 0.75  # log/queue workloads: the share of operations that are sends
     poll_max: int = 50  # log/queue workloads: pairs a poll asks for
@@ -98,7 +101,12 @@ class RunContext:
 
 
 async def attempt(
-    ctx: RunContext, action: Awaitable[T], *, read_only: bool = False, task: asyncio.Task[Any] | None = None
+    ctx: RunContext,
+    action: Awaitable[T],
+    *,
+    read_only: bool = False,
+    task: asyncio.Task[Any] | None = None,
+    timeout: float | None = None,
 ) -> tuple[str, T | None, str | None]:
     """Run one operation: ``(type, result, error)`` with type ok/fail/info.
 
@@ -106,24 +114,40 @@ async def attempt(
     ``asyncio.timeout`` or ``wait_for``: both cost a timer, the latter a task too, per
     operation, a visible share of a full-rate worker's CPU. ``task``: the caller's own task,
     if it has it at hand (finding it costs a system call; see OpDeadlines.begin).
+    ``timeout``: a rare operation's own limit instead (a final drain), with its own timer.
     """
+    if timeout is not None:
+        try:
+            async with asyncio.timeout(timeout):
+                try:
+                    return "ok", await action, None
+                except Exception as exc:  # noqa: BLE001 - sorted by _failure
+                    return _failure(exc, read_only)
+        except TimeoutError:
+            return ("fail" if read_only else "info"), None, f"timed out after {timeout}s"
     deadlines = ctx.op_deadlines()
     task = deadlines.begin(task)
     try:
         result = await action
-    except Definite as exc:
-        return "fail", None, str(exc)[:300]
     except asyncio.CancelledError:
         if not deadlines.expired(task):
             raise
         return ("fail" if read_only else "info"), None, f"timed out after {ctx.op_timeout}s"
-    except TimeoutError as exc:  # the client's own timeout, shorter than ours
-        return ("fail" if read_only else "info"), None, f"TimeoutError: {exc}"[:300]
-    except Exception as exc:  # noqa: BLE001 - unknown outcome, recorded as such
-        return ("fail" if read_only else "info"), None, f"{type(exc).__name__}: {exc}"[:300]
+    except Exception as exc:  # noqa: BLE001 - sorted by _failure
+        return _failure(exc, read_only)
     finally:
         deadlines.end(task)
     return "ok", result, None
+
+
+def _failure(exc: Exception, read_only: bool) -> tuple[str, None, str]:
+    """An operation's exception as its outcome: fail when it surely did nothing, else info
+    (a read that did nothing either way is a fail)."""
+    if isinstance(exc, Definite):
+        return "fail", None, str(exc)[:300]
+    if isinstance(exc, TimeoutError):  # the client's own timeout, shorter than ours
+        return ("fail" if read_only else "info"), None, f"TimeoutError: {exc}"[:300]
+    return ("fail" if read_only else "info"), None, f"{type(exc).__name__}: {exc}"[:300]
 
 
 class Workload(ABC):
@@ -219,7 +243,9 @@ class LogWorkload(Workload):
         try:
             for _ in range(10):
                 h.invoke(proc, "drain", {"from": 0, "max": None}, key=key)
-                typ, pairs, err = await attempt(self.ctx, client.drain(), read_only=True)
+                typ, pairs, err = await attempt(
+                    self.ctx, client.drain(), read_only=True, timeout=self.ctx.drain_timeout
+                )
                 # (offset, value) tuples encode as the contract's [offset, value] pairs: no copy of a long drain
                 value = pairs if typ == "ok" and pairs is not None else None
                 h.complete(proc, typ, "drain", value, key=key, error=err, node=client.node)
