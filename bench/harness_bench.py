@@ -17,7 +17,8 @@ verdict, recovery per kill and each process's peak memory.
 
 Ends with one JSON line: bench_msgs_per_s, recorded_ok_per_s, ratio, ops, check_s,
 history_bytes_per_op, valid, calm_ok_per_s (ok operations per second between faults),
-kills, recovery_p50_ms, recovery_max_ms, workers, worker_peak_rss_mb, controller_peak_rss_mb.
+kills, recovery_p50_ms, recovery_max_ms, workers, worker_peak_rss_mb, controller_peak_rss_mb,
+all_drained (every queue's final drain read the whole queue back: every ok send was judged).
 """
 
 from __future__ import annotations
@@ -115,13 +116,17 @@ def main() -> None:
     # ok operations per second in the 10 s before each fault: the rate between faults
     calm = statistics.median([x["ok_per_s_before"] for x in faults]) if faults else None
     workers = s.get("workers", [])
+    drained = (s.get("workload") or {}).get("drained") or {}
+    all_drained = bool(drained) and all(v is not None for v in drained.values())
     worker_rss = max((w.get("peak_rss_mb") or 0 for w in workers), default=0.0)
     print(
         f"recorded {ok_sends:,} ok sends in {args.time:g} s = {rate:,.0f}/s = {rate / capacity:.0%} of the "
         f"bench's {capacity:,.0f} msgs/s; {ops:,} operations, {s['history_bytes'] / max(1, ops):.0f} bytes/op; "
         f"checked in {check.get('seconds')} s ({check.get('valid')}); {len(workers)} workers, peak memory "
         f"{worker_rss:.0f} MB per worker, {s.get('controller_peak_rss_mb')} MB controller; "
-        f"between faults {calm or 0:,.0f} ok/s (median over the 10 s before each fault)",
+        f"between faults {calm or 0:,.0f} ok/s (median over the 10 s before each fault); final drains "
+        f"{'read ' + format(sum(drained.values()), ',') + ' pairs' if all_drained else 'FAILED: ' + str(drained)} "
+        f"in {(s.get('phases') or {}).get('final_done_s', 0) - (s.get('phases') or {}).get('healed_at_s', 0):.1f} s",
         flush=True,
     )
     print(
@@ -141,6 +146,7 @@ def main() -> None:
                 "workers": len(workers),
                 "worker_peak_rss_mb": worker_rss,
                 "controller_peak_rss_mb": s.get("controller_peak_rss_mb"),
+                "all_drained": all_drained,
             }
         )
     )
