@@ -244,3 +244,30 @@ def test_spark_reads_a_shard_folder_and_agrees_on_recovery(tmp_path):
     (x,) = figures["spark"]
     assert x["recovery_ms"] == pytest.approx(709.0)  # key b's first op after the kill: 4.7 s + 9 ms
     assert figures["spark"] == figures["inprocess"]
+
+
+def test_the_pause_before_the_final_drain_is_not_a_gap(tmp_path):
+    """A fault in a run's last 10 s: its after window and gap stop where the load stopped, not at
+    the final drain seconds later (the harness heals, waits for a leader, then drains)."""
+    w = Writer()
+    v = _steady(w, 1, "a", 0, 20 * S, 100 * MS, 10 * MS, 1)
+    w.nemesis(15 * S, 15 * S + 5 * MS, "kill", ["n1"])  # the client never notices: steady throughout
+    w.nemesis(16 * S, 16 * S + 5 * MS, "restart", ["n1"])
+    w.ev(24 * S, 9, "invoke", "drain", {"from": 0, "max": None}, "a")
+    w.ev(25 * S, 9, "ok", "drain", [[i, i + 1] for i in range(v - 1)], "a")
+    path = w.write(tmp_path / "h.jsonl")
+    (x,) = _faults(path)
+    assert x["gap_ms"] == pytest.approx(100.0, abs=2)  # the steady 100 ms between completions
+    assert x["ok_per_s_after"] == pytest.approx(10.0, rel=0.05)  # 16 s to 19.91 s: ten a second
+    # without the drain, the history ends with the load: the same figures
+    w.events = [e for e in w.events if e["f"] != "drain"]
+    (y,) = _faults(w.write(tmp_path / "no-drain.jsonl"))
+    assert (y["gap_ms"], y["ok_per_s_after"]) == (x["gap_ms"], x["ok_per_s_after"])
+    # the Spark path agrees
+    from jepsen.checker.analyze import analyze_files
+
+    res = analyze_files([path], workload="log", out_dir=tmp_path / "spark", engine="spark", report=False)
+    (o,) = res["files"]
+    assert o.error is None and o.valid is True, o.error
+    (z,) = o.result["faults"]
+    assert (z["gap_ms"], z["ok_per_s_after"]) == (x["gap_ms"], x["ok_per_s_after"])

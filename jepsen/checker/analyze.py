@@ -131,6 +131,7 @@ def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
                 "timed": False,
                 "nemesis": 0,
                 "n": 0,
+                "spans": [],  # (f, latest time) per f and type: recovery.load_end_of
             },
         )
         if r["kind"] == "bad":
@@ -141,6 +142,7 @@ def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
             o["nemesis"] += r["n"]
             continue
         o["fs"].add(r["f"])
+        o["spans"].append((r["f"], r["t1"]))
         o["ops"].setdefault(r["f"], {})[r["type"]] = r["n"]
         o["n"] += r["n"]
         for k, pick in (("t0", min), ("t1", max)):
@@ -510,7 +512,8 @@ def _check_ops(
         for s in chosen
         if overview[s]["timed"] and overview[s]["t0"] is not None
     }
-    found = recovery.spark_faults(ops, sorted(timed), timed)
+    load_ends = {s: recovery.load_end_of(overview[s]["spans"]) for s in timed}
+    found = recovery.spark_faults(ops, sorted(timed), timed, load_ends)
     for src in timed:  # an empty list for a timed history without faults, as in-process
         recovery.attach(outcomes[src].result, found.get(src, []))
     if report and chosen:

@@ -54,6 +54,8 @@ HEALS: dict[str, tuple[str, ...]] = {
     "strobe-clock": ("reset-clock",),
 }
 HEALING = frozenset(f for fs in HEALS.values() for f in fs)
+#: operations of a run's final phase (HISTORY.md: a drain runs after every fault is healed)
+FINAL_READS = frozenset({"drain"})
 ANNOTATIONS = frozenset({"corrupt"})
 
 
@@ -245,8 +247,17 @@ def _by_group(keys: list[str], firsts: list[int | None], start: int) -> dict[str
     return dict(sorted(out.items()))
 
 
-def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[str, Any]]:
-    """The ``faults`` list of results.json for a history spanning [t0, t1] (ns)."""
+def compute(
+    faults: list[Fault], idx: OkIndex, t0: int, t1: int, load_end: int | None = None
+) -> list[dict[str, Any]]:
+    """The ``faults`` list of results.json for a history spanning [t0, t1] (ns).
+
+    ``load_end``: where the load stopped, when the history goes on with final reads (the
+    latest time of any other operation, see ``load_end_of``). A fault's "after" window and
+    its gap end there: the pause between the load and the final reads (the harness healing,
+    waiting for a leader, starting the drain) is the harness's, not the system's. Without
+    it, a fault in a run's last 10 s showed that pause, seconds long, as its ``gap_ms``.
+    """
     out = []
     for x in faults:
         s = x.start
@@ -269,6 +280,8 @@ def compute(faults: list[Fault], idx: OkIndex, t0: int, t1: int) -> list[dict[st
                     :8
                 ]
         after_hi = min(t1, end + WINDOW_NS)
+        if load_end is not None and load_end > end:
+            after_hi = min(after_hi, load_end)
         gap_hi = max(s, after_hi)
         groups = sorted({g for g in map(node_group, x.nodes) if g})
         if groups:  # the broker groups the fault hit (nodes named ``<group>/<node>``)
@@ -349,13 +362,36 @@ def faults_from_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if not nem:
         return []
     times = [t for r in rows for t in (r["inv_time"], r.get("cmp_time")) if t is not None]
-    return compute(faults_from_nemesis(nem), OkIndex.from_rows(rows), min(times), max(times))
+    spans = (
+        (r["f"], max(r["inv_time"], r.get("cmp_time") or 0))
+        for r in rows
+        if r["kind"] == "op" and r["inv_time"] is not None
+    )
+    end = load_end_of(spans)
+    return compute(faults_from_nemesis(nem), OkIndex.from_rows(rows), min(times), max(times), end)
+
+
+def load_end_of(spans: Iterable[tuple[str, int | None]]) -> int | None:
+    """From (f, latest time) of operations: the latest time of any that is not a final read,
+    when the history has final reads (None otherwise: its load ran to its end)."""
+    end: int | None = None
+    final = False
+    for f, t in spans:
+        if f in FINAL_READS:
+            final = True
+        elif t is not None and (end is None or t > end):
+            end = t
+    return end if final else None
 
 
 def spark_faults(
-    ops: DataFrame, srcs: list[int], bounds: dict[int, tuple[int, int]]
+    ops: DataFrame,
+    srcs: list[int],
+    bounds: dict[int, tuple[int, int]],
+    load_ends: Mapping[int, int | None] | None = None,
 ) -> dict[int, list[dict[str, Any]]]:
-    """The ``faults`` list per source, from the paired operations (two grouped queries)."""
+    """The ``faults`` list per source, from the paired operations (two grouped queries);
+    ``load_ends``: each source's ``load_end_of``, from the caller's overview."""
     from pyspark.sql import functions as F
 
     if not srcs:
@@ -396,7 +432,8 @@ def spark_faults(
         t0, t1 = bounds[s]
         times = [t for _, t, _, _ in nemesis[s]]
         t0, t1 = min([t0, *times]), max([t1, *times])
-        out[s] = compute(faults_from_nemesis(nemesis[s]), OkIndex(firsts[s], dones[s]), t0, t1)
+        end = (load_ends or {}).get(s)
+        out[s] = compute(faults_from_nemesis(nemesis[s]), OkIndex(firsts[s], dones[s]), t0, t1, end)
     return out
 
 
