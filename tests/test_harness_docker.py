@@ -26,24 +26,36 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REASON = docker_unavailable_reason()
 
 
-@pytest.mark.skipif(REASON is not None, reason=f"no Docker engine: {REASON}")
-def test_queue_on_the_compose_group_with_docker_faults(tmp_path):
+def _queue_run(
+    tmp_path: Path, nemesis: tuple[str, ...], *, time: float, interval: float, seed: int, **options
+):  # type: ignore[no-untyped-def]
+    """A short queue-workload run on the docker backend (40 ops/s, 4 clients); the result and
+    its history, already checked against the contract."""
     result = run(
         RunConfig(
             workload="queue",
             backend="docker",
-            nemesis=("forge-peer", "kill-leader", "partition-leader"),
-            time=20,
-            interval=3,
+            nemesis=nemesis,
+            time=time,
+            interval=interval,
             rate=40,
             clients=4,
-            seed=5,
+            seed=seed,
             out=tmp_path,
             progress=False,
+            system_options=options,
         )
     )
     events = read_history(result.history)
     assert validate_history(events) == []
+    return result, events
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"no Docker engine: {REASON}")
+def test_queue_on_the_compose_group_with_docker_faults(tmp_path):
+    result, events = _queue_run(
+        tmp_path, ("forge-peer", "kill-leader", "partition-leader"), time=20, interval=3, seed=5
+    )
     faults = {e["f"] for e in events if e["process"] == "nemesis"}
     assert {"kill", "start-partition", "forge-peer"} <= faults, faults
     forged = [e["value"] for e in events if e["process"] == "nemesis" and e["f"] == "forge-peer"]
@@ -69,23 +81,7 @@ def test_queue_on_the_compose_group_with_docker_faults(tmp_path):
 def test_two_broker_groups_on_compose_with_kill_leader(tmp_path):
     """``--groups 2`` on the docker backend: six broker containers from the generated override,
     node names ``broker-b/n2``, queues on both groups, each kill aimed at one group's leader."""
-    result = run(
-        RunConfig(
-            workload="queue",
-            backend="docker",
-            nemesis=("kill-leader",),
-            time=20,
-            interval=3,
-            rate=40,
-            clients=4,
-            seed=7,
-            out=tmp_path,
-            progress=False,
-            system_options={"groups": 2},
-        )
-    )
-    events = read_history(result.history)
-    assert validate_history(events) == []
+    result, events = _queue_run(tmp_path, ("kill-leader",), time=20, interval=3, seed=7, groups=2)
     nodes = {e["node"] for e in events if e.get("node")}
     assert {n.split("/")[0] for n in nodes} == {"broker-a", "broker-b"}, nodes
     sends = [e for e in events if e["f"] == "send" and e["type"] == "ok"]
@@ -118,22 +114,7 @@ def test_disk_full_on_small_volumes_that_survive_kills(tmp_path):
     holder, the leader's filled to the last page and freed, as on the local backend. A kill-leader
     in the same run shows the volume keeps the data across ``docker kill`` + ``docker start``
     (a tmpfs volume without the holder comes back empty)."""
-    result = run(
-        RunConfig(
-            workload="queue",
-            backend="docker",
-            nemesis=("disk-full", "kill-leader"),
-            time=30,
-            interval=4,
-            rate=40,
-            clients=4,
-            seed=11,
-            out=tmp_path,
-            progress=False,
-        )
-    )
-    events = read_history(result.history)
-    assert validate_history(events) == []
+    result, events = _queue_run(tmp_path, ("disk-full", "kill-leader"), time=30, interval=4, seed=11)
     nem = [e for e in events if e["process"] == "nemesis"]
     ends = nem[1::2]
     assert not [e for e in ends if e.get("error")], [e for e in ends if e.get("error")]

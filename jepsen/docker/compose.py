@@ -426,21 +426,19 @@ class ComposeGroup:
 
     def groups_file(self) -> Path:
         """The override file adding groups 2..N, written beside the logs (or in the temp dir)."""
-        folder = self.log_dir.parent if self.log_dir is not None else Path(tempfile.gettempdir())
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.project}.groups-{self.groups}.yml"
-        text = groups_override(self.groups)
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-        return path
+        return self._override_file(f"groups-{self.groups}", groups_override(self.groups))
 
     def small_disks_file(self) -> Path:
         """The override file putting the brokers' data on small tmpfs volumes, beside the groups file."""
         assert self.small_disk_bytes is not None
+        return self._override_file("small-disks", small_disks_override(self.groups, self.small_disk_bytes))
+
+    def _override_file(self, kind: str, text: str) -> Path:
+        """``<project>.<kind>.yml`` holding ``text``, beside the logs (or in the temp dir); left
+        alone when it already holds it."""
         folder = self.log_dir.parent if self.log_dir is not None else Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{self.project}.small-disks.yml"
-        text = small_disks_override(self.groups, self.small_disk_bytes)
+        path = folder / f"{self.project}.{kind}.yml"
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
         return path
