@@ -11,16 +11,30 @@ import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+#: ports ``free_port`` remembers having handed out (a cluster's ports are picked, released and
+#: bound later by its processes: the OS may offer a released one again in the meantime)
+RECENT_PORTS = 1024
+#: picks ``free_port`` makes before it settles for a port it handed out before
+FREE_PORT_TRIES = 64
+_recent_ports: deque[tuple[str, int]] = deque(maxlen=RECENT_PORTS)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that was free on ``host`` a moment ago (the OS picks it), and not one this process
+    handed out recently, so that two nodes of one cluster are never given the same port."""
+    for _ in range(FREE_PORT_TRIES):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if (host, port) not in _recent_ports:
+            break
+    _recent_ports.append((host, port))
+    return port
 
 
 def toml_value(v: Any) -> str:

@@ -42,13 +42,16 @@ def free_port_pair(host: str) -> int:
 class _BrokerProcesses(ProcessSet, ABC):
     """What every local broker layout shares: start-up order, nameservers, broker config files.
 
-    Subclasses set ``namesrv_ids``, ``ns_addr``, ``node_ids``, ``topics``, ``settings`` and
-    ``python``, and provide ``namesrv_addrs``, ``write_configs`` and ``start_broker``.
+    Subclasses set ``namesrv_ids``, ``ns_addr``, ``node_ids``, ``broker_addr``, ``ledger_addr``,
+    ``topics``, ``settings`` and ``python``, and provide ``namesrv_addrs``, ``write_configs``
+    and ``start_broker``.
     """
 
     namesrv_ids: list[str]
     ns_addr: dict[str, str]
     node_ids: list[str]
+    broker_addr: dict[str, str]
+    ledger_addr: dict[str, str]
     topics: Any
     settings: dict[str, Any]
     python: str
@@ -56,6 +59,15 @@ class _BrokerProcesses(ProcessSet, ABC):
     @property
     @abstractmethod
     def namesrv_addrs(self) -> list[str]: ...
+
+    def listen_addresses(self) -> list[str]:
+        """Every ``host:port`` these processes will listen on (nameservers; each broker's main,
+        fast and ledger ports): picked free but not yet bound, so nothing else may take one."""
+        addrs = list(self.ns_addr.values()) + list(self.ledger_addr.values())
+        for addr in self.broker_addr.values():
+            host, port = addr.rsplit(":", 1)
+            addrs += [addr, f"{host}:{int(port) - 2}"]
+        return addrs
 
     @abstractmethod
     def write_configs(self) -> None: ...

@@ -182,3 +182,55 @@ def test_the_default_run_stays_light_and_rate_max_loads_every_core():
     assert full.clients >= 64 * full.workers  # closed-loop clients enough to fill batches
     explicit = resolve_load(RunConfig(workload="log", rate=math.inf, workers=3, clients=7))
     assert (explicit.workers, explicit.clients, explicit.send_batch) == (3, 7, 1)
+
+
+def test_free_port_never_hands_out_a_port_twice():
+    """A cluster's ports are picked and released before its processes bind them; the OS offers
+    released ports again, so without a memory of what was handed out, two nodes share a port."""
+    from common.process import free_port
+
+    ports = [free_port("127.0.0.1") for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_broker_group_names_every_port_it_will_listen_on(tmp_path):
+    """What the link proxy must not take: nameservers, and each broker's main, fast and ledger ports."""
+    from jepsen.localgroup import LocalBrokerGroup
+
+    group = LocalBrokerGroup(tmp_path)
+    addrs = group.listen_addresses()
+    assert len(addrs) == len(set(addrs)) == 2 + 3 * 3
+    for nid in group.node_ids:
+        host, port = group.broker_addr[nid].rsplit(":", 1)
+        assert {group.broker_addr[nid], f"{host}:{int(port) - 2}", group.ledger_addr[nid]} <= set(addrs)
+    assert set(group.ns_addr.values()) <= set(addrs)
+
+
+def test_a_leader_that_never_comes_is_explained_by_the_nodes_logs(tmp_path):
+    """Brokers that cannot bind their ports exit; the harness's start-up wait says so, with each
+    one's own last word, instead of only that no leader came."""
+    import socket
+
+    from jepsen.harness.queue import LocalBrokerBackend
+
+    backend = LocalBrokerBackend(tmp_path / "cluster")
+    held = []
+    try:
+        for nid in backend.nodes:
+            host, port = backend.group.ledger_addr[nid].rsplit(":", 1)
+            s = socket.socket()
+            held.append(s)
+            s.bind((host, int(port)))
+            s.listen()
+        backend.start()
+        with pytest.raises(TimeoutError) as err:
+            asyncio.run(backend.wait_for_leader(6))
+    finally:
+        backend.stop()
+        for s in held:
+            s.close()
+    text = str(err.value)
+    for nid in backend.nodes:
+        host, port = backend.group.ledger_addr[nid].rsplit(":", 1)
+        assert f"{nid} exited with code 1" in text, text
+        assert f"cannot listen on {host}:{port}" in text and "address already in use" in text, text

@@ -35,6 +35,23 @@ from ledger.localcluster import LocalCluster
 from .clients import LedgerLogClient, LedgerRegisterClient, LogClient, RegisterClient, RegisterReplica
 from .proxy import Link, LinkProxy
 
+#: bytes read from the end of a node's log to find its last line (a report, not a reader)
+LOG_TAIL_BYTES = 4096
+
+
+def last_log_line(path: Path | None) -> str:
+    """The last non-empty line of a log file, or why there is none."""
+    if path is None:
+        return "no log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "empty"
+
 
 class Unsupported(Exception):
     """The backend cannot perform this fault or workload."""
@@ -149,7 +166,10 @@ class Backend(ABC):
             if nid is not None:
                 return nid
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"{self.system}: no leader within {timeout}s; node logs under {self.base_dir}")
+        raise TimeoutError(
+            f"{self.system}: no leader within {timeout}s; {await self.leaderless_report()}; "
+            f"node logs under {self.base_dir}"
+        )
 
     async def wait_for_every_leader(self, timeout: float = 30.0) -> str:
         """Every group of ``node_groups`` has a leader (a run needs all its queues); returns
@@ -162,10 +182,34 @@ class Backend(ABC):
                 return ",".join(str(v) for v in leaders.values())
             if loop.time() >= deadline:
                 missing = sorted(name for name, v in leaders.items() if v is None)
+                among = [n for name in missing for n in self.node_groups()[name]]
                 raise TimeoutError(
-                    f"broker groups {', '.join(missing)}: no master within {timeout}s; logs under {self.base_dir}"
+                    f"broker groups {', '.join(missing)}: no master within {timeout}s; "
+                    f"{await self.leaderless_report(among)}; logs under {self.base_dir}"
                 )
             await asyncio.sleep(0.1)
+
+    async def leaderless_report(self, among: list[str] | None = None) -> str:
+        """What each node (of ``among``, else all) says now, for a leader that never came: its
+        role and term, or why it cannot answer (a node that exited, say after failing to bind
+        its port, names that in the last line of its log)."""
+        statuses = await self.statuses()
+        logs = self.log_files()
+        parts = []
+        for nid in among if among is not None else self.nodes:
+            st = statuses.get(nid)
+            if st is not None:
+                ready = "" if st.get("ready", True) else ", not ready"
+                parts.append(f"{nid} {st.get('role')} in term {st.get('term')}{ready}")
+                continue
+            exited = self.exit_code(nid)
+            state = "unreachable" if exited is None else f"exited with code {exited}"
+            parts.append(f"{nid} {state} (log: {last_log_line(logs.get(nid))!r})")
+        return "; ".join(parts)
+
+    def exit_code(self, nid: str) -> int | None:
+        """The node's exit code if its process has ended (None: running, or not known here)."""
+        return None
 
     # ------------------------------------------------------------------ faults
 
@@ -290,6 +334,11 @@ class ProcessBackend(Backend):
         """Each link's listening port where the harness planned them (None: the OS picks)."""
         return None
 
+    def listen_addresses(self) -> list[str]:
+        """Every ``host:port`` the nodes will listen on besides their peer addresses (which the
+        proxy avoids anyway): the proxy's own listeners must not take one before a node binds it."""
+        return []
+
     def start(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.proxy = LinkProxy(
@@ -297,6 +346,7 @@ class ProcessBackend(Backend):
             log_path=self.base_dir / "proxy.log",
             links=self.proxy_links(),
             ports=self.proxy_ports(),
+            avoid=self.listen_addresses(),
         )
         self.launch()
 
@@ -310,6 +360,10 @@ class ProcessBackend(Backend):
             finally:
                 if self.proxy is not None:
                     self.proxy.close()
+
+    def exit_code(self, nid: str) -> int | None:
+        proc = self.procs.procs.get(self.process_name(nid))
+        return None if proc is None else proc.poll()
 
     def kill(self, nid: str) -> None:
         self.procs.kill(self.process_name(nid), signal.SIGKILL)

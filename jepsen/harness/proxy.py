@@ -186,13 +186,14 @@ def _apply_cuts(links: dict[str, _LinkState], cut: set[str]) -> int:
     return closed
 
 
-async def _serve(spec: list[dict[str, Any]]) -> None:
+async def _serve(spec: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     links: dict[str, _LinkState] = {}
     bound: dict[str, str] = {}
-    # The nodes' own ports were picked but are not bound yet: never take one of them.
-    avoid = {item["target"] for item in spec}
-    for item in spec:
+    # The nodes' own ports were picked but are not bound yet: never take one of them (a link
+    # listening on its own target forwards to itself; one on a node's port keeps it from starting).
+    avoid = {item["target"] for item in spec["links"]} | set(spec["avoid"])
+    for item in spec["links"]:
         host, port = item["target"].rsplit(":", 1)
         link = _LinkState(item["name"], item["host"], (host, int(port)))
         wanted = int(item.get("port") or 0)  # a port the harness planned (--port-base), else any
@@ -276,7 +277,8 @@ class LinkProxy:
     nodes gets a link listening on the destination's host, unless ``links`` names the pairs
     that talk (several broker groups: only the members of one group dial each other).
     ``ports`` gives each link's listening port where the harness planned them
-    (``--port-base``); otherwise the OS picks. Thread-safe: the nemesis may call it from a
+    (``--port-base``); otherwise the OS picks one that is neither a target nor in ``avoid``
+    (the other ``host:port``s the nodes will listen on, picked but not yet bound). Thread-safe: the nemesis may call it from a
     worker thread.
     """
 
@@ -288,6 +290,7 @@ class LinkProxy:
         python: str = sys.executable,
         links: Iterable[Link] | None = None,
         ports: dict[Link, int] | None = None,
+        avoid: Iterable[str] = (),
     ) -> None:
         self.targets = dict(targets)
         self.links: list[Link] = (
@@ -296,7 +299,7 @@ class LinkProxy:
         self.addresses: dict[Link, str] = {}
         self.cut: set[Link] = set()
         self._lock = threading.Lock()
-        spec = [
+        links_spec = [
             {
                 "name": link_name(a, b),
                 "host": targets[b].rsplit(":", 1)[0],
@@ -305,6 +308,7 @@ class LinkProxy:
             }
             for a, b in self.links
         ]
+        spec = {"links": links_spec, "avoid": sorted(set(avoid))}
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [python, "-m", "jepsen.harness.proxy", json.dumps(spec)],

@@ -117,6 +117,9 @@ class LocalBrokerBackend(ProcessBackend):
         self.group.proxy = self.proxy
         self.group.start()
 
+    def listen_addresses(self) -> list[str]:
+        return self.group.listen_addresses()
+
     def spawn(self, nid: str) -> None:
         self.group.start_broker(nid)
 
@@ -245,6 +248,9 @@ class LocalBrokerGroupsBackend(ProcessBackend):
     def launch(self) -> None:
         self.group.proxy = self.proxy
         self.group.start()
+
+    def listen_addresses(self) -> list[str]:
+        return self.group.listen_addresses()
 
     def spawn(self, nid: str) -> None:
         self.group.start_broker(nid)

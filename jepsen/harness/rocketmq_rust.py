@@ -262,6 +262,10 @@ class RocketMQRustBackend(ProcessBackend):
     def peer_addresses(self) -> dict[str, str]:
         return dict(self.ha_addr)
 
+    def listen_addresses(self) -> list[str]:
+        fast = [f"{h}:{int(p) - 2}" for h, p in (a.rsplit(":", 1) for a in self.broker_addr.values())]
+        return [self.namesrv_addr, *self.broker_addr.values(), *fast]
+
     def launch(self) -> None:
         self.write_configs()
         self.start_namesrv()

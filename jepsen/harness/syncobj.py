@@ -59,6 +59,9 @@ class LocalSyncObjBackend(ProcessBackend):
     def peer_addresses(self) -> dict[str, str]:
         return self.raft
 
+    def listen_addresses(self) -> list[str]:
+        return list(self.client_addr.values())
+
     def launch(self) -> None:
         for nid in self.nodes:
             self.spawn(nid)
