@@ -264,7 +264,7 @@ def parse_pull_response(response: RemotingCommand, addr: str, broker_name: str, 
             response.header_int(SUGGEST_WHICH_BROKER_ID, 0),
         )
         if status is PullStatus.FOUND:
-            result.messages = decode_pull_messages(memoryview(response.body), name)
+            result.messages = decode_pull_messages(response.body, name)
             if not result.messages:
                 result.status = PullStatus.NO_NEW_MSG
     except (RemotingCommandError, ValueError) as exc:

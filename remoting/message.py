@@ -309,7 +309,7 @@ def _host(raw: bytes) -> str:
 
 
 _HOST_IDS: dict[bytes, str] = {}  # store-host bytes -> their upper-case hex (offset message ids)
-_U64 = (1 << 64) - 1
+_PHYS_AT = STORED_PHYSICAL_OFFSET_AT
 _V6_HOSTS = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
 
 
@@ -424,8 +424,11 @@ def decode_stored_messages(
                 ) from None
         tags = props.pop(PROPERTY_TAGS, None)
         keys = props.pop(PROPERTY_KEYS, "")
-        # the offset message id: store host in hex (cached per host), then the offset's 16 digits
-        msg_id = (host_ids.get(store_host) or _host_id(store_host)) + f"{phys & _U64:016X}"
+        # the offset message id: store host in hex (cached per host), then the offset's 16 digits,
+        # which are the record's own big-endian bytes at STORED_PHYSICAL_OFFSET_AT
+        msg_id = (host_ids.get(store_host) or _host_id(store_host)) + b[
+            off + _PHYS_AT : off + _PHYS_AT + 8
+        ].hex().upper()
         out.append(
             Message(
                 topic,

@@ -30,7 +30,14 @@ from remoting import (
     encode_command,
 )
 from remoting.dispatcher import Deferred, RequestDispatcher
-from remoting.protocol import FLAG_ONEWAY, FLAG_RESPONSE, SERIALIZE_JSON, SERIALIZE_ROCKETMQ, BadFrame
+from remoting.protocol import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    PARTS_MIN_BODY,
+    SERIALIZE_JSON,
+    SERIALIZE_ROCKETMQ,
+    BadFrame,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -260,6 +267,38 @@ def test_oversize_header_closes_the_connection() -> None:
     header = binary_header(10, 5, ext=[(b"k", b"v" * 200)])
     with pytest.raises(ProtocolError, match="header of 228 bytes exceeds the 100-byte limit"):
         dec.feed(frame(header))
+
+
+def test_large_bodies_collected_over_many_reads_equal_the_whole_stream() -> None:
+    """Bodies from PARTS_MIN_BODY up arrive over many reads and are joined once; whatever the
+    reads (sizes, bytes or buffers, frames sharing a read), the frames are those of the whole
+    stream, and a large body whose CRC does not match is refused, with the stream going on."""
+    rng = random.Random(7)
+    big = bytes(rng.getrandbits(8) for _ in range(4096)) * 40  # 160 KiB
+    cmds = [
+        RemotingCommand(RequestCode.PULL_MESSAGE, {"queueId": "1"}, big, "", 1, FLAG_RESPONSE),
+        RemotingCommand(RequestCode.HEART_BEAT, {}, b"small", "", 2, 0),
+        RemotingCommand(RequestCode.PULL_MESSAGE, {}, big[:PARTS_MIN_BODY], "", 3, FLAG_RESPONSE),
+        RemotingCommand(RequestCode.PULL_MESSAGE, {}, big[::-1], "", 4, FLAG_RESPONSE),
+    ]
+    frames = [bytearray(encode_command(c)) for c in cmds]
+    frames[3][-1] ^= 0xFF  # the last body no longer matches its CRC
+    stream = b"".join(frames)
+    whole = FrameDecoder().feed(stream)
+    assert [type(f) for f in whole] == [RemotingCommand, RemotingCommand, RemotingCommand, BadFrame]
+    assert [f.body for f in whole[:3]] == [big, b"small", big[:PARTS_MIN_BODY]]
+    assert whole[3].response_code == ResponseCode.BODY_CRC_MISMATCH and whole[3].opaque == 4
+    for trial in range(30):
+        dec = FrameDecoder()
+        got, pos = [], 0
+        while pos < len(stream):
+            n = rng.choice([1, 7, 100, 4096, 65536, 200_000])
+            piece = stream[pos : pos + n]
+            got += dec.feed(rng.choice([bytes, bytearray, memoryview])(piece))
+            pos += n
+            assert dec.buffered <= len(stream)
+        assert got == whole, f"trial {trial}"
+        assert dec.buffered == 0
 
 
 def test_crc_mismatch_is_refused_unless_verification_is_off() -> None:
