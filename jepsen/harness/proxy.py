@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.gc_tuning import tune_gc
+from common.cli import run_main
 
 Link = tuple[str, str]  # (src, dst) node ids
 
@@ -252,9 +252,8 @@ async def _serve(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    tune_gc()
     try:
-        asyncio.run(_serve(spec))
+        run_main(_serve(spec))  # uvloop and a tuned collector, as the servers
     except KeyboardInterrupt:
         pass
 
