@@ -170,6 +170,54 @@ def test_sharded_recording_keeps_indexes_processes_and_values_apart(tmp_path):
     assert any("may share indexes" in p for p in validate_shards(hist))
 
 
+def test_big_histories_are_validated_in_worker_processes_with_the_same_findings(tmp_path, monkeypatch):
+    """Shards are validated side by side in worker processes when the history is big; what
+    they find (each shard's own violations, and processes or indexes shared across shards)
+    is what one process finds."""
+    from jepsen.harness import history as hmod
+
+    hist = tmp_path / "history"
+    hist.mkdir()
+    rows = {1: [], 2: []}
+    for s in (1, 2):
+        for k in range(200):
+            p = s + 3 * k
+            rows[s] += [
+                {
+                    "index": 6 * k + s,
+                    "time": 10 * k,
+                    "process": p,
+                    "type": "invoke",
+                    "f": "send",
+                    "key": "q",
+                    "value": p,
+                },
+                {
+                    "index": 6 * k + s + 3,
+                    "time": 10 * k + 5,
+                    "process": p,
+                    "type": "ok",
+                    "f": "send",
+                    "key": "q",
+                    "value": p,
+                },
+            ]
+    rows[2][5]["type"] = "invoke"  # shard 2: a process invokes again with an operation outstanding
+    rows[2][10]["process"] = 1  # and a process of shard 1 appears in shard 2
+    for s, evs in rows.items():
+        (hist / f"shard-{s:02d}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    alone = validate_shards(hist)
+    assert any("shard-02.jsonl: event" in p for p in alone), alone
+    assert any("process 1 appears in shard-01.jsonl and shard-02.jsonl" in p for p in alone), alone
+    monkeypatch.setattr(hmod, "VALIDATE_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(hmod.os, "cpu_count", lambda: 2)  # side by side even on a one-core machine
+    spawned = []
+    real_pool = hmod.ProcessPoolExecutor
+    monkeypatch.setattr(hmod, "ProcessPoolExecutor", lambda **kw: spawned.append(kw) or real_pool(**kw))
+    assert validate_shards(hist) == alone
+    assert spawned and spawned[0]["max_workers"] == 2, spawned
+
+
 def test_export_merges_shards_in_time_order_and_resolve_finds_them(tmp_path):
     run = tmp_path / "run"
     hist = run / "history"
