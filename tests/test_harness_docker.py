@@ -98,6 +98,50 @@ def test_two_broker_groups_on_compose_with_kill_leader(tmp_path):
     assert {p.name for p in logs.glob("broker*.log")} >= {f"broker{k}.log" for k in range(1, 7)}
 
 
+def _send_latencies(events: list[dict], inside: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Latencies (ns) of ok sends invoked inside any of the windows, and of the others."""
+    invoked: dict = {}
+    ins, outs = [], []
+    for e in events:
+        if e["process"] == "nemesis" or e["f"] != "send":
+            continue
+        if e["type"] == "invoke":
+            invoked[e["process"]] = e["time"]
+        elif e["type"] == "ok" and e["process"] in invoked:
+            t0 = invoked.pop(e["process"])
+            (ins if any(a <= t0 <= b for a, b in inside) else outs).append(e["time"] - t0)
+    return ins, outs
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"no Docker engine: {REASON}")
+def test_slow_network_delays_peer_links_through_the_relay(tmp_path):
+    """``slow-network`` on the docker backend (no netem on this kernel): each container's new
+    connections to its peers' ledger ports go through a relay that holds every chunk 150 ms (plus
+    jitter), so a send, which waits for a follower's append, takes at least two of those; healed,
+    sends are fast again, and a later kill-leader in the run finds a group that works as before."""
+    result, events = _queue_run(tmp_path, ("slow-network", "kill-leader"), time=30, interval=3, seed=4)
+    nem = [e for e in events if e["process"] == "nemesis"]
+    slow = [
+        (a, b)
+        for a, b in zip(nem[0::2], nem[1::2], strict=True)
+        if a["f"] == "start-partition" and b["value"].get("delay_ms")
+    ]
+    assert slow, f"no slow-network fault in {[e['f'] for e in nem]}"
+    for _, end in slow:
+        assert not end.get("error") and end["value"]["delay_ms"] == 150, end
+    # a fault is in force from its start's end event to the next stop-partition's start event
+    windows = []
+    for i, e in enumerate(nem):
+        if e in [b for _, b in slow]:
+            stop = next((x for x in nem[i + 1 :] if x["f"] == "stop-partition"), None)
+            windows.append((e["time"], stop["time"] if stop else 1 << 62))
+    ins, outs = _send_latencies(events, windows)
+    assert len(ins) >= 8 and len(outs) >= 20, (len(ins), len(outs))  # 4 clients: few sends when slow
+    med_in, med_out = sorted(ins)[len(ins) // 2], sorted(outs)[len(outs) // 2]
+    assert med_in >= 300e6 and med_in > 2 * med_out, (med_in / 1e6, med_out / 1e6)
+    assert result.valid is True, result.summary.get("check", {}).get("results", {}).get("anomalies")
+
+
 def _started_last_index(log: Path) -> list[int]:
     """``last_index`` of each "ledger node started" line of a broker's container log, in order."""
     found = []

@@ -213,8 +213,8 @@ def test_every_new_nemesis_is_known():
     assert random.Random(1).random() == random.Random(1).random()
 
 
-def test_docker_loss_rules_and_delay_refusal(tmp_path):
-    from jepsen.harness.backends import Unsupported
+def test_docker_loss_and_delay_rules(tmp_path):
+    from jepsen.harness import relay
     from jepsen.harness.docker_backend import DockerBrokerBackend, loss_script
     from jepsen.harness.nemesis import Nemesis
 
@@ -222,11 +222,15 @@ def test_docker_loss_rules_and_delay_refusal(tmp_path):
     assert script.count("-m statistic --mode random --probability 0.0500 -j DROP") == 2
     assert "-s 10.1.0.11 " in script and "iptables -w -F LEDGERMQ-LOSS" in script
     assert "statistic" not in loss_script(["10.1.0.11"], 0)  # healing empties the chain
-    backend = DockerBrokerBackend(tmp_path)  # nothing started: the refusals come first
-    with pytest.raises(Unsupported, match="netem"):
-        Nemesis(backend, None, ["slow-network"], 1.0, random.Random(1))  # type: ignore[arg-type]
-    with pytest.raises(Unsupported, match="netem"):
-        backend.set_shape(set(), delay_ms=100)
+    # delay: each slowed peer's ledger port redirected to the relay, older connections reset
+    script = relay.install_script([("10.1.0.12", 20921)], delay_ms=150, jitter_ms=50, seed=9)
+    assert "--delay-ms 150 --jitter-ms 50 --seed 9" in script
+    assert f"-d 10.1.0.12 --dport 20921 -m mark ! --mark {relay.RELAY_MARK} -j REDIRECT" in script
+    assert "-j REJECT --reject-with tcp-reset" in script
+    assert relay.install_script([], 150, 50, 9) == relay.remove_script()  # healing stops the relay
+    backend = DockerBrokerBackend(tmp_path)  # nothing started: the nemesis accepts slow-network now
+    assert backend.supports_delay
+    Nemesis(backend, None, ["slow-network", "lossy-network"], 1.0, random.Random(1))  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="disk-full mounts a tmpfs (root only); refused otherwise")

@@ -3,7 +3,7 @@
 The harness records and the checker judges; the two meet only in the history
 (``shared/HISTORY.md``: ``history.jsonl``, or a ``history/`` folder of shards). Modules:
 ``history`` (the recorder of one shard), ``proxy`` (cuttable TCP links for partitions
-without root), ``backends`` / ``queue`` / ``syncobj`` / ``docker_backend`` (the systems under
+without root), ``relay`` (slowed peer links inside a docker container), ``backends`` / ``queue`` / ``syncobj`` / ``docker_backend`` (the systems under
 test and their fault primitives), ``systems`` (which backend runs which system, and the
 clients a worker process builds from a backend's addresses), ``clients`` (adapters that turn
 system answers into ok/fail/info), ``workloads``, ``nemesis``, ``monitor`` (who led when),

@@ -41,6 +41,7 @@ from jepsen.docker.compose import (
 )
 from remoting import RemotingClient
 
+from . import relay
 from .backends import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
 from .clients import LogClient
 from .credentials import Credentials
@@ -75,7 +76,7 @@ class DockerBrokerBackend(Backend):
     client_timeout = 4.0
     topic = TOPIC
     supports_loss = True  # iptables statistic match
-    supports_delay = False  # needs netem (tc qdisc ... netem), which this kernel does not offer
+    supports_delay = True  # a relay in the sending container (jepsen.harness.relay): no netem here
 
     small_disks_from_start = True  # the volumes are laid out by ``start``; no set-up restarts
 
@@ -97,6 +98,8 @@ class DockerBrokerBackend(Backend):
         self.nodes = list(self.group.node_ids)
         #: several groups: the workload spreads its queues over these (None: one group)
         self.broker_names = list(self.group.broker_names) if groups > 1 else None
+        #: the shaping in force on ``self.shaped`` (set_shape), applied again after a restart
+        self._shape: dict[str, float] = {"delay_ms": 0.0, "jitter_ms": 0.0, "drop": 0.0, "seed": 0}
         self._credentials_file: Path | None = None
         self._rc: RemotingClient | None = None
         self._rc_loop: asyncio.AbstractEventLoop | None = None
@@ -179,6 +182,8 @@ class DockerBrokerBackend(Backend):
     def restart(self, nid: str) -> None:
         self.group.restart(self.group.service_of(nid), wait_healthy=False)
         self.killed.discard(nid)
+        if self.shaped:  # a new container network namespace: its shaping rules are gone
+            self._apply_shape([nid])
 
     def pause(self, nid: str) -> None:
         self.group.pause(self.group.service_of(nid))
@@ -194,33 +199,57 @@ class DockerBrokerBackend(Backend):
         self.cut = set(links)
         return reply
 
-    def shape_refusal(self, fault: str) -> str:
-        if fault == "slow-network":
-            return (
-                "the docker backend cannot delay traffic (slow-network): that needs netem (sch_netem), "
-                "which this kernel does not offer; use --backend local"
-            )
-        return super().shape_refusal(fault)
-
     def set_shape(
         self, links: set[Link], *, delay_ms: float = 0, jitter_ms: float = 0, drop: float = 0, seed: int = 0
     ) -> dict[str, Any]:
-        """Random loss on the peers' links (inbound at each destination); delays are refused."""
-        if delay_ms or jitter_ms:
-            raise Unsupported(self.shape_refusal("slow-network"))
+        """Slow and/or lossy peer links: loss by iptables's ``statistic`` match at each link's
+        destination, delay by a relay in each link's source container (``jepsen.harness.relay``:
+        this kernel has no netem). Kept, and applied again to a node that restarts."""
+        self.shaped = set(links)
+        self._shape = {"delay_ms": delay_ms, "jitter_ms": jitter_ms, "drop": drop, "seed": seed}
+        failed = self._apply_shape(list(self.nodes))
+        if failed and links:
+            raise RuntimeError(f"network shaping not applied on {failed}")
+        return {
+            "shaped": sorted([a, b] for a, b in links),
+            "drop": drop,
+            "delay_ms": delay_ms,
+            "jitter_ms": jitter_ms,
+            "unapplied": failed,
+        }
+
+    def _apply_shape(self, nids: list[str]) -> dict[str, str]:
+        """Write the shaping rules (and relay) of ``nids``; returns the nodes where that failed."""
         svc = self.group.service_of
+        shape = self._shape
+        slow = shape["delay_ms"] > 0 or shape["jitter_ms"] > 0
         failed: dict[str, str] = {}
-        for nid in self.nodes:
-            peers = sorted(self.group.ip(svc(a)) for a, b in links if b == nid)
+        for nid in nids:
+            if nid in self.killed:
+                continue  # applied when it restarts
+            inbound = sorted(self.group.ip(svc(a)) for a, b in self.shaped if b == nid)
+            outbound = sorted(
+                tuple(self.group.ledger_addr(svc(b)).rsplit(":", 1))
+                for a, b in self.shaped
+                if a == nid and slow
+            )
+            script = "\n".join(
+                [
+                    loss_script(inbound, shape["drop"]),
+                    relay.install_script(
+                        [(ip, int(port)) for ip, port in outbound],
+                        shape["delay_ms"],
+                        shape["jitter_ms"],
+                        int(shape["seed"]) * len(self.nodes) + self.nodes.index(nid),  # a stream per sender
+                    ),
+                ]
+            )
             proc = self.group.docker(
-                "exec", self.group.container_id(svc(nid)), "sh", "-c", loss_script(peers, drop), check=False
+                "exec", self.group.container_id(svc(nid)), "sh", "-c", script, check=False
             )
             if proc.returncode != 0:
                 failed[nid] = (proc.stderr or proc.stdout).strip()[-300:] or f"exit {proc.returncode}"
-        if failed and links:
-            raise RuntimeError(f"iptables loss rules not applied on {failed}")
-        self.shaped = set(links)
-        return {"shaped": sorted([a, b] for a, b in links), "drop": drop, "unapplied": failed}
+        return failed
 
     def log_client(self) -> LogClient:
         raise Unsupported("the docker group runs brokers: use --workload queue")
