@@ -60,7 +60,7 @@ class RemotingClient:
         if attempt is None:
             attempt = asyncio.ensure_future(self._connect(addr))
             self._connecting[addr] = attempt
-            attempt.add_done_callback(lambda _f: self._connecting.pop(addr, None))
+            attempt.add_done_callback(lambda f: self._attempt_done(addr, f))
         timeout = (
             self.config.connect_timeout_s
             if timeout_s is None
@@ -70,6 +70,13 @@ class RemotingClient:
             return await asyncio.wait_for(asyncio.shield(attempt), timeout)
         except TimeoutError:
             raise RemotingConnectError(f"connect to {addr} timed out after {timeout:g}s") from None
+
+    def _attempt_done(self, addr: str, attempt: asyncio.Future[RemotingConnection]) -> None:
+        self._connecting.pop(addr, None)
+        if not attempt.cancelled():
+            # marked as seen: callers that gave up first (their own, shorter timeout) already
+            # had their error, and asyncio would log this one as never retrieved
+            attempt.exception()
 
     async def _connect(self, addr: str) -> RemotingConnection:
         try:

@@ -759,6 +759,43 @@ def test_connect_errors_name_the_address() -> None:
     run(main())
 
 
+def test_a_connect_outlived_by_its_caller_fails_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """A call's own timeout shorter than the connect timeout: the caller gets its error, and the
+    connect attempt, failing later, is not logged by asyncio as an exception never retrieved."""
+    import gc
+    import socket
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    addr = hole.getsockname()
+    filler = []
+    for _ in range(4):  # a full accept queue: further connects hang until they time out
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(addr)
+        except BlockingIOError:
+            pass
+        filler.append(c)
+
+    async def main() -> None:
+        async with RemotingClient(RemotingConfig(connect_timeout_s=0.4)) as client:
+            with pytest.raises(RemotingConnectError, match=r"timed out after 0\.\d+s"):
+                await client.invoke_sync(f"127.0.0.1:{addr[1]}", RemotingCommand.request(1), 0.1)
+            await asyncio.sleep(0.6)  # the shared attempt fails meanwhile
+
+    try:
+        with caplog.at_level("ERROR", logger="asyncio"):
+            run(main())
+            gc.collect()
+    finally:
+        for c in filler:
+            c.close()
+        hole.close()
+    assert "never retrieved" not in caplog.text, caplog.text
+
+
 def test_in_flight_calls_fail_when_the_connection_closes_and_client_reconnects() -> None:
     async def main() -> None:
         closed: list[str] = []
