@@ -193,8 +193,11 @@ class Backend(ABC):
         """What each node (of ``among``, else all) says now, for a leader that never came: its
         role and term, or why it cannot answer (a node that exited, say after failing to bind
         its port, names that in the last line of its log)."""
-        statuses = await self.statuses()
-        logs = self.log_files()
+        try:
+            statuses = await self.statuses()
+            logs = self.log_files()
+        except Exception as exc:  # noqa: BLE001 - a report on the way to an error must not replace it
+            return f"no report on the nodes ({type(exc).__name__}: {exc})"
         parts = []
         for nid in among if among is not None else self.nodes:
             st = statuses.get(nid)
