@@ -28,13 +28,13 @@ its whole shard), and jq reads JSON Lines; the checker still reads Parquet shard
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +320,8 @@ def validate_shards(path: str | Path) -> list[str]:
 VALIDATE_PROCESSES = 8
 #: a history smaller than this is validated in this process (starting others costs more)
 VALIDATE_PARALLEL_BYTES = 64 << 20
+#: seconds one shard's validation may take in its child process
+VALIDATE_TIMEOUT_S = 900
 #: violations kept per shard (a broken shard can break the rules on every line; the run shows 20)
 MAX_SHARD_PROBLEMS = 1000
 
@@ -333,16 +335,41 @@ def _validate_shard(f: Path, n: int) -> tuple[list[str], set[Any], set[int]]:
 
 
 def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int]]]:
-    """``_validate_shard`` of every file: in worker processes when the shards are big and there
-    are cores for them (a 3M-event, three-shard history: 12.8 s in one process), else here."""
+    """``_validate_shard`` of every file: in child processes (``python -m jepsen.harness.history``,
+    JSON on stdout) when the shards are big and there are cores for them (a 3M-event, three-shard
+    history: 12.8 s in one process), else here."""
     n = len(files)
     procs = min(n, os.cpu_count() or 1, VALIDATE_PROCESSES)
     if procs < 2 or sum(f.stat().st_size for f in files) < VALIDATE_PARALLEL_BYTES:
         return [_validate_shard(f, n) for f in files]
-    # spawned, not forked: the caller may hold threads (a Spark gateway) that a fork would copy mid-lock
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=procs, mp_context=ctx) as pool:
-        return list(pool.map(_validate_shard, files, [n] * n))
+    results: list[tuple[list[str], set[Any], set[int]]] = []
+    waiting = list(files)
+    running: list[tuple[Path, subprocess.Popen[str]]] = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < procs:
+                f = waiting.pop(0)
+                argv = [sys.executable, "-m", "jepsen.harness.history", str(f), str(n)]
+                running.append(
+                    (f, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                )
+            f, proc = running.pop(0)  # in file order: results line up with ``files``
+            out, err = proc.communicate(timeout=VALIDATE_TIMEOUT_S)
+            if proc.returncode != 0:
+                raise RuntimeError(f"validating {f} failed (exit {proc.returncode}): {err.strip()[-500:]}")
+            doc = json.loads(out)
+            results.append((doc["problems"], set(doc["processes"]), set(doc["residues"])))
+    finally:
+        for _, proc in running:
+            proc.kill()
+            proc.wait()
+    return results
+
+
+def _validate_main(argv: list[str]) -> None:
+    """``python -m jepsen.harness.history SHARD N``: one shard's ``_validate_shard`` as JSON."""
+    found, seen, residues = _validate_shard(Path(argv[0]), int(argv[1]))
+    json.dump({"problems": found, "processes": list(seen), "residues": sorted(residues)}, sys.stdout)
 
 
 def _tap(
@@ -413,3 +440,7 @@ def validate_history(events: Iterable[dict[str, Any]]) -> list[str]:
     if nemesis_open is not None:
         problems.append(f"nemesis {nemesis_open!r} never ended")
     return problems
+
+
+if __name__ == "__main__":
+    _validate_main(sys.argv[1:])
