@@ -207,7 +207,7 @@ class SyncJob:
     ``complete_sync``), so the loop thread can keep appending while it runs.
     """
 
-    __slots__ = ("target", "_fds", "_segments", "done", "error", "mark")
+    __slots__ = ("target", "_fds", "_segments", "done", "error", "mark", "mark_error")
 
     def __init__(self, target: int, fds: list[int], segments: list[_Segment]) -> None:
         self.target = target
@@ -216,19 +216,27 @@ class SyncJob:
         self.done = False
         self.error: OSError | None = None
         self.mark: tuple[str, bytes] | None = None  # a durable mark to write once the data is flushed
+        self.mark_error: OSError | None = None
 
     def run(self) -> None:
-        """Flush the captured files; the last fd, when a segment was created or removed, is the directory."""
+        """Flush the captured files; the last fd, when a segment was created or removed, is the directory.
+
+        A mark that cannot be written (a full disk) does not fail the job: the data is durable,
+        and a mark only helps find a lost tail later; ``complete_sync`` owes it again.
+        """
         try:
             for fd in self._fds:
                 _datasync(fd)
-            if self.mark is not None:
-                write_file_atomically(*self.mark)
         except OSError as exc:
             self.error = exc
-            raise
-        finally:
             self.done = True
+            raise
+        if self.mark is not None:
+            try:
+                write_file_atomically(*self.mark)
+            except OSError as exc:
+                self.mark_error = exc
+        self.done = True
 
 
 class LogStore:
@@ -514,6 +522,11 @@ class LogStore:
             self._failed = job.error
             self._jobs = deque(j for j in self._jobs if j is not job)
             raise job.error
+        if job.mark_error is not None:
+            self.mark_failed()  # owed again after the interval, as a quiet log's mark is
+            log.warning(
+                "could not record the durable mark: %s", job.mark_error, extra={"path": self.directory}
+            )
         while self._jobs and self._jobs[0].done:
             head = self._jobs.popleft()
             if head.error is not None:  # an earlier job failed and nobody completed it yet

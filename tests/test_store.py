@@ -389,6 +389,32 @@ def test_a_log_ending_before_its_durable_mark_knows_it_lost_entries(tmp_path: Pa
     r.close()
 
 
+def test_a_mark_that_cannot_be_written_does_not_fail_the_sync(tmp_path: Path, caplog) -> None:
+    """A full disk can refuse the mark a sync writes after its fsyncs: the entries are durable
+    all the same, so the sync succeeds (it had stopped the node, which a full disk should only
+    demote), and the mark is owed again; once it can be written, it is."""
+    from ledger.store import MARK_NAME
+
+    s = open_store(tmp_path, mark_interval_s=0.0)
+    blocker = tmp_path / MARK_NAME
+    blocker.mkdir()  # the mark's name taken by a non-empty directory: its rename fails
+    (blocker / "x").write_bytes(b"x")
+    with caplog.at_level("WARNING", logger="ledger.store"):
+        fill(s, 20)
+    assert s.durable_index == 20
+    assert "could not record the durable mark" in caplog.text
+    fill(s, 5)  # the store still takes writes and syncs
+    assert s.durable_index == 25
+    (blocker / "x").unlink()
+    blocker.rmdir()
+    fill(s, 5)
+    assert blocker.is_file(), "the owed mark was written once it could be"
+    s.close()
+    r = open_store(tmp_path, salvage=True)
+    assert r.last_index == 30 and r.lost_claim is None
+    r.close()
+
+
 def test_without_a_mark_a_short_log_is_a_short_log(tmp_path: Path) -> None:
     s = open_store(tmp_path)
     fill(s, 60)
