@@ -15,10 +15,10 @@ from jepsen.checker import spark
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_default_options_tune_the_jit_and_keep_logs_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_options_tune_the_gc_and_keep_logs_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(spark.JAVA_OPTS_ENV, raising=False)
     opts = spark.driver_java_opts().split()
-    assert "-XX:TieredStopAtLevel=1" in opts
+    assert not any(o.startswith("-XX:TieredStopAtLevel") for o in opts)  # C2 pays on large histories
     assert "-XX:+UseParallelGC" in opts
     assert opts[-1].startswith("-Dlog4j2.configurationFile=file:")
 
@@ -34,7 +34,7 @@ def test_variable_replaces_the_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(spark.JAVA_OPTS_ENV, "-XX:+UseSerialGC")
     opts = spark.driver_java_opts().split()
     assert opts[0] == "-XX:+UseSerialGC"
-    assert "-XX:TieredStopAtLevel=1" not in opts
+    assert "-XX:+UseParallelGC" not in opts
 
 
 def test_the_local_driver_jvm_runs_with_the_options() -> None:

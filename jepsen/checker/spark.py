@@ -34,15 +34,16 @@ OPEN_CONNECT_S = 30.0  # a Connect server must answer and run one task by then (
 OPEN_STANDALONE_S = 90.0
 OPEN_TIMEOUT_ENV = "LEDGERMQ_SPARK_OPEN_S"  # overrides both limits (seconds)
 
-# The driver JVM's code generation and garbage collection, tuned for a short batch job on
-# few cores. Spark compiles a class per query stage; with tiered JIT the C2 compiler then
-# spends whole cores optimising them while the two task threads wait for those cores:
-# stopping at C1 (quick, lightly optimised code) and the throughput collector (no
-# concurrent marking threads) took a 779k-operation queue history on local[2] from about
-# 41 s to 36 s (and the session's start from 12 s to 5 s at load 4). A history of tens of
-# millions of operations runs long enough for C2 to pay: set the variable to "" (or to
-# other options) to change them.
-JAVA_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC"
+# The driver JVM's garbage collection, tuned for a short batch job on few cores: the
+# throughput collector (no concurrent marking threads taking a core from the two task
+# threads). The JIT keeps its defaults. Stopping at C1 (quick, lightly optimised code) had
+# helped when four other builds shared these two cores (a 779k-operation history: 41 -> 36 s),
+# but C2's code is what large histories need: a 2.1M-operation `--rate max` history took
+# 101 s with C1 and 79-81 s with C2 (160-180 s against 83-89 s in a busier hour), the JSON
+# read and pairing job 43 -> 21 s (the window's sort alone 13 -> 3.5 s), and checker_bench's
+# 1M operations 62 -> 43 s; the session starts about 1 s slower. G1 instead of the
+# throughput collector: 90 s. Set the variable to change them ("" = the JVM's defaults).
+JAVA_OPTS = "-XX:+UseParallelGC"
 JAVA_OPTS_ENV = "LEDGERMQ_SPARK_JAVA_OPTS"
 
 
