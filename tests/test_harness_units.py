@@ -234,3 +234,36 @@ def test_a_leader_that_never_comes_is_explained_by_the_nodes_logs(tmp_path):
         host, port = backend.group.ledger_addr[nid].rsplit(":", 1)
         assert f"{nid} exited with code 1" in text, text
         assert f"cannot listen on {host}:{port}" in text and "address already in use" in text, text
+
+
+def test_a_backend_status_client_is_kept_per_loop_and_closed_in_its_own() -> None:
+    """Status polls share one client per event loop; the run closes it inside that loop."""
+    from remoting import RemotingClient, RemotingCommand, RemotingServer
+
+    from jepsen.harness.backends import LoopClient
+
+    async def serve_and_poll(held: LoopClient[RemotingClient]) -> tuple[bool, list[str], list[str]]:
+        server = RemotingServer("127.0.0.1", 0)
+        await server.start()
+        try:
+            client = held.get()
+            same = held.get() is client
+            # an unknown request code: the server answers it as not supported; the connection stays
+            await client.invoke_sync(server.address, RemotingCommand.request(999, {}), timeout_s=2.0)
+            before = client.connected_addresses
+            await held.close()
+            return same, before, client.connected_addresses
+        finally:
+            await server.stop()
+
+    made: list[RemotingClient] = []
+
+    def make() -> RemotingClient:
+        made.append(RemotingClient())
+        return made[-1]
+
+    held = LoopClient(make)
+    same, before, after = asyncio.run(serve_and_poll(held))
+    assert same and len(before) == 1 and after == []
+    asyncio.run(serve_and_poll(held))  # a new loop gets a new client
+    assert len(made) == 2 and made[0] is not made[1]

@@ -24,9 +24,9 @@ import shutil
 import signal
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from common.process import ProcessSet, write_toml
 from ledger.client import LedgerClient
@@ -92,6 +92,40 @@ def _fsync_tree(d: Path) -> None:
                 os.close(fd)
 
 
+class _Closable(Protocol):
+    def close(self) -> Awaitable[None]: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
+class LoopClient(Generic[C]):
+    """A client a backend's own calls (status polls) share, kept for the event loop that made it.
+
+    A client's connections belong to the loop that opened them, so a call from another loop
+    (each ``asyncio.run``: a run, a test) gets a new client. ``close`` is awaited inside the
+    run's loop when the run ends, so its sockets are closed there rather than left to the
+    garbage collector after the loop has gone.
+    """
+
+    def __init__(self, make: Callable[[], C]) -> None:
+        self._make = make
+        self._client: C | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> C:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            self._client, self._loop = self._make(), loop
+        return self._client
+
+    async def close(self) -> None:
+        client, loop = self._client, self._loop
+        self._client = self._loop = None
+        if client is not None and loop is asyncio.get_running_loop():
+            await client.close()
+
+
 class Backend(ABC):
     """A group of nodes the harness can load and break."""
 
@@ -114,6 +148,18 @@ class Backend(ABC):
         self.paused: set[str] = set()
         self.cut: set[Link] = set()
         self.shaped: set[Link] = set()  # links with a delay or loss in force
+        self._loop_clients: list[LoopClient[Any]] = []
+
+    def loop_client(self, make: Callable[[], C]) -> LoopClient[C]:
+        """A per-loop client for this backend's own calls, closed by ``close_clients``."""
+        held: LoopClient[C] = LoopClient(make)
+        self._loop_clients.append(held)
+        return held
+
+    async def close_clients(self) -> None:
+        """Close the backend's own clients (status polls); the runner awaits it as a run ends."""
+        for held in self._loop_clients:
+            await held.close()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -582,8 +628,9 @@ class LocalLedgerBackend(ProcessBackend):
         self.cluster = _ProxiedCluster(Path(base_dir), n, settings=settings)
         super().__init__(base_dir, self.cluster)
         self.nodes = list(self.cluster.ids)
-        self._status_client: LedgerClient | None = None
-        self._status_loop: asyncio.AbstractEventLoop | None = None
+        self._status_client = self.loop_client(
+            lambda: LedgerClient(self.cluster.addresses, timeout=0.5, attempt_timeout=0.5)
+        )
 
     def peer_addresses(self) -> dict[str, str]:
         return {n: self.cluster.address(n) for n in self.nodes}
@@ -610,11 +657,7 @@ class LocalLedgerBackend(ProcessBackend):
         return out
 
     async def status(self, nid: str) -> dict[str, Any] | None:
-        loop = asyncio.get_running_loop()
-        if self._status_client is None or self._status_loop is not loop:
-            self._status_client = LedgerClient(self.cluster.addresses, timeout=0.5, attempt_timeout=0.5)
-            self._status_loop = loop
-        st = await self._status_client.status(self.cluster.address(nid))
+        st = await self._status_client.get().status(self.cluster.address(nid))
         return {
             "role": st.get("role"),
             "term": st.get("term"),

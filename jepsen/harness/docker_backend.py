@@ -24,7 +24,6 @@ tmpfs costs RAM and caps the data, which only this fault wants.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import time
@@ -39,7 +38,6 @@ from jepsen.docker.compose import (
     free_net_prefix,
     free_port,
 )
-from remoting import RemotingClient
 
 from . import relay
 from .backends import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
@@ -101,8 +99,7 @@ class DockerBrokerBackend(Backend):
         #: the shaping in force on ``self.shaped`` (set_shape), applied again after a restart
         self._shape: dict[str, float] = {"delay_ms": 0.0, "jitter_ms": 0.0, "drop": 0.0, "seed": 0}
         self._credentials_file: Path | None = None
-        self._rc: RemotingClient | None = None
-        self._rc_loop: asyncio.AbstractEventLoop | None = None
+        self._rc = self.loop_client(lambda: self.group.remoting_client("jepsen-status"))  # signs: ACL is on
         self._up = False
 
     def plan_faults(self, faults: Sequence[str]) -> None:
@@ -141,12 +138,8 @@ class DockerBrokerBackend(Backend):
             self.group.down(logs=self.logs_dir)
 
     async def status(self, nid: str) -> dict[str, Any] | None:
-        loop = asyncio.get_running_loop()
-        if self._rc is None or self._rc_loop is not loop:
-            self._rc = self.group.remoting_client("jepsen-status")  # signs: ACL is on
-            self._rc_loop = loop
         service = self.group.service_of(nid)
-        st = broker_status(await self.group.runtime_info(self._rc, service))
+        st = broker_status(await self.group.runtime_info(self._rc.get(), service))
         if st is not None and st.get("leader") and self.group.groups > 1:
             st["leader"] = f"{self.group.broker_name_of(service)}/{st['leader']}"  # the ledger's member id
         return st

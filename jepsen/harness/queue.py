@@ -90,7 +90,38 @@ def broker_status(info: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-class LocalBrokerBackend(ProcessBackend):
+class _BrokerProcessBackend(ProcessBackend):
+    """What the one-group and the several-group local broker backends share: their ``group``
+    (a LocalBrokerGroup or LocalBrokerGroups behind the link proxy) starts, places and
+    restarts the brokers, and names their peer and listen addresses."""
+
+    group: _ProxiedBrokerGroup | _ProxiedBrokerGroups
+
+    def peer_addresses(self) -> dict[str, str]:
+        return dict(self.group.ledger_addr)
+
+    def launch(self) -> None:
+        self.group.proxy = self.proxy
+        self.group.start()
+
+    def listen_addresses(self) -> list[str]:
+        return self.group.listen_addresses()
+
+    def spawn(self, nid: str) -> None:
+        self.group.start_broker(nid)
+
+    def forge_targets(self) -> dict[str, Any]:
+        return {
+            "ledger": dict(self.group.ledger_addr),
+            "secured": bool(
+                self.group.settings.get("cluster_secret") or self.group.settings.get("cluster_secret_file")
+            ),
+            "admin": [self.group.broker_addr[n] for n in self.nodes],
+            "acl": bool(self.group.settings.get("acl_enable")),
+        }
+
+
+class LocalBrokerBackend(_BrokerProcessBackend):
     """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
 
     system = "broker"
@@ -107,21 +138,7 @@ class LocalBrokerBackend(ProcessBackend):
         self.group = _ProxiedBrokerGroup(Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings=settings)
         super().__init__(base_dir, self.group)
         self.nodes = list(self.group.node_ids)
-        self._rc: RemotingClient | None = None
-        self._rc_loop: asyncio.AbstractEventLoop | None = None
-
-    def peer_addresses(self) -> dict[str, str]:
-        return dict(self.group.ledger_addr)
-
-    def launch(self) -> None:
-        self.group.proxy = self.proxy
-        self.group.start()
-
-    def listen_addresses(self) -> list[str]:
-        return self.group.listen_addresses()
-
-    def spawn(self, nid: str) -> None:
-        self.group.start_broker(nid)
+        self._rc = self.loop_client(RemotingClient)
 
     def process_name(self, nid: str) -> str:
         return self.group.name_of(nid)
@@ -129,22 +146,8 @@ class LocalBrokerBackend(ProcessBackend):
     def ledger_dir(self, nid: str) -> Path | None:
         return self.base_dir / self.group.name_of(nid) / "data" / "ledger"
 
-    def forge_targets(self) -> dict[str, Any]:
-        return {
-            "ledger": dict(self.group.ledger_addr),
-            "secured": bool(
-                self.group.settings.get("cluster_secret") or self.group.settings.get("cluster_secret_file")
-            ),
-            "admin": [self.group.broker_addr[n] for n in self.nodes],
-            "acl": bool(self.group.settings.get("acl_enable")),
-        }
-
     async def status(self, nid: str) -> dict[str, Any] | None:
-        loop = asyncio.get_running_loop()
-        if self._rc is None or self._rc_loop is not loop:
-            self._rc = RemotingClient()
-            self._rc_loop = loop
-        return broker_status(await self.group.runtime_info(self._rc, nid))
+        return broker_status(await self.group.runtime_info(self._rc.get(), nid))
 
     def log_client(self) -> LogClient:
         raise Unsupported(
@@ -178,7 +181,7 @@ class _ProxiedBrokerGroups(LocalBrokerGroups):
         return self.proxy.address(nid, peer)
 
 
-class LocalBrokerGroupsBackend(ProcessBackend):
+class LocalBrokerGroupsBackend(_BrokerProcessBackend):
     """Two nameservers and ``groups`` 3-broker groups of local processes (``--groups``, ``--port-base``).
 
     Nodes are named ``<broker name>/<node>`` (``broker-b/n2``), so the history's ``node``
@@ -225,8 +228,7 @@ class LocalBrokerGroupsBackend(ProcessBackend):
             if self.group.ports.port_base is not None
             else None
         )
-        self._rc: RemotingClient | None = None
-        self._rc_loop: asyncio.AbstractEventLoop | None = None
+        self._rc = self.loop_client(RemotingClient)
 
     @property
     def port_span(self) -> tuple[int, int] | None:
@@ -236,44 +238,17 @@ class LocalBrokerGroupsBackend(ProcessBackend):
     def node_groups(self) -> dict[str, list[str]]:
         return {name: list(members) for name, members in self.group.members.items()}
 
-    def peer_addresses(self) -> dict[str, str]:
-        return dict(self.group.ledger_addr)
-
     def proxy_links(self) -> list[Link] | None:
         return list(self._links)
 
     def proxy_ports(self) -> dict[Link, int] | None:
         return self._link_ports
 
-    def launch(self) -> None:
-        self.group.proxy = self.proxy
-        self.group.start()
-
-    def listen_addresses(self) -> list[str]:
-        return self.group.listen_addresses()
-
-    def spawn(self, nid: str) -> None:
-        self.group.start_broker(nid)
-
     def ledger_dir(self, nid: str) -> Path | None:
         return self.group.node_dir(nid) / "data" / "ledger"
 
-    def forge_targets(self) -> dict[str, Any]:
-        return {
-            "ledger": dict(self.group.ledger_addr),
-            "secured": bool(
-                self.group.settings.get("cluster_secret") or self.group.settings.get("cluster_secret_file")
-            ),
-            "admin": [self.group.broker_addr[n] for n in self.nodes],
-            "acl": bool(self.group.settings.get("acl_enable")),
-        }
-
     async def status(self, nid: str) -> dict[str, Any] | None:
-        loop = asyncio.get_running_loop()
-        if self._rc is None or self._rc_loop is not loop:
-            self._rc = RemotingClient()
-            self._rc_loop = loop
-        st = broker_status(await self.group.runtime_info(self._rc, nid))
+        st = broker_status(await self.group.runtime_info(self._rc.get(), nid))
         if st is not None and st.get("leader"):  # the ledger names its peers within the group
             st["leader"] = f"{self.group.group_of(nid)}/{st['leader']}"
         return st

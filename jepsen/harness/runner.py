@@ -23,7 +23,7 @@ import os
 import random
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,6 +205,14 @@ class _Progress:
     def close(self) -> None:
         if self.bar:
             self.bar.close()
+
+
+async def _closing_clients(backend: Backend, drive: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run ``drive``, then close the backend's own clients inside this loop, whatever happened."""
+    try:
+        return await drive
+    finally:
+        await backend.close_clients()
 
 
 async def _drive(
@@ -453,10 +461,12 @@ def run(cfg: RunConfig) -> RunResult:
     t0 = time.monotonic()
     try:
         backend.start()
-        if sharded:
-            summary.update(asyncio.run(_drive_workers(cfg, backend, history, run_dir, history_path)))
-        else:
-            summary.update(asyncio.run(_drive(cfg, backend, history, run_dir, wraps)))
+        drive = (
+            _drive_workers(cfg, backend, history, run_dir, history_path)
+            if sharded
+            else _drive(cfg, backend, history, run_dir, wraps)
+        )
+        summary.update(asyncio.run(_closing_clients(backend, drive)))
     finally:
         history.close()
         backend.stop()
