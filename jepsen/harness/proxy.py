@@ -45,7 +45,7 @@ Link = tuple[str, str]  # (src, dst) node ids
 
 
 @dataclass
-class _LinkState:
+class LinkState:
     name: str
     host: str
     target: tuple[str, int]
@@ -72,7 +72,7 @@ MAX_DELAY_S = 10.0  # a shaped link never holds a chunk longer than this
 MAX_QUEUED_CHUNKS = 4096  # per direction: beyond this the reader waits (back-pressure)
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _LinkState) -> None:
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: LinkState) -> None:
     if link.delay_s <= 0 and link.jitter_s <= 0:
         while True:
             data = await src.read(1 << 16)
@@ -120,20 +120,15 @@ async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Lin
         await asyncio.gather(sender, return_exceptions=True)
 
 
-async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    if link.cut or link.lose():
-        link.refused += 1
-        writer.transport.abort()
-        return
-    try:
-        up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*link.target), 1.0)
-    except (OSError, TimeoutError):
-        writer.transport.abort()  # the node behind the link is down: so is the link
-        return
-    if link.cut:  # cut while connecting
-        up_w.transport.abort()
-        writer.transport.abort()
-        return
+async def splice(
+    link: LinkState,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_r: asyncio.StreamReader,
+    up_w: asyncio.StreamWriter,
+) -> None:
+    """Carry one accepted connection both ways over ``link`` (its cut, delay and loss) until
+    either direction ends, then abort both ends: a link proxy's and a docker relay's connection."""
     link.accepted += 1
     pair = (writer, up_w)
     link.conns.add(pair)
@@ -154,7 +149,24 @@ async def _handle(link: _LinkState, reader: asyncio.StreamReader, writer: asynci
         up_w.transport.abort()
 
 
-def _apply_shape(links: dict[str, _LinkState], cmd: dict[str, Any]) -> list[str]:
+async def _handle(link: LinkState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    if link.cut or link.lose():
+        link.refused += 1
+        writer.transport.abort()
+        return
+    try:
+        up_r, up_w = await asyncio.wait_for(asyncio.open_connection(*link.target), 1.0)
+    except (OSError, TimeoutError):
+        writer.transport.abort()  # the node behind the link is down: so is the link
+        return
+    if link.cut:  # cut while connecting
+        up_w.transport.abort()
+        writer.transport.abort()
+        return
+    await splice(link, reader, writer, up_r, up_w)
+
+
+def _apply_shape(links: dict[str, LinkState], cmd: dict[str, Any]) -> list[str]:
     """Shape the named links (every other link goes back to no delay and no loss)."""
     names = set(cmd["links"])
     unknown = names - set(links)
@@ -173,7 +185,7 @@ def _apply_shape(links: dict[str, _LinkState], cmd: dict[str, Any]) -> list[str]
     return sorted(names)
 
 
-def _apply_cuts(links: dict[str, _LinkState], cut: set[str]) -> int:
+def _apply_cuts(links: dict[str, LinkState], cut: set[str]) -> int:
     closed = 0
     for name, link in links.items():
         link.cut = name in cut
@@ -188,14 +200,14 @@ def _apply_cuts(links: dict[str, _LinkState], cut: set[str]) -> int:
 
 async def _serve(spec: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
-    links: dict[str, _LinkState] = {}
+    links: dict[str, LinkState] = {}
     bound: dict[str, str] = {}
     # The nodes' own ports were picked but are not bound yet: never take one of them (a link
     # listening on its own target forwards to itself; one on a node's port keeps it from starting).
     avoid = {item["target"] for item in spec["links"]} | set(spec["avoid"])
     for item in spec["links"]:
         host, port = item["target"].rsplit(":", 1)
-        link = _LinkState(item["name"], item["host"], (host, int(port)))
+        link = LinkState(item["name"], item["host"], (host, int(port)))
         wanted = int(item.get("port") or 0)  # a port the harness planned (--port-base), else any
         for _ in range(1 if wanted else 100):
             server = await asyncio.start_server(

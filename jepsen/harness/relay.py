@@ -14,7 +14,7 @@ peers through it:
   through the relay. A redirected connection no longer matches: its destination is the relay.
 
 The relay holds every chunk, both ways, for the delay plus a uniform jitter, in order (the
-link proxies' ``_pipe``, so local and docker runs shape alike). Healing removes the rules
+link proxies' ``splice``, so local and docker runs shape alike). Healing removes the rules
 and stops the relay, whose connections then end and are dialled again directly. The
 partition rules (``LEDGERMQ-OUT``) still see the relay's connection to the peer: a cut
 link stays cut while slowed.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from common.cli import run_main
 
-from .proxy import MAX_DELAY_S, _LinkState, _pipe
+from .proxy import MAX_DELAY_S, LinkState, splice
 
 #: the firewall mark of the relay's own connections (the redirect rules skip it): "LM"
 RELAY_MARK = 0x4C4D
@@ -67,14 +67,14 @@ class Relay:
             raise ValueError(f"delay and jitter must be 0..{MAX_DELAY_S * 1000:.0f} ms")
         self.delay_s, self.jitter_s = delay_ms / 1000, jitter_ms / 1000
         self.seed, self.mark = seed, mark
-        self.links: dict[str, _LinkState] = {}
+        self.links: dict[str, LinkState] = {}
         self.open = 0
 
-    def _link(self, host: str, port: int) -> _LinkState:
+    def _link(self, host: str, port: int) -> LinkState:
         name = f"{host}:{port}"
         link = self.links.get(name)
         if link is None:  # one seeded stream of jitter per destination, as each proxy link has
-            link = _LinkState(name, host, (host, port), delay_s=self.delay_s, jitter_s=self.jitter_s)
+            link = LinkState(name, host, (host, port), delay_s=self.delay_s, jitter_s=self.jitter_s)
             link.rng = random.Random(f"{self.seed}:{name}")
             self.links[name] = link
         return link
@@ -112,20 +112,10 @@ class Relay:
             writer.transport.abort()  # the peer is down or cut off: so is the link
             return
         self.open += 1
-        link.accepted += 1
-        tasks = [
-            asyncio.ensure_future(_pipe(reader, up_w, link)),
-            asyncio.ensure_future(_pipe(up_r, writer, link)),
-        ]
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await splice(link, reader, writer, up_r, up_w)
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             self.open -= 1
-            writer.transport.abort()
-            up_w.transport.abort()
 
 
 def install_script(peers: list[tuple[str, int]], delay_ms: float, jitter_ms: float, seed: int) -> str:
