@@ -141,6 +141,8 @@ def test_slow_and_lossy_network_on_the_log_workload(tmp_path):
     kinds = [v["fault"] for v in starts[0::2]]
     assert kinds[:2] == ["slow-network", "lossy-network"], kinds
     assert starts[0]["delay_ms"] > 0 and starts[2]["drop"] > 0 and "seed" in starts[2]
+    # the end event says what the backend did: the links it shaped
+    assert starts[1].get("shaped") and starts[3].get("shaped"), starts[1::2]
     assert [e for e in nem if e["f"] == "stop-partition"], "the network was never healed"
     results = _verdict(result)
     assert result.valid is True, results.get("anomalies")

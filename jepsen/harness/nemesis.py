@@ -145,12 +145,24 @@ def _quiet(fn: Callable[[Any], Any], arg: Any) -> None:
     fn(arg)
 
 
-def _shape(b: Backend, links: set[Link], shape: dict[str, Any], seed: int) -> None:
-    b.set_shape(links, **shape, seed=seed)
+SHAPE_REPLY_KEYS = ("shaped", "unapplied")  # what a backend's set_shape reply adds to the end event
 
 
-def _unshape(b: Backend) -> None:
-    b.set_shape(set(), delay_ms=0, jitter_ms=0, drop=0, seed=0)
+def _with_reply(value: dict[str, Any], reply: Any) -> dict[str, Any]:
+    """The nemesis event's value with what the backend says it did (links shaped, nodes not)."""
+    if not isinstance(reply, dict):
+        return value
+    return {**value, **{k: reply[k] for k in SHAPE_REPLY_KEYS if k in reply}}
+
+
+def _shape(
+    b: Backend, links: set[Link], shape: dict[str, Any], seed: int, value: dict[str, Any]
+) -> dict[str, Any]:
+    return _with_reply(value, b.set_shape(links, **shape, seed=seed))
+
+
+def _unshape(b: Backend, value: dict[str, Any]) -> dict[str, Any]:
+    return _with_reply(value, b.set_shape(set(), delay_ms=0, jitter_ms=0, drop=0, seed=0))
 
 
 # ------------------------------------------------------------------ the nemesis
@@ -356,10 +368,9 @@ class Nemesis:
             )
             seed = rng.randrange(1 << 31)
             value = {"fault": name, "nodes": sorted(nodes), **shape, "seed": seed, **scope_info}
-            await self.op("start-partition", value, lambda: _shape(b, links, shape, seed))
-            self._undo = lambda: self.op(
-                "stop-partition", {"fault": name, "nodes": sorted(nodes), **scope_info}, lambda: _unshape(b)
-            )
+            await self.op("start-partition", value, lambda: _shape(b, links, shape, seed, value))
+            stop = {"fault": name, "nodes": sorted(nodes), **scope_info}
+            self._undo = lambda: self.op("stop-partition", stop, lambda: _unshape(b, stop))
         elif name == "disk-full":
             filled, known = await self._leaders_or_random(scopes)
             value = {"fault": name, "nodes": filled, **leader_info(known), **scope_info}
@@ -505,11 +516,8 @@ class Nemesis:
             dead = sorted(b.killed)
             await self.op("restart", {"nodes": dead, "fault": "heal"}, lambda: _each(b.restart, dead))
         if b.shaped:
-            await self.op(
-                "stop-partition",
-                {"nodes": sorted({x for link in b.shaped for x in link}), "fault": "heal"},
-                lambda: _unshape(b),
-            )
+            healed = {"nodes": sorted({x for link in b.shaped for x in link}), "fault": "heal"}
+            await self.op("stop-partition", healed, lambda: _unshape(b, healed))
         if b.cut:
             await self.op(
                 "stop-partition",
