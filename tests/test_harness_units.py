@@ -238,9 +238,8 @@ def test_a_leader_that_never_comes_is_explained_by_the_nodes_logs(tmp_path):
 
 def test_a_backend_status_client_is_kept_per_loop_and_closed_in_its_own() -> None:
     """Status polls share one client per event loop; the run closes it inside that loop."""
-    from remoting import RemotingClient, RemotingCommand, RemotingServer
-
     from jepsen.harness.backends import LoopClient
+    from remoting import RemotingClient, RemotingCommand, RemotingServer
 
     async def serve_and_poll(held: LoopClient[RemotingClient]) -> tuple[bool, list[str], list[str]]:
         server = RemotingServer("127.0.0.1", 0)
