@@ -16,8 +16,10 @@ verdict, recovery per kill and each process's peak memory.
     python bench/harness_bench.py [--time 60] [--workers N]
 
 Ends with one JSON line: bench_msgs_per_s, recorded_ok_per_s, ratio, ops, check_s,
-history_bytes_per_op, valid, calm_ok_per_s (ok operations per second between faults),
-kills, recovery_p50_ms, recovery_max_ms, workers, worker_peak_rss_mb, controller_peak_rss_mb,
+history_bytes_per_op, check_ops_per_s (the checker's operations per second), spark_start_s
+(its session, started while the shards are validated: validate_s), valid, calm_ok_per_s
+(ok operations per second between faults), kills, recovery_p50_ms, recovery_max_ms, workers,
+worker_peak_rss_mb, worker_cpu_us_per_op, controller_peak_rss_mb,
 all_drained (every queue's final drain read the whole queue back: every ok send was judged).
 """
 
@@ -119,11 +121,21 @@ def main() -> None:
     drained = (s.get("workload") or {}).get("drained") or {}
     all_drained = bool(drained) and all(v is not None for v in drained.values())
     worker_rss = max((w.get("peak_rss_mb") or 0 for w in workers), default=0.0)
+    worker_cpu_us = sum(w.get("cpu_s") or 0 for w in workers) / max(1, ops) * 1e6
+    check_s = check.get("seconds")
+    check_rate = ops / check_s if check_s else None
+    print(
+        f"checker: {ops:,} operations in {check_s} s = {check_rate or 0:,.0f} ops/s (the run recorded "
+        f"{ops / args.time:,.0f} ops/s); its Spark session started in {check.get('spark_start_s')} s "
+        f"while the shards were validated ({s.get('validate_s')} s), before the check's clock",
+        flush=True,
+    )
     print(
         f"recorded {ok_sends:,} ok sends in {args.time:g} s = {rate:,.0f}/s = {rate / capacity:.0%} of the "
         f"bench's {capacity:,.0f} msgs/s; {ops:,} operations, {s['history_bytes'] / max(1, ops):.0f} bytes/op; "
         f"checked in {check.get('seconds')} s ({check.get('valid')}); {len(workers)} workers, peak memory "
-        f"{worker_rss:.0f} MB per worker, {s.get('controller_peak_rss_mb')} MB controller; "
+        f"{worker_rss:.0f} MB per worker, {s.get('controller_peak_rss_mb')} MB controller, "
+        f"{worker_cpu_us:.1f} us of worker CPU per operation; "
         f"between faults {calm or 0:,.0f} ok/s (median over the 10 s before each fault); final drains "
         f"{'read ' + format(sum(drained.values()), ',') + ' pairs' if all_drained else 'FAILED: ' + str(drained)} "
         f"in {(s.get('phases') or {}).get('final_done_s', 0) - (s.get('phases') or {}).get('healed_at_s', 0):.1f} s",
@@ -138,6 +150,9 @@ def main() -> None:
                 "ops": ops,
                 "check_s": check.get("seconds"),
                 "history_bytes_per_op": round(s["history_bytes"] / max(1, ops), 1),
+                "check_ops_per_s": round(check_rate, 1) if check_rate else None,
+                "spark_start_s": check.get("spark_start_s"),
+                "validate_s": s.get("validate_s"),
                 "valid": check.get("valid"),
                 "calm_ok_per_s": calm,
                 "kills": rec.get("faults", 0),
@@ -145,6 +160,7 @@ def main() -> None:
                 "recovery_max_ms": rec.get("recovery_max_ms"),
                 "workers": len(workers),
                 "worker_peak_rss_mb": worker_rss,
+                "worker_cpu_us_per_op": round(worker_cpu_us, 1),
                 "controller_peak_rss_mb": s.get("controller_peak_rss_mb"),
                 "all_drained": all_drained,
             }

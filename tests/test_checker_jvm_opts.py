@@ -1,12 +1,14 @@
 """The checker's driver JVM gets its JIT/GC tuning, and the variable that changes it works.
 
 The tuning is a measured speed-up of whole analyses (``spark.JAVA_OPTS``); these tests
-make sure the options are built as documented and really reach the JVM Spark starts.
+make sure the options are built as documented and really reach the JVM Spark starts, and
+that the session started early on a thread (the harness's warm-up) is the one the checker uses.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -49,3 +51,54 @@ def test_the_local_driver_jvm_runs_with_the_options() -> None:
     tuning = [a for a in expected if a.startswith("-XX:")]
     assert tuning
     assert [a for a in args if a in tuning] == tuning
+
+
+def test_a_warm_up_thread_and_the_checker_share_one_session_and_stderr_survives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The harness starts the session on a thread while it validates shards; the checker then
+    asks for it too. The session is built once (the second caller waits for it), and the
+    JVM's stderr redirection (fd 2, process-wide) is not left pointing at the JVM log by two
+    overlapping starts."""
+    if spark.is_connect(spark.resolve_master()):
+        pytest.skip("a Spark Connect session has no driver JVM in this process")
+    builds: list[str | None] = []
+    real_open = spark._open_session  # noqa: SLF001
+
+    def slow_open(master: str | None):  # widens the window in which both callers race
+        builds.append(master)
+        time.sleep(0.5)
+        return real_open(master)
+
+    monkeypatch.setattr(spark, "_open_session", slow_open)
+    before = os.fstat(2)
+    spark.stop_spark()
+    warm = spark.SessionWarmUp("local[2]")
+    time.sleep(0.1)  # the warm-up is inside its build when the checker asks
+    session = spark.get_spark("local[2]")
+    warm.wait(180)
+    assert builds == ["local[2]"]
+    assert warm.error is None
+    assert warm.seconds is not None
+    assert spark.get_spark() is session
+    assert session.range(3).count() == 3
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def test_the_harness_warms_the_checker_only_for_histories_spark_will_judge(tmp_path) -> None:
+    from jepsen.checker.inprocess import FAST_PATH_MAX_BYTES
+    from jepsen.harness.check import warm_up_checker
+
+    small = tmp_path / "small.jsonl"
+    small.write_text('{"index":0,"time":0,"process":0,"type":"invoke","f":"read","value":null}\n')
+    assert warm_up_checker(small) is None  # judged in-process: no JVM wanted
+    large = tmp_path / "large.jsonl"
+    with large.open("wb") as fh:
+        fh.truncate(FAST_PATH_MAX_BYTES + 1)  # sparse: only its size matters here
+    assert warm_up_checker(large, engine="inprocess") is None
+    warm = warm_up_checker(large)
+    assert warm is not None
+    warm.wait(180)
+    assert warm.error is None
+    assert spark.get_spark() is not None

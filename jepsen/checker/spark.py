@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 _SESSION: SparkSession | None = None
 _MASTER: str | None = None
+# One session is built at a time: a warm-up thread (start_in_background) and the checker
+# may both ask for it, and Spark allows one per JVM.
+_OPEN_LOCK = threading.Lock()
 
 DEFAULT_MASTER = "local[2]"
 MASTER_ENV = "LEDGERMQ_SPARK_MASTER"
@@ -286,9 +291,16 @@ def get_spark(master: str | None = None) -> SparkSession:
     A later call with a different master reuses the existing session (Spark allows one
     per JVM) unless ``stop_spark`` was called first.
     """
-    global _SESSION, _MASTER
     if _SESSION is not None:
         return _SESSION
+    with _OPEN_LOCK:
+        if _SESSION is not None:  # another thread built it while this one waited
+            return _SESSION
+        return _open_session(master)
+
+
+def _open_session(master: str | None) -> SparkSession:
+    global _SESSION, _MASTER
     _quiet_python_warnings()
     from pyspark.sql import SparkSession
 
@@ -333,6 +345,33 @@ def get_spark(master: str | None = None) -> SparkSession:
         session.sparkContext.setLogLevel("ERROR")
     _SESSION, _MASTER = session, master
     return session
+
+
+class SessionWarmUp:
+    """The session started on a daemon thread while this process still has other work.
+
+    A driver JVM takes seconds to start (about 6 s on this 2-core machine). A harness that
+    will check a large history starts it as soon as the load has stopped, so that it starts
+    while the shards are validated instead of after. A failure is not reported here: the
+    checker's own ``get_spark`` then tries again and reports it as it always does.
+    """
+
+    def __init__(self, master: str | None = None) -> None:
+        self.seconds: float | None = None  # how long the start took, once it has finished
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, args=(master,), name="spark-warm-up", daemon=True)
+        self._thread.start()
+
+    def _run(self, master: str | None) -> None:
+        started = time.monotonic()
+        try:
+            get_spark(master)
+        except Exception as exc:  # noqa: BLE001 - left for the checker's own attempt to report
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.seconds = round(time.monotonic() - started, 3)
+
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
 
 def stop_spark() -> None:

@@ -17,6 +17,26 @@ from typing import Any
 VERDICTS = {True: 0, False: 1, "unknown": 2}
 
 
+def warm_up_checker(history: Path, engine: str = "auto") -> Any:
+    """Start the checker's Spark session on a thread when ``history`` will be judged on Spark.
+
+    Returns the ``SessionWarmUp`` (its ``seconds`` once started), or None when the history
+    is judged in this process or the checker is not importable. The caller then validates
+    the shards while the JVM starts, so the verdict comes that much sooner.
+    """
+    if engine == "inprocess":
+        return None
+    try:
+        from jepsen.checker.inprocess import FAST_PATH_MAX_BYTES
+        from jepsen.checker.shards import size_bytes
+        from jepsen.checker.spark import SessionWarmUp
+    except ImportError:
+        return None
+    if engine == "auto" and size_bytes(history) <= FAST_PATH_MAX_BYTES:
+        return None
+    return SessionWarmUp()
+
+
 def run_checker(
     history: Path,
     workload: str,

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.gc_tuning import tune_gc
+from common.cli import run_main
 
 from .clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
 from .history import History
@@ -55,6 +55,12 @@ def _emit(doc: dict[str, Any]) -> None:
 
 def _counts(history: History) -> dict[str, int]:
     return {t: history.counts[t] for t in ("ok", "fail", "info")}
+
+
+def cpu_seconds() -> float:
+    """CPU time (user + system) this process has used: what its operations cost the machine."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return round(u.ru_utime + u.ru_stime, 2)
 
 
 def peak_rss_mb() -> float:
@@ -153,6 +159,7 @@ async def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         "events": history.events,
         "workload": workload.summary(),
         "peak_rss_mb": peak_rss_mb(),
+        "cpu_s": cpu_seconds(),
     }
 
 
@@ -170,15 +177,16 @@ def main(argv: list[str] | None = None) -> None:
         spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         sys.exit(f"cannot read worker spec {args[0]}: {exc}")
-    tune_gc()  # half of a full-rate worker's CPU went to the collector before (common.gc_tuning)
+    # uvloop, and the collector tuned (half of a full-rate worker's CPU went to it before):
+    # common.cli.run_main, as the servers run
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
-        _emit(asyncio.run(run_worker(spec)))
+        _emit(run_main(run_worker(spec)))
         return
     import cProfile
 
     with cProfile.Profile() as prof:
-        result = asyncio.run(run_worker(spec))
+        result = run_main(run_worker(spec))
     prof.dump_stats(Path(profile_dir) / f"worker-{spec['shard']:02d}.prof")
     _emit(result)
 
