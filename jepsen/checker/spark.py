@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 _SESSION: SparkSession | None = None
 _MASTER: str | None = None
-# One session is built at a time: a warm-up thread (start_in_background) and the checker
+# One session is built at a time: a warm-up thread (SessionWarmUp) and the checker
 # may both ask for it, and Spark allows one per JVM.
 _OPEN_LOCK = threading.Lock()
 

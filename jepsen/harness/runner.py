@@ -498,7 +498,7 @@ def run(cfg: RunConfig) -> RunResult:
         t1 = time.monotonic()
         checked = run_checker(history_path, WORKLOADS[cfg.workload].checker, run_dir, engine=cfg.check_engine)
         summary["check"] = {**checked, "seconds": round(time.monotonic() - t1, 3)}
-        if warm_up is not None:  # started before validation; `seconds` holds what was left of it
+        if warm_up is not None:  # started before validation: `seconds` above holds only what was left of it
             summary["check"]["spark_start_s"] = warm_up.seconds
         valid = checked["valid"]
     mism = summary.get("workload", {}).get("ack_mismatches")
