@@ -60,8 +60,7 @@ def test_a_warm_up_thread_and_the_checker_share_one_session_and_stderr_survives(
     asks for it too. The session is built once (the second caller waits for it), and the
     JVM's stderr redirection (fd 2, process-wide) is not left pointing at the JVM log by two
     overlapping starts."""
-    if spark.is_connect(spark.resolve_master()):
-        pytest.skip("a Spark Connect session has no driver JVM in this process")
+    master = spark.resolve_master()  # the run's own engine (local or a cluster): it is rebuilt here
     builds: list[str | None] = []
     real_open = spark._open_session  # noqa: SLF001
 
@@ -73,11 +72,11 @@ def test_a_warm_up_thread_and_the_checker_share_one_session_and_stderr_survives(
     monkeypatch.setattr(spark, "_open_session", slow_open)
     before = os.fstat(2)
     spark.stop_spark()
-    warm = spark.SessionWarmUp("local[2]")
+    warm = spark.SessionWarmUp(master)
     time.sleep(0.1)  # the warm-up is inside its build when the checker asks
-    session = spark.get_spark("local[2]")
+    session = spark.get_spark(master)
     warm.wait(180)
-    assert builds == ["local[2]"]
+    assert builds == [master]
     assert warm.error is None
     assert warm.seconds is not None
     assert spark.get_spark() is session
@@ -94,8 +93,8 @@ def test_the_harness_warms_the_checker_only_for_histories_spark_will_judge(tmp_p
     small.write_text('{"index":0,"time":0,"process":0,"type":"invoke","f":"read","value":null}\n')
     assert warm_up_checker(small) is None  # judged in-process: no JVM wanted
     large = tmp_path / "large.jsonl"
-    with large.open("wb") as fh:
-        fh.truncate(FAST_PATH_MAX_BYTES + 1)  # sparse: only its size matters here
+    line = small.read_bytes()
+    large.write_bytes(line * (FAST_PATH_MAX_BYTES // len(line) + 1))  # over the in-process limit
     assert warm_up_checker(large, engine="inprocess") is None
     warm = warm_up_checker(large)
     assert warm is not None

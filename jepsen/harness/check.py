@@ -12,29 +12,35 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jepsen.checker.spark import SessionWarmUp
 
 VERDICTS = {True: 0, False: 1, "unknown": 2}
 
 
-def warm_up_checker(history: Path, engine: str = "auto") -> Any:
+def warm_up_checker(history: Path, engine: str = "auto") -> SessionWarmUp | None:
     """Start the checker's Spark session on a thread when ``history`` will be judged on Spark.
 
     Returns the ``SessionWarmUp`` (its ``seconds`` once started), or None when the history
-    is judged in this process or the checker is not importable. The caller then validates
-    the shards while the JVM starts, so the verdict comes that much sooner.
+    is judged in this process (the analysis's own ``split_by_engine`` decides) or the
+    checker is not importable. The caller then validates the shards while the JVM starts,
+    so the verdict comes that much sooner.
     """
-    if engine == "inprocess":
-        return None
     try:
-        from jepsen.checker.inprocess import FAST_PATH_MAX_BYTES
-        from jepsen.checker.shards import size_bytes
+        from jepsen.checker import shards
+        from jepsen.checker.analyze import split_by_engine
+        from jepsen.checker.frames import Source
         from jepsen.checker.spark import SessionWarmUp
     except ImportError:
         return None
-    if engine == "auto" and size_bytes(history) <= FAST_PATH_MAX_BYTES:
+    try:
+        path, fmt = shards.resolve(history)
+    except Exception:  # noqa: BLE001 - an unreadable history is the checker's to report
         return None
-    return SessionWarmUp()
+    _, on_spark = split_by_engine([Source(0, str(path), fmt)], engine)
+    return SessionWarmUp() if on_spark else None
 
 
 def run_checker(
