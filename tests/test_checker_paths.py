@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from test_checker_log import CASES
 
+from jepsen.checker import analyze
 from jepsen.checker.analyze import analyze_files, split_by_engine
 from jepsen.checker.frames import Source
-from jepsen.checker.spark import get_spark
+from jepsen.checker.spark import get_spark, materialize, release
 from jepsen.checker.synth import generate_log_history
 
 pytestmark = pytest.mark.timeout(900)
@@ -46,7 +47,14 @@ def spark() -> Any:
     return get_spark()
 
 
-def test_log_histories_agree(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("frames", ["checkpointed", "cached"])
+def test_log_histories_agree(
+    spark: Any, tmp_path: Path, frames: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small inputs are checked on local checkpoints, large ones on cached frames (planned
+    from the cache's own relation, ``spark._cached_leaf``); both must judge alike."""
+    if frames == "cached":
+        monkeypatch.setattr(analyze, "SMALL_INPUT_BYTES", 0)
     paths = [builder().write(tmp_path / f"{name}.jsonl") for name, (builder, _) in CASES.items()]
     generate_log_history(tmp_path / "synth-clean.jsonl", 6_000, seed=5)
     paths.append(tmp_path / "synth-clean.jsonl")
@@ -85,6 +93,20 @@ def test_porcupine_vectors_agree(spark: Any, tmp_path: Path) -> None:
         assert ra["stats"] == rb["stats"], name
 
 
+def test_a_cached_frame_is_planned_from_its_cache_and_released_whole(spark: Any) -> None:
+    df = spark.range(100).selectExpr("id", "id % 3 AS k").repartition(2, "k")
+    kept = materialize(df, cut_lineage=False)
+    plan = kept._jdf.queryExecution().logical()
+    assert plan.getClass().getSimpleName() == "InMemoryRelation", plan.toString()
+    # its hash partitioning is kept: grouping by k needs no shuffle
+    executed = kept.groupBy("k").count()._jdf.queryExecution().executedPlan().toString()
+    assert "Exchange" not in executed.split("InMemoryTableScan")[0], executed
+    assert sorted(r["count"] for r in kept.groupBy("k").count().collect()) == [33, 33, 34]
+    assert df.is_cached
+    release(kept)
+    assert not df.is_cached
+
+
 def test_auto_sends_small_files_in_process_and_large_ones_to_spark(tmp_path: Path) -> None:
     small = tmp_path / "small.jsonl"
     generate_log_history(small, 200, seed=1)
@@ -114,3 +136,33 @@ def test_small_history_needs_no_jvm(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == '[true, "in-process", false]', out.stderr
+
+
+def test_both_paths_give_the_report_the_same_plot_rows(tmp_path: Path) -> None:
+    """Spark's one timeline job and the in-process pass hand the report the same rows: the
+    sampled operations (all of them, under the points limit), binned throughput and nemesis
+    events; and the same faults."""
+    from jepsen.checker.analyze import FileOutcome
+
+    h = tmp_path / "h.jsonl"
+    generate_log_history(h, 3_000, seed=5)
+    plots: dict[str, dict[int, dict[str, Any]]] = {}
+    faults = {}
+    for engine, run in (("inprocess", analyze._check_in_process), ("spark", analyze._check_sources)):
+        outcomes = [FileOutcome(str(h), tmp_path / engine)]
+        src = [Source(0, str(h), "jsonl", None)]
+        plots[engine] = {}
+        if engine == "inprocess":
+            run(src, outcomes, None, 10.0, plots[engine], True)
+        else:
+            run(src, outcomes, None, None, 10.0, plots[engine], True)
+        faults[engine] = outcomes[0].result["faults"]
+    fast, slow = plots["inprocess"][0], plots["spark"][0]
+    assert len(fast["ops"]) == 3_000 and len(fast["nemesis"]) == 8, fast["nemesis"]
+    for k in ("ops", "throughput"):
+        assert sorted(fast[k], key=repr) == sorted(slow[k], key=repr), k
+    assert fast["nemesis"] == slow["nemesis"]
+    assert {k: v for k, v in fast.items() if k not in ("ops", "throughput")} == {
+        k: v for k, v in slow.items() if k not in ("ops", "throughput")
+    }
+    assert faults["inprocess"] == faults["spark"] and len(faults["spark"]) == 2

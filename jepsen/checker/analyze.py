@@ -387,7 +387,7 @@ def _check_sources(
     report: bool,
 ) -> None:
     from jepsen.checker import frames
-    from jepsen.checker.spark import get_spark, master_in_use, materialize
+    from jepsen.checker.spark import get_spark, master_in_use, materialize, release
 
     spark = get_spark(master)
     for s in sources:
@@ -403,7 +403,7 @@ def _check_sources(
         try:
             _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small)
         finally:
-            ops.unpersist()
+            release(ops)
 
 
 EXCLUDED_RULE = "org.apache.spark.sql.catalyst.optimizer.FoldablePropagation"
@@ -474,7 +474,7 @@ def _check_ops(
 ) -> None:
     from pyspark.sql import functions as F
 
-    from jepsen.checker import linear_spark, log_checker
+    from jepsen.checker import linear_spark, log_checker, plotdata, timeline
 
     overview = _collect_overview(ops)
     by_src = {s.src: s for s in sources}
@@ -513,10 +513,12 @@ def _check_ops(
         if overview[s]["timed"] and overview[s]["t0"] is not None
     }
     load_ends = {s: recovery.load_end_of(overview[s]["spans"]) for s in timed}
-    found = recovery.spark_faults(ops, sorted(timed), timed, load_ends)
+    with_faults = [s for s in sorted(timed) if overview[s]["nemesis"]]
+    chosen_ov = {s: overview[s] for s in chosen}
+    to_plot = plotdata.plot_srcs(chosen_ov) if report else []
+    tl = timeline.collect(ops, with_faults, to_plot, chosen_ov, PLOT_POINTS, recovery.BUCKET_NS)
+    found = recovery.faults_from_timeline(tl, with_faults, timed, load_ends)
     for src in timed:  # an empty list for a timed history without faults, as in-process
         recovery.attach(outcomes[src].result, found.get(src, []))
-    if report and chosen:
-        from jepsen.checker.plotdata import collect_plot_data
-
-        plots.update(collect_plot_data(ops, {s: overview[s] for s in chosen}, chosen, PLOT_POINTS))
+    if to_plot:
+        plots.update(plotdata.plot_data(tl, chosen_ov, chosen, PLOT_POINTS))

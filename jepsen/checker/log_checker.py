@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from jepsen.checker.spark import materialize
+from jepsen.checker.spark import materialize, release
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -184,11 +184,11 @@ class LogFrames:
             F.col("pair")[1].alias("v"),
         )
         self.pairs = materialize(self.pairs, small)
-        parsed.unpersist()
+        release(parsed)
 
     def unpersist(self) -> None:
         for df in (self.reads, self.pairs):
-            df.unpersist()  # a no-op on a local checkpoint, which Spark drops once unreferenced
+            release(df)
 
 
 # --- per value ----------------------------------------------------------------------------
@@ -869,7 +869,7 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
                 examples.setdefault(key, []).append((r["t"], r["example"]))
     finally:
         for df in cached:
-            df.unpersist()
+            release(df)
         fr.unpersist()
     out: dict[int, dict[str, Any]] = {
         src: {"anomalies": {}, "counts": {}, "stats": st} for src, st in stats.items()
@@ -897,34 +897,54 @@ def _example(text: str) -> dict[str, Any]:
     return ex
 
 
+SEND_STATS = ("sends-ok", "sends-ok-without-offset", "sends-info", "sends-fail")
+READ_STATS = ("polls-ok", "drains-ok", "pairs-read")
+
+
 def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
-    """Per-history figures shown in the report (keys, drains, offsets, values read)."""
+    """Per-history figures shown in the report (keys, drains, offsets, values read).
+
+    Counted per (src, key), the partitioning the frames already have, so the one job needs
+    no shuffle and no distinct count (two per-source jobs with distinct counts took 2.1 s of
+    a 2.6M-operation check); a source's figures are the sums of its keys' rows.
+    """
     F = _F()
-    s = (
-        fr.sends.groupBy("src")
-        .agg(
-            F.countDistinct("key").alias("keys"),
-            F.sum(F.when(F.col("type") == "ok", 1).otherwise(0)).alias("sends-ok"),
-            F.sum(F.when((F.col("type") == "ok") & F.col("off").isNull(), 1).otherwise(0)).alias(
-                "sends-ok-without-offset"
-            ),
-            F.sum(F.when(F.col("type") == "info", 1).otherwise(0)).alias("sends-info"),
-            F.sum(F.when(F.col("type") == "fail", 1).otherwise(0)).alias("sends-fail"),
-            F.max("off").alias("max-offset"),
-        )
-        .collect()
+
+    def n(cond: Column) -> Column:
+        return F.sum(F.when(cond, 1).otherwise(0)).cast("long")
+
+    typ, f = F.col("type"), F.col("f")
+    sends = fr.sends.groupBy(*K).agg(
+        n(typ == "ok").alias("a"),
+        n((typ == "ok") & F.col("off").isNull()).alias("b"),
+        n(typ == "info").alias("c"),
+        n(typ == "fail").alias("d"),
+        F.max("off").alias("e"),
     )
-    r = (
-        fr.reads.groupBy("src")
-        .agg(
-            F.sum(F.when(F.col("f") == "poll", 1).otherwise(0)).alias("polls-ok"),
-            F.sum(F.when(F.col("f") == "drain", 1).otherwise(0)).alias("drains-ok"),
-            F.countDistinct(F.when(F.col("f") == "drain", F.col("key"))).alias("keys-drained"),
-            F.sum("n").alias("pairs-read"),
-        )
+    reads = fr.reads.groupBy(*K).agg(
+        n(f == "poll").alias("a"),
+        n(f == "drain").alias("b"),
+        F.sum("n").cast("long").alias("c"),
+        F.lit(None).cast("long").alias("d"),
+        F.lit(None).cast("long").alias("e"),
+    )
+    rows = (
+        sends.select(F.lit(0).alias("tag"), "*")
+        .unionByName(reads.select(F.lit(1).alias("tag"), "*"))
+        .select("tag", "src", "a", "b", "c", "d", "e")
         .collect()
     )
     out: dict[int, dict[str, Any]] = {}
-    for row in [*s, *r]:
-        out.setdefault(row["src"], {}).update({k: v for k, v in row.asDict().items() if k != "src"})
+    for tag, src, a, b, c, d, e in rows:
+        st = out.setdefault(src, {})
+        if tag == 0:
+            for name, v in zip(("keys", *SEND_STATS), (1, a, b, c, d), strict=True):
+                st[name] = st.get(name, 0) + v
+            if e is not None and (st.get("max-offset") is None or e > st["max-offset"]):
+                st["max-offset"] = e
+            st.setdefault("max-offset", None)
+        else:
+            for name, v in zip(READ_STATS, (a, b, c), strict=True):
+                st[name] = st.get(name, 0) + v
+            st["keys-drained"] = st.get("keys-drained", 0) + (b > 0)
     return out

@@ -7,8 +7,8 @@ after. Nothing but the history is used, so it works for any system's history tha
 its faults, Jepsen's own included.
 
 The inputs are small aggregates, never the operations themselves, so a history of
-millions of operations costs two grouped queries (``spark_faults``) or one pass in Python
-(``faults_from_rows``):
+millions of operations costs two grouped queries (in ``timeline.collect``'s one job) or one
+pass in Python (``faults_from_rows``):
 
 * per key and millisecond of invocation, the earliest completion of an ok operation
   invoked in that millisecond (so "the first ok invoked after the start" is a suffix
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from jepsen.checker.timeline import Timeline
 
 WINDOW_NS = 10_000_000_000  # "the 10 s before it", "end + 10 s" (HISTORY.md)
 BUCKET_NS = 1_000_000  # aggregates are per millisecond
@@ -384,56 +384,26 @@ def load_end_of(spans: Iterable[tuple[str, int | None]]) -> int | None:
     return end if final else None
 
 
-def spark_faults(
-    ops: DataFrame,
+def faults_from_timeline(
+    tl: Timeline,
     srcs: list[int],
     bounds: dict[int, tuple[int, int]],
     load_ends: Mapping[int, int | None] | None = None,
 ) -> dict[int, list[dict[str, Any]]]:
-    """The ``faults`` list per source, from the paired operations (two grouped queries);
-    ``load_ends``: each source's ``load_end_of``, from the caller's overview."""
-    from pyspark.sql import functions as F
-
-    if not srcs:
-        return {}
-    src = F.col("src")
-    nem_rows = (
-        ops.filter((F.col("kind") == "nemesis") & src.isin(srcs) & F.col("inv_time").isNotNull())
-        .select("src", "inv_index", "inv_time", "f", "inv_value")
-        .collect()
-    )
-    nemesis: dict[int, list[tuple[int, int, str, Any]]] = defaultdict(list)
-    for r in nem_rows:
-        nemesis[r["src"]].append((r["inv_index"], r["inv_time"], r["f"], r["inv_value"]))
-    with_faults = sorted(nemesis)
-    if not with_faults:
-        return {}
-    ok = ops.filter(
-        (F.col("kind") == "op")
-        & (F.col("type") == "ok")
-        & src.isin(with_faults)
-        & F.col("inv_time").isNotNull()
-        & F.col("cmp_time").isNotNull()
-    )
-    first = (
-        ok.groupBy("src", "key", F.floor(F.col("inv_time") / BUCKET_NS).alias("b"))
-        .agg(F.min("cmp_time").alias("t"))
-        .collect()
-    )
-    done = ok.groupBy("src", "key", F.floor(F.col("cmp_time") / BUCKET_NS).alias("b")).count().collect()
-    firsts: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
-    dones: dict[int, list[tuple[str, int, int]]] = defaultdict(list)
-    for r in first:
-        firsts[r["src"]].append((r["key"], r["b"], r["t"]))
-    for r in done:
-        dones[r["src"]].append((r["key"], r["b"], r["count"]))
+    """The ``faults`` list per source with nemesis events, from what ``timeline.collect``
+    gathered; ``bounds``: each source's (first, last) time and ``load_ends`` its
+    ``load_end_of``, both from the caller's overview."""
     out = {}
-    for s in with_faults:
+    for s in srcs:
+        events = tl.nemesis.get(s)
+        if not events:
+            continue
         t0, t1 = bounds[s]
-        times = [t for _, t, _, _ in nemesis[s]]
+        times = [t for _, t, _, _ in events]
         t0, t1 = min([t0, *times]), max([t1, *times])
         end = (load_ends or {}).get(s)
-        out[s] = compute(faults_from_nemesis(nemesis[s]), OkIndex(firsts[s], dones[s]), t0, t1, end)
+        idx = OkIndex(tl.first_ok.get(s, []), tl.done.get(s, []))
+        out[s] = compute(faults_from_nemesis(events), idx, t0, t1, end)
     return out
 
 

@@ -394,7 +394,7 @@ def is_connect(master: str | None = None) -> bool:
 
 
 def materialize(df: DataFrame, cut_lineage: bool) -> DataFrame:
-    """Compute ``df`` once for the many checks that read it.
+    """Compute ``df`` once for the many checks that read it; free it with :func:`release`.
 
     With ``cut_lineage`` it becomes a local checkpoint: the checks' plans then start from
     it instead of re-analysing everything that built it, which on small histories is
@@ -406,4 +406,39 @@ def materialize(df: DataFrame, cut_lineage: bool) -> DataFrame:
         return df.localCheckpoint()
     df = df.cache()
     df.count()  # materialize now, so later plans see its (src, key) partitioning
-    return df
+    if os.environ.get("LEDGERMQ_NO_LEAF"):
+        return df
+    return _cached_leaf(df)
+
+
+def _cached_leaf(df: DataFrame) -> DataFrame:
+    """A DataFrame whose plan starts at ``df``'s cached data.
+
+    A query on a cached DataFrame still carries the whole lineage that built it: Spark
+    analyses and optimises all of it, then matches it piece by piece against the cache, for
+    every query. The log checks build dozens of queries on several caches of one lineage, so
+    that planning was seconds of a large check with the two task threads idle. A plan that
+    starts at the cached relation (with the same partitioning and ordering) skips it. Classic
+    sessions only: Spark Connect gives no JVM handle, and there ``df`` itself is used.
+    """
+    from py4j.protocol import Py4JError
+
+    session = df.sparkSession
+    try:
+        jspark = session._jsparkSession  # type: ignore[attr-defined]
+        found = jspark.sharedState().cacheManager().lookupCachedData(df._jdf)  # type: ignore[attr-defined]
+        if not found.isDefined():
+            return df
+        relation = found.get().cachedRepresentation()
+        jvm = session._jvm  # type: ignore[attr-defined]
+        leaf = type(df)(jvm.org.apache.spark.sql.classic.Dataset.ofRows(jspark, relation), session)
+    except (AttributeError, Py4JError):
+        return df
+    leaf._ledgermq_cache_of = df  # type: ignore[attr-defined] - what release() unpersists
+    return leaf
+
+
+def release(df: DataFrame) -> None:
+    """Free what :func:`materialize` kept (a no-op on a local checkpoint, which Spark drops
+    once unreferenced)."""
+    getattr(df, "__dict__", {}).get("_ledgermq_cache_of", df).unpersist()
