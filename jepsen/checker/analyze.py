@@ -78,12 +78,12 @@ def input_bytes(sources: list[Source]) -> int:
 
 
 def partitions_for(sources: list[Source]) -> int:
-    """Partitions for the cached operations and for shuffles, from the input size.
+    """Partitions for the cached operations and for shuffles, from the input size: an upper
+    bound that ``keyspread.partitions`` lowers to what the history's keys can fill.
 
     Small inputs get two (one per core of local[2]): stages, not data, cost there.
-    Larger ones get at least 16: the data is partitioned by key and a history may
-    have only a handful of keys, so several partitions per core let the scheduler
-    even out keys of unequal size; beyond that one per 32 MB.
+    Larger ones get at least 16, so that many keys of unequal size spread over several
+    partitions per core; beyond that one per 32 MB.
     """
     size = input_bytes(sources)
     if size < (16 << 20):
@@ -386,13 +386,13 @@ def _check_sources(
     plots: dict[int, dict[str, Any]],
     report: bool,
 ) -> None:
-    from jepsen.checker import frames
+    from jepsen.checker import frames, keyspread
     from jepsen.checker.spark import get_spark, master_in_use, materialize, release
 
     spark = get_spark(master)
     for s in sources:
         outcomes[s.src].engine = f"spark {master_in_use()}"
-    parts = partitions_for(sources)
+    parts = keyspread.partitions(spark, sources, partitions_for(sources))
     conf = analysis_conf(parts, input_bytes(sources))
     excluded = spark.conf.get("spark.sql.optimizer.excludedRules", None)
     if excluded and EXCLUDED_RULE not in excluded:

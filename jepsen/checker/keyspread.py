@@ -1,0 +1,77 @@
+"""How many partitions an analysis uses: no more than its keys can fill.
+
+Every check is keyed by (src, key) and the operations are hash-partitioned that way once
+(``frames.pair_ops``), so a history with k keys fills at most k partitions whatever their
+number; the others are empty tasks in every stage of every job. A full-rate queue run has
+two keys (its queues): at the size-based 22 partitions its check ran about 600 empty tasks
+of about 15 ms each. So the keys are sampled from the start of each input and, when they
+are fewer than the size-based count, the analysis uses the smallest count at which Spark's
+own partitioning hash puts every sampled key in a partition of its own (two keys sharing
+one would leave a core idle). A key the sample missed still lands in some partition: only
+balance, never a verdict, depends on this.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from jepsen.checker.frames import Source
+
+SAMPLE_BYTES = 1 << 20  # read from the start of each JSON Lines file
+
+
+def _key_text(key: Any) -> str:
+    """A key as the JSON reader's string column holds it ("" when absent, as pair_ops makes it)."""
+    if key is None:
+        return ""
+    return key if isinstance(key, str) else json.dumps(key, separators=(",", ":"))
+
+
+def sample_keys(sources: list[Source]) -> set[tuple[int, str]] | None:
+    """The (src, key) pairs in the first SAMPLE_BYTES of every input file; None when an input
+    cannot be sampled here (Parquet, or a path only the cluster can read)."""
+    out: set[tuple[int, str]] = set()
+    for s in sources:
+        if s.events is not None:
+            out.update((s.src, _key_text(ev.key)) for ev in s.events)
+            continue
+        if s.fmt != "jsonl":
+            return None
+        path = Path(s.path)
+        try:
+            files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+            for f in files:
+                with open(f, "rb") as fh:
+                    chunk = fh.read(SAMPLE_BYTES)
+                for line in chunk.split(b"\n")[:-1]:  # the last piece may be cut short
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(obj, dict):
+                        out.add((s.src, _key_text(obj.get("key"))))
+        except OSError:
+            return None
+    return out
+
+
+def partitions(spark: SparkSession, sources: list[Source], upper: int) -> int:
+    """At most ``upper`` (the size-based count): fewer when the sampled keys are fewer, as
+    few as keep them in partitions of their own."""
+    keys = sample_keys(sources)
+    if not keys or len(keys) >= upper:
+        return upper
+    from pyspark.sql import functions as F
+
+    # Spark's hash partitioning: pmod(murmur3(src, key) seeded 42, n), as F.hash computes it
+    rows = spark.createDataFrame(sorted(keys), "src int, key string").select(F.hash("src", "key")).collect()
+    hashes = [r[0] for r in rows]
+    for n in range(max(2, len(hashes)), upper):
+        if len({h % n for h in hashes}) == len(hashes):
+            return n
+    return upper
