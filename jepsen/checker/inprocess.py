@@ -10,7 +10,7 @@ them (same columns), the register/kv search is ``linear.check_rows`` (the very
 function Spark's per-key groups call), the log rules are ``log_rules`` (the
 ``log_checker`` rules per key, tested to give identical counts, verdicts and stats),
 and the overview and plot data follow ``analyze._collect_overview`` and
-``plotdata``.
+``timeline``/``plotdata``.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def check_linear(ops: list[Row], model: str, budget: float) -> dict[str, dict[st
 def plot_data(
     rows: list[Row], ov: dict[str, Any], workload: str, max_points: int, bins: int
 ) -> dict[str, Any]:
-    """What the report draws (``plotdata.collect_plot_data`` for one source)."""
+    """What the report draws (``plotdata.plot_data`` for one source on Spark)."""
     ops = [r for r in rows if r["kind"] == "op"]
     frac = min(1.0, max_points / max(1, ov["n"]))
     width = max(1, (ov["t1"] - ov["t0"]) // bins)
