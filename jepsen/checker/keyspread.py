@@ -32,11 +32,14 @@ def _key_text(key: Any) -> str:
     return key if isinstance(key, str) else json.dumps(key, separators=(",", ":"))
 
 
-def sample_keys(sources: list[Source]) -> set[tuple[int, str]] | None:
+def sample_keys(sources: list[Source], enough: int | None = None) -> set[tuple[int, str]] | None:
     """The (src, key) pairs in the first SAMPLE_BYTES of every input file; None when an input
-    cannot be sampled here (Parquet, or a path only the cluster can read)."""
+    cannot be sampled here (Parquet, or a path only the cluster can read). Stops reading once
+    ``enough`` pairs are found (the caller's answer is then settled)."""
     out: set[tuple[int, str]] = set()
     for s in sources:
+        if enough is not None and len(out) >= enough:
+            break
         if s.events is not None:
             out.update((s.src, _key_text(ev.key)) for ev in s.events)
             continue
@@ -63,7 +66,7 @@ def sample_keys(sources: list[Source]) -> set[tuple[int, str]] | None:
 def partitions(spark: SparkSession, sources: list[Source], upper: int) -> int:
     """At most ``upper`` (the size-based count): fewer when the sampled keys are fewer, as
     few as keep them in partitions of their own."""
-    keys = sample_keys(sources)
+    keys = sample_keys(sources, enough=upper)
     if not keys or len(keys) >= upper:
         return upper
     from pyspark.sql import functions as F
