@@ -110,16 +110,20 @@ class _Pending:
         self.timeout_s = timeout_s
 
     def complete(self, response: RemotingCommand | None, error: BaseException | None) -> None:
-        fut = self.future
+        """Hand the outcome over, then let go of the future and callback: the deadline heap
+        keeps answered entries until it is pruned (up to a few hundred), and through the
+        future each would keep its whole response alive (a pull's body is up to megabytes)."""
+        fut, callback = self.future, self.callback
+        self.future = self.callback = None
         if fut is not None:
             if not fut.done():
                 if error is None:
                     fut.set_result(response)  # type: ignore[arg-type]
                 else:
                     fut.set_exception(error)
-        elif self.callback is not None:
+        elif callback is not None:
             try:
-                self.callback(response, error)
+                callback(response, error)
             except Exception:
                 log.exception("response callback raised", extra={"code": request_code_name(self.code)})
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import struct
+import sys
 import time
 import zlib
 from collections.abc import Awaitable
@@ -678,6 +679,32 @@ def test_timeouts_fire_in_deadline_order_among_many_answered_calls() -> None:
                 await long_call
         for fut in never:
             fut.cancel()
+        await server.stop()
+
+    run(main())
+
+
+def test_an_answered_call_keeps_no_response_alive() -> None:
+    """Answered calls wait in the deadline heap until it is pruned; they must not keep their
+    responses (a pull's body is up to megabytes) alive there once the caller has let go."""
+
+    def big(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return req.make_response(body=b"b" * 65536)
+
+    async def main() -> None:
+        server = await start_server()
+        server.register_processor(1, big)
+        async with RemotingClient() as client:
+            held = []
+            for _ in range(20):
+                resp = await client.invoke_sync(server.address, RemotingCommand.request(1), 3.0)
+                assert len(resp.body) == 65536
+                await asyncio.sleep(0)  # the loop lets go of the call's last callback
+                held.append(sys.getrefcount(resp) - 2)  # less this name and the call's argument
+                del resp
+            (conn,) = client._conns.values()  # noqa: SLF001 - the heap is internal
+            assert len(conn._deadlines) >= 20  # noqa: SLF001 - answered entries, not yet pruned
+            assert held == [0] * 20, f"other references held to each answered response: {held}"
         await server.stop()
 
     run(main())
