@@ -137,11 +137,13 @@ class StoreDisk:
             log.warning("could not record the durable mark: %s", exc, extra={"path": self.log.directory})
 
     def start_sync(self, done: SyncDone) -> None:
-        """Capture the job on the next loop turn (so appends of this turn join it), fsync on the thread."""
+        """Capture what is written now and fsync it on the thread, at once: a job deferred to
+        the next loop turn waited behind everything that turn held (on a master, a whole
+        read of send requests), and every acknowledgement waited with it."""
         loop = self._loop
         assert loop is not None, "start_sync before the node started"
         self.in_flight = True
-        loop.call_soon(self._begin, loop, done)
+        self._begin(loop, done)
 
     def _begin(self, loop: asyncio.AbstractEventLoop, done: SyncDone) -> None:
         try:

@@ -12,9 +12,11 @@ and clock (the TigerBeetle way: the simulator proves production code, not a copy
    pending appends (so an acknowledged append has been delivered to the state machine),
    then leader readiness and the answers to reads.
 4. Group commit: while the log holds entries the core has not seen durable, one fsync is
-   in flight; when it finishes the disk reports what is durable, the core learns it, and
-   the next fsync covers everything written meanwhile. Whether an fsync may vouch for
-   entries rewritten after it started is the disk's business (``Disk.start_sync``), so
+   in flight. It starts before step 3, so the disk works while the listeners apply and
+   answer (an fsync vouches only for what was written before it, so the order is free).
+   When it finishes the disk reports what is durable, the core learns it, and the next
+   fsync covers everything written meanwhile. Whether an fsync may vouch for entries
+   rewritten after it started is the disk's business (``Disk.start_sync``), so
    that rule lives in one place per disk: ``LogStore`` in production, and the simulated
    disk models the physics (an fsync covers the writes made before it started).
 
@@ -237,6 +239,9 @@ class LedgerRuntime:
             return
         rd = self.core.ready()
         if not self.persist_then_send(rd):
+            return
+        self.maybe_sync()  # first: the disk works while the listeners apply and answer
+        if self.failed is not None:
             return
         self.deliver(rd)
         self.maybe_sync()
