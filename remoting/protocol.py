@@ -552,23 +552,29 @@ def decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
     return RemotingCommand(code, headers, b"", remark or "", opaque, flags, SERIALIZE_JSON, language, version)
 
 
-_NAME_CACHE: dict[bytes, str] = {}  # extField names: a small vocabulary, decoded once
+_FIELD_HEADS: dict[bytes, tuple[str, int]] = {}
+"""An extField's head as it arrives (name length, name, value length) -> (name, value length):
+a request repeats the same few names with values of the same few lengths, so each field
+costs one slice and one lookup instead of a name decode and a length parse. Bounded like
+_KEY_CACHE, and only short names are kept (a peer's odd long names would hold memory).
+Heads not kept are parsed each time."""
+_FIELD_HEAD_MAX = 64  # bytes of a head worth keeping: RocketMQ's header names are short
 
 
-def _name(raw_key: bytes) -> str:
-    """An extField name seen for the first time: decoded and, while the cache has room, kept."""
-    key = raw_key.decode()
-    if len(_NAME_CACHE) < _KEY_CACHE_MAX:
-        _NAME_CACHE[raw_key] = key
-    return key
+def _field_head(head: bytes) -> tuple[str, int]:
+    """A field head not cached yet: parsed and, while the cache has room, kept."""
+    parsed = head[2:-4].decode(), int.from_bytes(head[-4:], "big")
+    if len(head) <= _FIELD_HEAD_MAX and len(_FIELD_HEADS) < _KEY_CACHE_MAX:
+        _FIELD_HEADS[head] = parsed
+    return parsed
 
 
 def decode_binary_header(raw: bytes | memoryview) -> RemotingCommand:
     """A ROCKETMQ binary header -> command without body (errors as for decode_json_header).
 
     Run for every frame a broker receives, so the extFields loop does the least per field:
-    a value length read unsigned (a negative one then runs past the header and is refused
-    as such), a name looked up in a cache of the small vocabulary before any decoding.
+    its head (name and value length) looked up whole in a cache, a value length read
+    unsigned (a negative one then runs past the header and is refused as such).
     """
     b = raw if type(raw) is bytes else bytes(raw)
     n = len(b)
@@ -593,18 +599,16 @@ def decode_binary_header(raw: bytes | memoryview) -> RemotingCommand:
                 opaque,
                 flags,
             )
-        names = _NAME_CACHE
-        from_bytes = int.from_bytes
+        heads = _FIELD_HEADS
         while off < n:
-            end = off + 2 + (b[off] << 8 | b[off + 1]) if off + 1 < n else n + 1
-            at = end + 4
+            at = off + 6 + (b[off] << 8 | b[off + 1]) if off + 1 < n else n + 1
             if at > n:
                 raise _HeaderError(
                     f"ROCKETMQ header: extField name runs past the header at byte {off}", code, opaque, flags
                 )
-            raw_key = b[off + 2 : end]
-            key = names.get(raw_key) or _name(raw_key)
-            off = at + from_bytes(b[end:at], "big")
+            head = b[off:at]
+            key, vlen = heads.get(head) or _field_head(head)
+            off = at + vlen
             if off > n:
                 raise _HeaderError(
                     f"ROCKETMQ header: value of extField '{key}' runs past the header", code, opaque, flags
