@@ -397,7 +397,8 @@ class Processors:
                     "queueId": queue_id,
                     "queueOffset": r.queue_offset,
                     "ledgerIndex": r.ledger_index,
-                    "duplicate": r.duplicate,
+                    # only when true: absent reads as false, and every answer costs both ends
+                    "duplicate": True if r.duplicate else None,
                 }
             )
 

@@ -115,7 +115,7 @@ def test_failover_keeps_every_acknowledged_message_offsets_and_dedup(group):
             )
             assert resp.code == ResponseCode.SUCCESS, resp.remark
             first = await client.invoke_sync(addr, send_req(b"idem", 1, pid="p-1", seq=42), 5)
-            assert first.code == ResponseCode.SUCCESS and not first.header_bool("duplicate")
+            assert first.code == ResponseCode.SUCCESS and not first.header_bool("duplicate", False)
 
             stop = False
 
