@@ -137,7 +137,7 @@ async def invoke_tracked(
     means the broker may have processed the request.
     """
     deadline = time.monotonic() + timeout_s
-    conn = await _connection_for(remoting, addr, deadline)
+    conn = remoting.ready_connection(addr) or await _connection_for(remoting, addr, deadline)
     try:
         future = conn.invoke(request, deadline - time.monotonic(), call_timeout_s=timeout_s)
     except RemotingError as exc:  # FrameEncodeError, closed connection, no time left: nothing written
@@ -155,7 +155,7 @@ async def invoke_tracked_async(
 ) -> None:
     """Write the request and return; ``callback`` gets the answer. NotSentError if it was never written."""
     deadline = time.monotonic() + timeout_s
-    conn = await _connection_for(remoting, addr, deadline)
+    conn = remoting.ready_connection(addr) or await _connection_for(remoting, addr, deadline)
     try:
         conn.invoke(request, deadline - time.monotonic(), callback, call_timeout_s=timeout_s)
     except RemotingError as exc:

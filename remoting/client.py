@@ -49,6 +49,14 @@ class RemotingClient:
         self.dispatcher.register(code, processor)
 
     # --- connections ----------------------------------------------------------------------
+    def ready_connection(self, addr: str) -> RemotingConnection | None:
+        """The cached connection to ``addr`` if it is open and takes writes now, else None: the
+        hot path of ``get_connection`` plus the writability check, without an await."""
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.closed and conn.writable:
+            return conn
+        return None
+
     async def get_connection(self, addr: str, timeout_s: float | None = None) -> RemotingConnection:
         """The cached open connection to ``addr``, or a new one; concurrent callers share one attempt."""
         conn = self._conns.get(addr)

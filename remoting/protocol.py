@@ -236,7 +236,9 @@ class RemotingCommand:
             if default is _REQUIRED:
                 raise self._missing(name)
             return default
-        if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        if type(value) is not str and (
+            isinstance(value, bool) or isinstance(value, float) and not value.is_integer()
+        ):
             raise RemotingCommandError(
                 f"{request_code_name(self.code)}: header '{name}' must be an integer, got {value!r}"
             )
