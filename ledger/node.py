@@ -143,14 +143,11 @@ class StoreDisk:
         loop = self._loop
         assert loop is not None, "start_sync before the node started"
         self.in_flight = True
-        self._begin(loop, done)
-
-    def _begin(self, loop: asyncio.AbstractEventLoop, done: SyncDone) -> None:
         try:
             job = self.log.prepare_sync()
         except Exception as exc:
             self.in_flight = False
-            done(0, exc)
+            loop.call_soon(done, 0, exc)  # ``done`` runs later, never inside the caller's step
             return
         t0 = time.perf_counter()
         loop.run_in_executor(self._pool, job.run).add_done_callback(

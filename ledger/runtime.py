@@ -241,8 +241,6 @@ class LedgerRuntime:
         if not self.persist_then_send(rd):
             return
         self.maybe_sync()  # first: the disk works while the listeners apply and answer
-        if self.failed is not None:
-            return
         self.deliver(rd)
         self.maybe_sync()
         # Listeners that propose or read do it through this runtime, which wakes it again.
