@@ -234,16 +234,19 @@ class LedgerRuntime:
     # ------------------------------------------------------------------ the Ready contract
 
     def process(self) -> None:
-        """Carry out one Ready in the contract's order, then keep the group commit going."""
+        """Carry out one Ready: persist and send, keep the group commit going, then deliver.
+
+        The fsync starts before the listeners run, so the disk works while they apply and
+        answer. Listeners that propose or read do it through this runtime, which wakes it
+        again: what they write joins the next fsync.
+        """
         if self.failed is not None:
             return
         rd = self.core.ready()
         if not self.persist_then_send(rd):
             return
-        self.maybe_sync()  # first: the disk works while the listeners apply and answer
-        self.deliver(rd)
         self.maybe_sync()
-        # Listeners that propose or read do it through this runtime, which wakes it again.
+        self.deliver(rd)
 
     def persist_then_send(self, rd: Ready) -> bool:
         """Steps 1 and 2; False (and the runtime stops) when the hard state cannot be saved."""
