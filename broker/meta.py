@@ -4,25 +4,173 @@ RocketMQ syncs these to slaves every few seconds, so a failover can roll consume
 and lose topic changes. Here each change is a ledger entry (a record of type 2, JSON), so
 every broker of the group applies the same changes in the same order and a new master
 starts with exactly the committed state.
+
+A committed entry is applied by every replica, on every restart, forever: one that the
+state machine cannot apply must be refused the same way everywhere and skipped, never
+raise. So a record is parsed here into a typed operation, every field checked for type
+and range, with its nesting depth bounded before ``json`` sees it (Python's recursion
+limit would otherwise decide, and that depends on the caller's stack). Anything else is a
+``MetaError`` that says what is wrong.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any
 
 RECORD_META = 2
+
+MAX_META_DEPTH = 8  # nesting of a metadata document (a snapshot needs 3)
+MAX_NAME_CHARS = 1024  # a topic or group name in a metadata record (topics allow 127)
+MAX_QUEUE_NUMS = 1024  # read/write queues of one topic (UPDATE_AND_CREATE_TOPIC's bound)
+_MAX_OFFSET = (1 << 63) - 1
+_MAX_QUEUE_ID = (1 << 31) - 1
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+class MetaError(ValueError):
+    """A metadata record that no replica can apply; the message says what and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOp:
+    name: str
+    read: int
+    write: int
+    perm: int
+    order: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetOp:
+    group: str
+    topic: str
+    queue: int
+    offset: int
+    forward: bool = False  # a commit riding on a pull: never moves an offset back
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOp:
+    topics: tuple[TopicOp, ...]
+    offsets: tuple[OffsetOp, ...]
+
+
+MetaOp = TopicOp | OffsetOp | SnapshotOp
 
 
 def encode_meta(op: str, **fields: Any) -> bytes:
     return bytes((RECORD_META,)) + json.dumps({"op": op, **fields}, separators=(",", ":")).encode()
 
 
+def _refuse_constant(name: str) -> Any:
+    raise MetaError(f"non-finite number {name} in a metadata record")
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects in a JSON text, strings skipped."""
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', raw)):
+        if bracket in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
 def decode_meta(data: bytes | memoryview) -> dict[str, Any]:
-    doc = json.loads(bytes(data[1:]))
-    if not isinstance(doc, dict) or "op" not in doc:
-        raise ValueError("metadata record without an op")
+    """The JSON document of a metadata record, its depth bounded; MetaError if it is not one."""
+    raw = bytes(data[1:])
+    if raw.count(b"[") + raw.count(b"{") > MAX_META_DEPTH and _nesting(raw) > MAX_META_DEPTH:
+        raise MetaError(f"metadata record nested deeper than {MAX_META_DEPTH} levels")
+    try:
+        doc = json.loads(raw, parse_constant=_refuse_constant)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise MetaError(f"metadata record is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("op"), str):
+        raise MetaError("metadata record is not a JSON object with a string 'op'")
     return doc
+
+
+def _field(doc: dict[str, Any], key: str, where: str) -> Any:
+    try:
+        return doc[key]
+    except KeyError:
+        raise MetaError(f"{where}: missing '{key}'") from None
+
+
+def _name(doc: dict[str, Any], key: str, where: str) -> str:
+    value = _field(doc, key, where)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
+        raise MetaError(f"{where}: '{key}' must be a string of 1..{MAX_NAME_CHARS} characters")
+    return value
+
+
+def _int(doc: dict[str, Any], key: str, lo: int, hi: int, where: str) -> int:
+    value = _field(doc, key, where)
+    if type(value) is not int or not lo <= value <= hi:
+        raise MetaError(f"{where}: '{key}' must be an integer in {lo}..{hi}, got {str(value)[:40]}")
+    return value
+
+
+def _topic(name: str, doc: Any, where: str) -> TopicOp:
+    if not isinstance(doc, dict):
+        raise MetaError(f"{where}: a topic must be an object")
+    order = doc.get("order", False)
+    if not isinstance(order, bool):
+        raise MetaError(f"{where}: 'order' must be true or false")
+    return TopicOp(
+        name,
+        _int(doc, "read", 0, MAX_QUEUE_NUMS, where),
+        _int(doc, "write", 0, MAX_QUEUE_NUMS, where),
+        _int(doc, "perm", 0, 7, where),
+        order,
+    )
+
+
+def _offset(doc: dict[str, Any], where: str) -> OffsetOp:
+    forward = doc.get("forward", False)
+    if not isinstance(forward, bool):
+        raise MetaError(f"{where}: 'forward' must be true or false")
+    return OffsetOp(
+        _name(doc, "group", where),
+        _name(doc, "topic", where),
+        _int(doc, "queue", 0, _MAX_QUEUE_ID, where),
+        _int(doc, "offset", 0, _MAX_OFFSET, where),
+        forward,
+    )
+
+
+def parse_meta(data: bytes | memoryview) -> MetaOp:
+    """A metadata record as a typed operation, every field checked; MetaError otherwise."""
+    doc = decode_meta(data)
+    op = doc["op"]
+    if op == "offset":
+        return _offset(doc, "offset record")
+    if op == "topic":
+        name = _name(doc, "name", "topic record")
+        return _topic(name, doc, f"topic record {name!r}")
+    if op == "snapshot":
+        topics, offsets = _field(doc, "topics", "snapshot"), _field(doc, "offsets", "snapshot")
+        if not isinstance(topics, dict) or not isinstance(offsets, list):
+            raise MetaError("snapshot: 'topics' must be an object and 'offsets' a list")
+        parsed_topics = []
+        for name, t in topics.items():
+            if not 0 < len(name) <= MAX_NAME_CHARS:
+                raise MetaError(f"snapshot: topic name of {len(name)} characters")
+            parsed_topics.append(_topic(name, t, f"snapshot topic {name[:80]!r}"))
+        parsed_offsets = []
+        for i, item in enumerate(offsets):
+            if not isinstance(item, list) or len(item) != 4:
+                raise MetaError(f"snapshot: offsets[{i}] must be [group, topic, queue, offset]")
+            fields = dict(zip(("group", "topic", "queue", "offset"), item, strict=True))
+            parsed_offsets.append(_offset(fields, f"snapshot offsets[{i}]"))
+        return SnapshotOp(tuple(parsed_topics), tuple(parsed_offsets))
+    raise MetaError(f"unknown metadata op {op[:40]!r}")
 
 
 def topic_op(name: str, read_queue_nums: int, write_queue_nums: int, perm: int, order: bool = False) -> bytes:

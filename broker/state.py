@@ -29,7 +29,7 @@ from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
 from . import codec
 from .codec import KIND_META, SLOT_BITS, CodecError, Record
 from .consume_queue import ConsumeQueue
-from .meta import decode_meta, snapshot_op
+from .meta import MetaError, OffsetOp, SnapshotOp, TopicOp, parse_meta, snapshot_op
 
 log = logging.getLogger("broker.state")
 
@@ -90,6 +90,7 @@ class BrokerState:
         self._ttl_due = 0  # store time from which _forget_keys may find expired keys
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.dispatched_messages = 0
+        self.skipped_entries = 0  # committed entries no replica could apply (logged, passed over)
 
     # ------------------------------------------------------------------ apply
 
@@ -127,124 +128,130 @@ class BrokerState:
                         if kind == KIND_META:
                             effects.topics_changed |= self._apply_meta(index, data)
                         else:
-                            log.error(
-                                "skipping ledger entry of unknown record type",
-                                extra={"index": index, "type": kind},
-                            )
+                            self._skip(index, f"unknown record type {kind}")
                     self.applied = index
                     continue
                 if type(data) is not bytes:
                     data = bytes(data)
                 n = len(data)
-                if int.from_bytes(data[:4], "big") < n and self._dispatch_uniform(index, data, touched):
-                    self.applied = index  # a batch, in bulk (a single record is cheaper as below)
-                    continue
-                # Record by record, in place: the topic compared rather than copied when it
-                # repeats, a UNIQ_KEY alone (what producers send) taken without parsing.
                 base = index << SLOT_BITS
                 hit = [] if last is None else [last[2]]  # queues this entry's records went to
                 added = 0
                 keyed_any = False
-                store_ms = 0
-                slot = -1
-                off = 0
-                while off < n:
-                    slot += 1
-                    if n - off < head + 3:
-                        if n - off >= 8 and data[off + 4 : off + 8] == magic_code:
-                            size = int.from_bytes(data[off : off + 4], "big")
-                            if head > size and off + size <= n:
-                                self._undecodable(base | slot, f"stored record of {size} bytes is truncated")
-                                off += size
-                                continue
-                        dispatched -= self._undo_entry(
-                            index, base, hit, keyed_any, added, f"truncated record at byte {off}"
-                        )
-                        added = 0
-                        last = None
-                        break
-                    size, magic, qid, sysflag, store_ms, blen = unpack(data, off)
-                    end = off + size
-                    if size < 8 or end > n or magic != magic_code:
-                        dispatched -= self._undo_entry(
-                            index, base, hit, keyed_any, added, f"bad record of size {size} at byte {off}"
-                        )
-                        added = 0
-                        last = None
-                        break
-                    if sysflag & v6:  # IPv6 hosts: the general parser
-                        try:
-                            topic, qid, th, uniq, keyed = codec.parse_record(data[off:end])
-                            store_ms = codec.record_store_ms(data[off:end])
-                        except CodecError as exc:
-                            self._undecodable(base | slot, str(exc))
-                            off = end
-                            continue
-                    else:
-                        p = off + head + blen
-                        if blen < 0 or p + 3 > end:
-                            self._undecodable(
-                                base | slot,
-                                f"stored record at byte {off}: body length {blen} runs past its end",
-                            )
-                            off = end
-                            continue
-                        tlen = data[p]
-                        if (
-                            last is not None
-                            and last[1] == qid
-                            and len(last[0]) == tlen
-                            and bstartswith(data, last[0], p + 1)
-                        ):
-                            topic = last[0]
-                        else:
-                            topic = data[p + 1 : p + 1 + tlen]
-                        p += 1 + tlen
-                        if p + 2 > end or p + 2 + (data[p] << 8 | data[p + 1]) != end:
-                            self._undecodable(
-                                base | slot,
-                                f"stored record at byte {off}: lengths do not add up to its {size} bytes",
-                            )
-                            off = end
-                            continue
-                        p += 2
-                        keyed = None
-                        th = 0
-                        if p == end:
-                            uniq = None
-                        elif bstartswith(data, uniq_probe, p) and bfind(data, b"\x02", p, end) == end - 1:
-                            uniq = data[p + uniq_at : end - 1]
-                        else:
-                            th, uniq, keyed = codec.properties_in_place(data, p, end)
-                    off = end
-                    if last is None or last[1] != qid or last[0] is not topic and last[0] != topic:
-                        try:
-                            cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
-                        except UnicodeDecodeError as exc:
-                            self._undecodable(base | slot, f"undecodable topic: {exc}")
-                            last = None
-                            continue
-                        last = (topic, qid, cq)
-                        touched.add((cq.topic, qid))
-                        hit.append(cq)
-                    else:
-                        cq = last[2]
-                    if uniq is not None and uniq in uniq_seen:
+                try:
+                    if int.from_bytes(data[:4], "big") < n and self._dispatch_uniform(index, data, touched):
+                        self.applied = index  # a batch, in bulk (a single record is cheaper as below)
                         continue
-                    position = base | slot
-                    positions = cq.positions
-                    positions.append(position)
-                    cq.sizes.append(size)
-                    cq.tags.append(th)
-                    dispatched += 1
-                    if uniq is not None:
-                        uniq_seen[uniq] = (cq.base + len(positions) - 1, position, store_ms)
-                        added += 1
-                    if keyed is not None:
-                        self._index_keys(cq.topic, position, keyed)
-                        keyed_any = True
-                if added and (len(uniq_seen) > window or store_ms >= self._ttl_due):
-                    self._forget_keys(store_ms)
+                    # Record by record, in place: the topic compared rather than copied when it
+                    # repeats, a UNIQ_KEY alone (what producers send) taken without parsing.
+                    store_ms = 0
+                    slot = -1
+                    off = 0
+                    while off < n:
+                        slot += 1
+                        if n - off < head + 3:
+                            if n - off >= 8 and data[off + 4 : off + 8] == magic_code:
+                                size = int.from_bytes(data[off : off + 4], "big")
+                                if head > size and off + size <= n:
+                                    self._undecodable(
+                                        base | slot, f"stored record of {size} bytes is truncated"
+                                    )
+                                    off += size
+                                    continue
+                            dispatched -= self._undo_entry(
+                                index, base, hit, keyed_any, added, f"truncated record at byte {off}"
+                            )
+                            added = 0
+                            last = None
+                            break
+                        size, magic, qid, sysflag, store_ms, blen = unpack(data, off)
+                        end = off + size
+                        if size < 8 or end > n or magic != magic_code:
+                            dispatched -= self._undo_entry(
+                                index, base, hit, keyed_any, added, f"bad record of size {size} at byte {off}"
+                            )
+                            added = 0
+                            last = None
+                            break
+                        if sysflag & v6:  # IPv6 hosts: the general parser
+                            try:
+                                topic, qid, th, uniq, keyed = codec.parse_record(data[off:end])
+                                store_ms = codec.record_store_ms(data[off:end])
+                            except CodecError as exc:
+                                self._undecodable(base | slot, str(exc))
+                                off = end
+                                continue
+                        else:
+                            p = off + head + blen
+                            if blen < 0 or p + 3 > end:
+                                self._undecodable(
+                                    base | slot,
+                                    f"stored record at byte {off}: body length {blen} runs past its end",
+                                )
+                                off = end
+                                continue
+                            tlen = data[p]
+                            if (
+                                last is not None
+                                and last[1] == qid
+                                and len(last[0]) == tlen
+                                and bstartswith(data, last[0], p + 1)
+                            ):
+                                topic = last[0]
+                            else:
+                                topic = data[p + 1 : p + 1 + tlen]
+                            p += 1 + tlen
+                            if p + 2 > end or p + 2 + (data[p] << 8 | data[p + 1]) != end:
+                                self._undecodable(
+                                    base | slot,
+                                    f"stored record at byte {off}: lengths do not add up to its {size} bytes",
+                                )
+                                off = end
+                                continue
+                            p += 2
+                            keyed = None
+                            th = 0
+                            if p == end:
+                                uniq = None
+                            elif bstartswith(data, uniq_probe, p) and bfind(data, b"\x02", p, end) == end - 1:
+                                uniq = data[p + uniq_at : end - 1]
+                            else:
+                                th, uniq, keyed = codec.properties_in_place(data, p, end)
+                        off = end
+                        if last is None or last[1] != qid or last[0] is not topic and last[0] != topic:
+                            try:
+                                cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
+                            except UnicodeDecodeError as exc:
+                                self._undecodable(base | slot, f"undecodable topic: {exc}")
+                                last = None
+                                continue
+                            last = (topic, qid, cq)
+                            touched.add((cq.topic, qid))
+                            hit.append(cq)
+                        else:
+                            cq = last[2]
+                        if uniq is not None and uniq in uniq_seen:
+                            continue
+                        position = base | slot
+                        positions = cq.positions
+                        positions.append(position)
+                        cq.sizes.append(size)
+                        cq.tags.append(th)
+                        dispatched += 1
+                        if uniq is not None:
+                            uniq_seen[uniq] = (cq.base + len(positions) - 1, position, store_ms)
+                            added += 1
+                        if keyed is not None:
+                            self._index_keys(cq.topic, position, keyed)
+                            keyed_any = True
+                    if added and (len(uniq_seen) > window or store_ms >= self._ttl_due):
+                        self._forget_keys(store_ms)
+                except Exception as exc:  # noqa: BLE001 - a record no check foresaw must not wedge the group
+                    dispatched -= self._undo_entry(
+                        index, base, hit, keyed_any, added, f"cannot apply: {type(exc).__name__}: {exc}"
+                    )
+                    self.skipped_entries += 1
+                    last = None
                 self.applied = index
         finally:
             self.dispatched_messages += dispatched
@@ -413,33 +420,39 @@ class BrokerState:
                 del lst[0]
 
     def _apply_meta(self, index: int, data: Record) -> bool:
-        """Apply a metadata record; True if the topic table changed."""
+        """Apply a metadata record; True if the topic table changed. A record no replica can
+        apply (``MetaError``) is skipped, the same way on every broker of the group."""
         try:
-            doc = decode_meta(data)
-            op = doc["op"]
-            if op == "offset":
-                key = (str(doc["group"]), str(doc["topic"]), int(doc["queue"]))
-                offset = int(doc["offset"])
-                if doc.get("forward"):  # a commit piggy-backed on a pull never moves an offset back
-                    offset = max(offset, self.offsets.get(key, offset))
-                self.offsets[key] = offset
-            elif op == "topic":
-                self.topics[doc["name"]] = _topic_config(doc["name"], doc)
-                # Derived from the log position, so every broker computes the same version.
-                self.data_version = DataVersion(index, self.data_version.counter + 1)
-                return True
-            elif op == "snapshot":
-                for name, t in doc["topics"].items():
-                    self.topics[name] = _topic_config(name, t)
-                for g, t, q, o in doc["offsets"]:
-                    self.offsets[(str(g), str(t), int(q))] = int(o)
-                self.data_version = DataVersion(index, self.data_version.counter + 1)
-                return True
-            else:
-                log.error("unknown metadata op", extra={"index": index, "op": op})
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("bad metadata record", extra={"index": index, "error": str(exc)})
-        return False
+            op = parse_meta(data)
+        except MetaError as exc:
+            self._skip(index, str(exc))
+            return False
+        if type(op) is OffsetOp:
+            key = (op.group, op.topic, op.queue)
+            offset = op.offset
+            if op.forward:  # a commit piggy-backed on a pull never moves an offset back
+                offset = max(offset, self.offsets.get(key, offset))
+            self.offsets[key] = offset
+            return False
+        if type(op) is TopicOp:
+            self.topics[op.name] = _topic_config(op)
+        else:
+            assert type(op) is SnapshotOp
+            for t in op.topics:
+                self.topics[t.name] = _topic_config(t)
+            for o in op.offsets:
+                self.offsets[(o.group, o.topic, o.queue)] = o.offset
+        # Derived from the log position, so every broker computes the same version.
+        self.data_version = DataVersion(index, self.data_version.counter + 1)
+        return True
+
+    def _skip(self, index: int, error: str) -> None:
+        """A committed entry this state machine cannot apply: counted, logged, passed over."""
+        self.skipped_entries += 1
+        log.error(
+            "skipping a committed entry that cannot be applied",
+            extra={"index": index, "error": error, "skipped_so_far": self.skipped_entries},
+        )
 
     # ------------------------------------------------------------------ outcomes of appends
 
@@ -564,6 +577,7 @@ class BrokerState:
             "queues": {f"{t}:{q}": cq.max_offset for (t, q), cq in sorted(self.queues.items())},
             "consumer_offsets": len(self.offsets),
             "dedup_keys": len(self.uniq),
+            "skipped_entries": self.skipped_entries,
         }
 
 
@@ -593,7 +607,5 @@ def _find(positions: Sequence[int], position: int) -> int:
     return bisect.bisect_left(positions, position)
 
 
-def _topic_config(name: str, doc: dict[str, Any]) -> TopicConfig:
-    return TopicConfig(
-        name, int(doc["read"]), int(doc["write"]), int(doc["perm"]), order=bool(doc.get("order"))
-    )
+def _topic_config(op: TopicOp) -> TopicConfig:
+    return TopicConfig(op.name, op.read, op.write, op.perm, order=op.order)

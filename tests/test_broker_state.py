@@ -296,3 +296,71 @@ def test_batches_dispatched_in_bulk_match_record_by_record(monkeypatch):
     assert bulk.keys == one_by_one.keys and bulk.dispatched_messages == one_by_one.dispatched_messages
     # 286 records in all; the resends of earlier keys and the repeats within a batch are not stored
     assert bulk.dispatched_messages == 286 - 4 and placed_bulk[8] == [Stored(-1, make_position(9))]
+
+
+# A committed entry the state machine cannot apply is skipped the same way on every replica;
+# the group must go on applying what follows (these payloads once raised out of apply and
+# wedged the group: every later send timed out and a restarted broker never led again).
+UNAPPLIABLE_META = [
+    b'\x02{"op":"snapshot","topics":[],"offsets":[]}',  # topics a list: AttributeError once
+    b'\x02{"op":"offset","group":"g","topic":"T","queue":0,"offset":1e400}',  # inf: OverflowError
+    b'\x02{"op":"offset","group":"g","topic":"T","queue":0,"offset":NaN}',
+    b'\x02{"op":"offset","group":"g","topic":"T","queue":0,"offset":-5}',
+    b'\x02{"op":"offset","group":"g","topic":"T","queue":0,"offset":' + b"9" * 4000 + b"}",
+    b'\x02{"op":"offset","group":["g"],"topic":"T","queue":0,"offset":1}',
+    b'\x02{"op":"topic","name":"X","read":"4","write":4,"perm":6}',
+    b'\x02{"op":"topic","name":"X","read":4,"write":4,"perm":6,"order":"yes"}',
+    b'\x02{"op":"snapshot","topics":{"X":{"read":1,"write":1,"perm":6}},"offsets":[["g","T",0]]}',
+    b'\x02{"op":"snapshot","topics":{"X":[]},"offsets":[]}',
+    b'\x02{"op":"rm -rf"}',
+    b'\x02{"op":"offset","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # RecursionError once
+    b"\x02" + b"{" * 5000,
+    b"\x02\xff\xfe not utf-8",
+    b"\x02[1, 2]",
+    b"\x09unknown record type",
+]
+
+
+@pytest.mark.parametrize("payload", UNAPPLIABLE_META, ids=range(len(UNAPPLIABLE_META)))
+def test_an_entry_no_replica_can_apply_is_skipped_and_the_group_goes_on(payload: bytes) -> None:
+    state = BrokerState()
+    applied(state, topic_op("T", 1, 1, 6))
+    before = (dict(state.topics), dict(state.offsets), state.data_version)
+    state.apply([(state.applied + 1, payload)])
+    assert state.applied == 2 and state.skipped_entries == 1
+    assert (dict(state.topics), dict(state.offsets), state.data_version) == before
+    placed = applied(state, record(b"after", pid="p", seq=1), offset_op("g", "T", 0, 1))
+    assert placed[0] == [Stored(0, make_position(3, 0))]
+    assert state.offsets[("g", "T", 0)] == 1 and state.stats()["skipped_entries"] == 1
+
+
+def test_the_metadata_the_broker_writes_still_applies() -> None:
+    """The strict parser accepts every record the broker proposes, snapshots included."""
+    state = BrokerState()
+    applied(state, topic_op("T", 2, 3, 6, order=True), offset_op("g", "T", 1, 7))
+    applied(state, offset_op("g", "T", 1, 3, forward=True))
+    assert state.offsets[("g", "T", 1)] == 7
+    other = BrokerState()
+    applied(other, state.snapshot_record())
+    assert other.topics == state.topics and other.offsets == state.offsets
+    assert other.skipped_entries == 0 and other.topics["T"].order
+
+
+def test_a_message_entry_that_breaks_apply_is_undone_and_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a record does that no check foresaw, its entry is taken back whole and the
+    next entry applies: the state never stops on an entry's content."""
+    state = BrokerState()
+    real = codec.properties_in_place
+
+    def explode(data: bytes, start: int, end: int) -> object:
+        if b"BOOM" in data[start:end]:
+            raise IndexError("a parser bug")
+        return real(data, start, end)
+
+    monkeypatch.setattr(codec, "properties_in_place", explode)
+    good, bad = record(b"a", pid="p", seq=1, KEYS="k"), record(b"b", KEYS="BOOM")
+    state.apply([(1, encode_batch_entry([good, bad]))])
+    assert state.applied == 1 and state.skipped_entries == 1
+    assert state.offsets_of("T", 0) == (0, 0) and not state.uniq and not state.positions_by_key("T", "k")
+    placed = applied(state, record(b"c", pid="p", seq=1))
+    assert placed == [[Stored(0, make_position(2, 0))]]
