@@ -13,6 +13,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, parse_host_port
 from ledger.config import NodeConfig
 from remoting.config import RemotingConfig
@@ -88,6 +89,7 @@ class BrokerConfig:
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
+    secret: bytes = field(init=False, default=b"", repr=False, compare=False)
 
     def validate(self) -> None:
         if not self.broker_name or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.broker_name):
@@ -135,6 +137,14 @@ class BrokerConfig:
         if self.acl_enable and not (self.acl_file or self.acl_admin_access_key):
             raise ConfigError(
                 "key 'acl_enable' is true but neither 'acl_file' nor 'acl_admin_access_key' is set"
+            )
+        self.secret = load_cluster_secret(self.cluster_secret, self.cluster_secret_file)
+        if not self.secret:
+            raise ConfigError(
+                "key 'cluster_secret' (or 'cluster_secret_file'): a broker needs the cluster secret "
+                "(at least 16 bytes, the same on every broker of the group and on the nameservers): "
+                "without it anyone who reaches the ledger port could append to the commit log. "
+                "'broker local-cluster' and docker-compose generate one; e.g. openssl rand -hex 32"
             )
         if bool(self.access_key) != bool(self.secret_key):
             raise ConfigError("keys 'access_key' and 'secret_key' go together (or neither)")
@@ -218,6 +228,9 @@ class BrokerConfig:
             log_level=self.log_level,
             cluster_secret=self.cluster_secret,
             cluster_secret_file=self.cluster_secret_file,
+            # The ledger port takes peers and clients alike: clients (ledger status, a stray
+            # LedgerClient) must prove the secret too, or they could append past every ACL.
+            client_auth=True,
         )
         if self.ledger_tls:  # certificates must then also name the ledger addresses of 'group'
             cfg.tls_cert_file, cfg.tls_key_file = self.tls_cert_file, self.tls_key_file

@@ -23,6 +23,7 @@ from typing import Any
 from ledger.embed import EmbeddedLedger, EmbedError, Role, RoleChange
 from remoting import RemotingServer
 from remoting.acl import AccessValidator, RequestSigner, server_accounts
+from remoting.cluster_auth import ClusterSigner, chain_hooks
 from remoting.topic import PERM_READ, PERM_WRITE
 
 from .config import BrokerConfig
@@ -48,8 +49,12 @@ class BrokerController:
         self.outer_api = BrokerOuterAPI(
             config.namesrv_addr, remoting_config=config.outgoing_remoting_config()
         )
-        if config.access_key:  # set before the first connection: each connection takes the hook then
-            self.outer_api.client.rpc_hook = RequestSigner(config.access_key, config.secret_key)
+        # Set before the first connection (each connection takes the hook then): registrations
+        # prove the cluster secret, and are signed by the broker's ACL account when it has one.
+        self.outer_api.client.rpc_hook = chain_hooks(
+            ClusterSigner(config.secret),
+            RequestSigner(config.access_key, config.secret_key) if config.access_key else None,
+        )
         self.registration: PeriodicRegistration | None = None
         self.servers: list[RemotingServer] = []
         self._stopped = asyncio.Event()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import signal
 import socket
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.cluster_secret import write_cluster_secret
 from common.process import ProcessSet, free_port, write_toml
 from remoting import RemotingClient, RemotingCommand, RequestCode
 
@@ -81,9 +81,14 @@ class LocalCluster(ProcessSet):
                 for k in range(GROUP_SIZE)
             }
 
+    @property
+    def secret_file(self) -> Path:
+        """The cluster secret: every ledger peer proves it, and every broker to the nameserver."""
+        return self.base_dir / "cluster.secret"
+
     def write_configs(self) -> None:
+        write_cluster_secret(self.secret_file)
         for name, members in self.brokers.items():
-            secret = secrets.token_hex(16)  # the group's ledger peers prove it to each other
             peers = [f"{nid}={baddr}@{laddr}" for nid, (baddr, laddr) in members.items()]
             for nid in members:
                 d = self.base_dir / name / nid
@@ -96,7 +101,7 @@ class LocalCluster(ProcessSet):
                     "namesrv_addr": [self.namesrv_addr],
                     "data_dir": str(d / "data"),
                     "listen_host": HOST,
-                    "cluster_secret": secret,
+                    "cluster_secret_file": str(self.secret_file),
                 }
                 path = d / "broker.toml"
                 write_toml(path, conf)
@@ -107,7 +112,8 @@ class LocalCluster(ProcessSet):
         host, port = self.namesrv_addr.rsplit(":", 1)
         self.spawn(
             "namesrv",
-            [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port],
+            [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port]
+            + ["--cluster-secret-file", str(self.secret_file)],
             self.base_dir / "namesrv" / "namesrv.log",
         )
         self._write_pid("namesrv", self.base_dir / "namesrv" / "namesrv.pid")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.localcluster import MAX_GROUPS, group_name
+from common.cluster_secret import write_cluster_secret
 from common.process import ProcessSet, free_port, write_toml
 from jepsen.ports import PortPlan
 from remoting import RemotingClient, RemotingCommand, RequestCode
@@ -82,15 +83,34 @@ class _BrokerProcesses(ProcessSet, ABC):
         for nid in self.node_ids:
             self.start_broker(nid)
 
+    def cluster_secret_file(self) -> str:
+        """The file of the cluster secret the brokers and nameservers share: the one the
+        settings name, the inline one written out, or a fresh one (brokers need one)."""
+        named = self.settings.get("cluster_secret_file")
+        if named:
+            return str(named)
+        path = self.base_dir / "cluster.secret"
+        inline = self.settings.pop("cluster_secret", "")
+        if inline:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(str(inline) + "\n", encoding="utf-8")
+            path.chmod(0o600)
+        elif not path.exists():
+            write_cluster_secret(path)
+        self.settings["cluster_secret_file"] = str(path)
+        return str(path)
+
     def start_namesrv(self, ns: str) -> None:
         host, port = self.ns_addr[ns].rsplit(":", 1)
         argv = [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port, "--node-name", ns]
+        argv += ["--cluster-secret-file", self.cluster_secret_file()]
         self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
 
     def _write_broker_config(
         self, d: Path, broker_name: str, node_id: str, group: list[str], listen_host: str
     ) -> None:
         d.mkdir(parents=True, exist_ok=True)
+        self.cluster_secret_file()
         conf = {
             "broker_name": broker_name,
             "node_id": node_id,

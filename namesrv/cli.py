@@ -66,6 +66,11 @@ async def run(config: NamesrvConfig) -> None:
     default=None,
     help="Attach order topic config to routes.",
 )
+@click.option(
+    "--cluster-secret-file",
+    type=click.Path(dir_okay=False),
+    help="File holding the cluster secret brokers must prove to register (their cluster_secret).",
+)
 @click.option("--log-level", help="debug, info, warning or error.")
 @click.option("--node-name", help="Name put in every log line.")
 def main(config_path: str | None, **overrides: Any) -> None:

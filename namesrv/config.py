@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, load_settings
 from remoting.config import RemotingConfig
 from remoting.protocol import MAX_HEADER_WIRE_BYTES
@@ -72,7 +73,16 @@ class NamesrvConfig:
     """CA that client certificates are checked against (clients that present one)."""
     tls_require_client_cert: bool = False
     """Refuse TLS clients without a certificate from tls_ca_file (RocketMQ's tls.server.need.client.auth)."""
+    cluster_secret: str = field(default="", repr=False)
+    """The deployment's cluster secret (at least 16 bytes): set, brokers must prove it to
+    register, unregister or refresh their liveness, whatever ``acl_enable`` says (a broker
+    signs with its own ``cluster_secret``). Empty: registration is open, as in RocketMQ."""
+    cluster_secret_file: str = ""
+    """A file holding the cluster secret (instead of ``cluster_secret``)."""
+    cluster_max_skew_s: float = 300.0
+    """How far a signed registration's clock may be from this nameserver's (replay bound)."""
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
+    secret: bytes = field(init=False, default=b"", repr=False, compare=False)
     log_level: str = "info"
     node_name: str = ""
     """Name put in every log line; defaults to namesrv-<port>."""
@@ -104,6 +114,11 @@ class NamesrvConfig:
         if self.acl_enable and not (self.acl_file or self.acl_admin_access_key):
             raise ConfigError(
                 "key 'acl_enable' is true but neither 'acl_file' nor 'acl_admin_access_key' is set"
+            )
+        self.secret = load_cluster_secret(self.cluster_secret, self.cluster_secret_file)
+        if not 1 <= self.cluster_max_skew_s <= 86400:
+            raise ConfigError(
+                f"key 'cluster_max_skew_s' must be in 1..86400 s, got {self.cluster_max_skew_s}"
             )
         self.server_ssl = server_ssl(
             self.tls_server_mode,

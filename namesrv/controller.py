@@ -19,6 +19,7 @@ from namesrv.metrics import MetricsEndpoint
 from namesrv.processor import NamesrvProcessor
 from namesrv.routeinfo import RouteInfoManager
 from remoting.acl import AccessValidator, server_accounts
+from remoting.cluster_auth import ClusterGate
 from remoting.connection import RemotingConnection
 from remoting.server import RemotingServer
 
@@ -50,11 +51,21 @@ class NamesrvController:
         if self._initialized:
             return
         self.kv.load()
-        if self.config.acl_enable:
-            cfg = self.config
+        cfg = self.config
+        gate: AccessValidator | ClusterGate | None = None
+        if cfg.acl_enable:
             accounts = server_accounts(cfg.acl_file, cfg.acl_admin_access_key, cfg.acl_admin_secret_key)
-            self.server.set_request_gate(AccessValidator(accounts, require_signature=False))
-            log.info("ACL on", extra={"accounts": len(accounts), "acl_file": self.config.acl_file})
+            gate = AccessValidator(accounts, require_signature=False)
+            log.info("ACL on", extra={"accounts": len(accounts), "acl_file": cfg.acl_file})
+        if cfg.secret:  # registrations prove the cluster secret, whatever the ACL setting
+            gate = ClusterGate([cfg.secret], gate, max_skew_s=cfg.cluster_max_skew_s)
+        else:
+            log.warning(
+                "no cluster_secret: any process that reaches this nameserver can register brokers "
+                "(set cluster_secret or cluster_secret_file to the brokers' secret)"
+            )
+        if gate is not None:
+            self.server.set_request_gate(gate)
         for code, handler in self.processor.handlers().items():
             self.server.register_processor(code, handler)
         self.server.add_connection_listener(on_closed=self._on_connection_closed)
