@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from ledger.embed import EmbeddedLedger, EmbedError, Role, RoleChange
-from remoting import RemotingServer
+from remoting import RemotingServer, RequestCode
 from remoting.acl import AccessValidator, RequestSigner, server_accounts
 from remoting.cluster_auth import ClusterSigner, chain_hooks
 from remoting.topic import PERM_READ, PERM_WRITE
@@ -82,7 +82,11 @@ class BrokerController:
         self.servers = [main, fast]
         if cfg.acl_enable:
             accounts = server_accounts(cfg.acl_file, cfg.acl_admin_access_key, cfg.acl_admin_secret_key)
-            validator = AccessValidator(accounts, require_signature=True)
+            validator = AccessValidator(
+                accounts,
+                require_signature=True,
+                topic_resolvers={RequestCode.VIEW_MESSAGE_BY_ID: self.processors.viewed_topic},
+            )
             for server in self.servers:
                 server.set_request_gate(validator)
             log.info("ACL on", extra={"accounts": len(accounts), "acl_file": cfg.acl_file})

@@ -20,6 +20,7 @@ from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, LedgerBusy, N
 from remoting.codes import RequestCode, ResponseCode
 from remoting.dispatcher import Deferred
 from remoting.exceptions import RemotingCommandError
+from remoting.headers import spelled_out_send_headers, uses_send_v2_names
 from remoting.message import (
     STORED_STORE_HOST_AT,
     MessageFormatError,
@@ -76,24 +77,6 @@ log = logging.getLogger("broker.processors")
 
 MAX_TOPICS_BEING_CREATED = 1000  # auto-created topics whose config is not applied yet
 RETRY_TOPIC_PREFIX = "%RETRY%"  # a consumer group's retry topic, created on its first heartbeat
-
-# SEND_MESSAGE_V2 (310) abbreviates SendMessageRequestHeader's names to one letter each.
-V2_HEADER_NAMES = {
-    "a": "producerGroup",
-    "b": "topic",
-    "c": "defaultTopic",
-    "d": "defaultTopicQueueNums",
-    "e": "queueId",
-    "f": "sysFlag",
-    "g": "bornTimestamp",
-    "h": "flag",
-    "i": "properties",
-    "j": "reconsumeTimes",
-    "k": "unitMode",
-    "l": "maxReconsumeTimes",
-    "m": "batch",
-    "n": "brokerName",
-}
 
 # PULL_MESSAGE sysFlag bits (RocketMQ's PullSysFlag)
 PULL_COMMIT_OFFSET = 0x1
@@ -154,10 +137,11 @@ def _host_bytes(addr: str) -> bytes:
 
 
 def _send_headers(req: RemotingCommand) -> RemotingCommand:
-    """The request with SEND_MESSAGE_V2's one-letter header names spelled out."""
-    if "b" not in req.headers or "topic" in req.headers:
+    """The request with SEND_MESSAGE_V2's one-letter header names spelled out; the layout is
+    decided by ``remoting.headers.uses_send_v2_names``, as the ACL decides it."""
+    if not uses_send_v2_names(req.code, req.headers):
         return req  # SEND_MESSAGE's full names
-    return RemotingCommand(req.code, {V2_HEADER_NAMES.get(k, k): v for k, v in req.headers.items()})
+    return RemotingCommand(req.code, spelled_out_send_headers(req.code, req.headers))
 
 
 @dataclass(slots=True)
@@ -643,16 +627,32 @@ class Processors:
 
     # ------------------------------------------------------------------ queries and status
 
-    def view_by_id(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        """VIEW_MESSAGE_BY_ID: header ``offset`` is the physical offset (as RocketMQ's admin sends
-        it after decoding the message id); a whole ``msgId`` is accepted too."""
+    @staticmethod
+    def _viewed_position(req: RemotingCommand) -> int:
+        """The physical offset VIEW_MESSAGE_BY_ID names: header ``offset`` (as RocketMQ's admin
+        sends it after decoding the message id), or a whole ``msgId``."""
         if "offset" in req.headers:
-            position = req.header_int("offset", min_value=0)
-        else:
-            try:
-                _host, position = parse_offset_msg_id(req.header_str("msgId"))
-            except MessageFormatError as exc:
-                return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+            return req.header_int("offset", min_value=0)
+        try:
+            return parse_offset_msg_id(req.header_str("msgId"))[1]
+        except MessageFormatError as exc:
+            raise RemotingCommandError(str(exc)) from None
+
+    def viewed_topic(self, req: RemotingCommand) -> str | None:
+        """The topic of the message a VIEW_MESSAGE_BY_ID asks for (what ACL checks), None if
+        there is no such message or the request is malformed (the processor then says so)."""
+        try:
+            found = self.store.record_at(self._viewed_position(req))
+            return None if found is None else codec.record_queue(found[1])[0]
+        except (RemotingCommandError, codec.CodecError, UnicodeDecodeError):
+            return None
+
+    def view_by_id(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """VIEW_MESSAGE_BY_ID (33): the message at a physical offset or message id."""
+        try:
+            position = self._viewed_position(req)
+        except RemotingCommandError as exc:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
         found = self.store.record_at(position)
         if found is None:
             index, slot = codec.split_position(position)

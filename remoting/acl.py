@@ -46,6 +46,7 @@ from typing import Any, Final
 
 from common.settings import ConfigError
 from remoting.codes import RequestCode, ResponseCode, request_code_name
+from remoting.headers import send_topic
 from remoting.protocol import HeaderValue, RemotingCommand
 
 log = logging.getLogger("remoting.acl")
@@ -300,16 +301,33 @@ def server_accounts(
     return accounts
 
 
+TopicOf = Callable[[RemotingCommand], object]
+
+
+def _header(name: str) -> TopicOf:
+    return lambda request: request.headers.get(name)
+
+
+def _send_topic(request: RemotingCommand) -> object:
+    return send_topic(request.code, request.headers)
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """What a request code needs: admin, or permissions on the topic / group its headers name."""
+    """What a request code needs: admin, or permissions on the topic / group it addresses.
+
+    ``topic_of`` finds the topic the way the processor does (for a send, the same function
+    picks the header both use); ``by_record``: the topic is the stored message's own, which
+    only the server that holds it can say (a ``topic_resolvers`` entry of the validator).
+    """
 
     admin: bool = False
-    topic_header: str = ""
+    topic_of: TopicOf | None = None
     topic_perm: int = DENY
     group_header: str = ""
     group_perm: int = DENY
     heartbeat: bool = False  # groups and topics are in the JSON body
+    by_record: bool = False
 
 
 ADMIN_CODES: Final = frozenset(
@@ -330,24 +348,53 @@ ADMIN_CODES: Final = frozenset(
     }
 )
 
+_TOPIC = _header("topic")
+_READ_QUEUE = Rule(topic_of=_TOPIC, topic_perm=SUB)  # a queue's offsets, times or messages
+_GROUP_OFFSETS = Rule(topic_of=_TOPIC, topic_perm=SUB, group_header="consumerGroup", group_perm=SUB)
+_GROUP = Rule(group_header="consumerGroup", group_perm=SUB)
+
 RULES: Final[dict[int, Rule]] = {
     **{int(code): Rule(admin=True) for code in ADMIN_CODES},
-    RequestCode.SEND_MESSAGE: Rule(topic_header="topic", topic_perm=PUB),
-    RequestCode.SEND_MESSAGE_V2: Rule(topic_header="b", topic_perm=PUB),
-    RequestCode.SEND_BATCH_MESSAGE: Rule(topic_header="b", topic_perm=PUB),
-    RequestCode.PULL_MESSAGE: Rule(
-        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
+    RequestCode.SEND_MESSAGE: Rule(topic_of=_send_topic, topic_perm=PUB),
+    RequestCode.SEND_MESSAGE_V2: Rule(topic_of=_send_topic, topic_perm=PUB),
+    RequestCode.SEND_BATCH_MESSAGE: Rule(topic_of=_send_topic, topic_perm=PUB),
+    RequestCode.PULL_MESSAGE: _GROUP_OFFSETS,
+    RequestCode.QUERY_CONSUMER_OFFSET: _GROUP_OFFSETS,
+    RequestCode.UPDATE_CONSUMER_OFFSET: _GROUP_OFFSETS,
+    RequestCode.QUERY_MESSAGE: _READ_QUEUE,
+    RequestCode.VIEW_MESSAGE_BY_ID: Rule(topic_perm=SUB, by_record=True),
+    RequestCode.GET_MAX_OFFSET: _READ_QUEUE,
+    RequestCode.GET_MIN_OFFSET: _READ_QUEUE,
+    RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: _READ_QUEUE,
+    RequestCode.GET_EARLIEST_MSG_STORETIME: _READ_QUEUE,
+    RequestCode.GET_TOPIC_STATS_INFO: _READ_QUEUE,
+    RequestCode.GET_CONSUME_STATS: Rule(
+        topic_of=_TOPIC, topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
     ),
-    RequestCode.QUERY_CONSUMER_OFFSET: Rule(
-        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
-    ),
-    RequestCode.UPDATE_CONSUMER_OFFSET: Rule(
-        topic_header="topic", topic_perm=SUB, group_header="consumerGroup", group_perm=SUB
-    ),
-    RequestCode.GET_CONSUMER_LIST_BY_GROUP: Rule(group_header="consumerGroup", group_perm=SUB),
-    RequestCode.UNREGISTER_CLIENT: Rule(group_header="consumerGroup", group_perm=SUB),
+    RequestCode.GET_CONSUMER_LIST_BY_GROUP: _GROUP,
+    RequestCode.GET_CONSUMER_CONNECTION_LIST: _GROUP,
+    RequestCode.UNREGISTER_CLIENT: _GROUP,
     RequestCode.HEART_BEAT: Rule(heartbeat=True),
 }
+
+#: Codes any signed account may use, each because it reads no topic's messages or a
+#: group's state: cluster metadata that clients need to find their way, and broker health.
+OPEN_CODES: Final = frozenset(
+    int(code)
+    for code in (
+        RequestCode.GET_ALL_TOPIC_CONFIG,  # queue counts and permissions, what routes show
+        RequestCode.GET_BROKER_RUNTIME_INFO,  # versions, counters and roles
+        RequestCode.QUERY_DATA_VERSION,  # a broker's liveness; the cluster secret guards it
+        RequestCode.GET_ROUTEINFO_BY_TOPIC,  # nameserver lookups: what every client needs
+        RequestCode.GET_BROKER_CLUSTER_INFO,
+        RequestCode.GET_KV_CONFIG,
+        RequestCode.GET_KVLIST_BY_NAMESPACE,
+        RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER,
+        RequestCode.GET_TOPICS_BY_CLUSTER,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
+        RequestCode.GET_NAMESRV_CONFIG,
+    )
+)
 
 
 class AccessValidator:
@@ -358,8 +405,17 @@ class AccessValidator:
     operations and registrations.
     """
 
-    def __init__(self, accounts: Mapping[str, Account], *, require_signature: bool) -> None:
+    def __init__(
+        self,
+        accounts: Mapping[str, Account],
+        *,
+        require_signature: bool,
+        topic_resolvers: Mapping[int, TopicOf] | None = None,
+    ) -> None:
         self.accounts = dict(accounts)
+        # code -> the topic of the stored message a request names (a ``by_record`` rule); a
+        # server without one for a code refuses that code to all but admin accounts
+        self.topic_resolvers = dict(topic_resolvers or {})
         self._keys = {ak: SigningKey(a.secret_key) for ak, a in self.accounts.items()}
         self.require_signature = require_signature
         self.refused = 0
@@ -405,14 +461,14 @@ class AccessValidator:
                 request,
                 f"{request_code_name(request.code)} is an admin operation; AccessKey {ak!r} is not an admin account",
             )
-        if rule.heartbeat:  # resources are in the body: not cached
+        if rule.heartbeat or rule.by_record:  # resources in the body or the store: not cached
             denied = self._denied(account, request, rule)
         else:
             decisions = self._decisions
             cache_key = (
                 account.access_key,
                 request.code,
-                headers.get(rule.topic_header),
+                None if rule.topic_of is None else rule.topic_of(request),
                 headers.get(rule.group_header),
             )
             try:
@@ -427,8 +483,13 @@ class AccessValidator:
     def _denied(self, account: Account, request: RemotingCommand, rule: Rule) -> str | None:
         headers = request.headers
         needs: list[tuple[bool, str, int]] = []  # (is_group, name, perm)
-        if rule.topic_header:
-            topic = headers.get(rule.topic_header)
+        topic_of = rule.topic_of
+        if rule.by_record:
+            topic_of = self.topic_resolvers.get(request.code)
+            if topic_of is None and not account.admin:
+                return f"{request_code_name(request.code)} is served to admin accounts only here"
+        if topic_of is not None:
+            topic = topic_of(request)
             if isinstance(topic, str) and topic:
                 if topic.startswith(RETRY_PREFIX):
                     needs.append((True, topic[len(RETRY_PREFIX) :], SUB))
@@ -441,7 +502,7 @@ class AccessValidator:
         if rule.heartbeat:
             try:
                 doc = json.loads(bytes(request.body) or b"{}")
-            except ValueError:
+            except (ValueError, RecursionError):
                 return None  # the processor answers a malformed heartbeat
             consumers = doc.get("consumerDataSet") if isinstance(doc, dict) else None
             for consumer in consumers if isinstance(consumers, list) else []:

@@ -6,6 +6,8 @@ cannot make the two disagree silently.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 CLUSTER_NAME = "clusterName"
 BROKER_NAME = "brokerName"
 BROKER_ADDR = "brokerAddr"
@@ -41,3 +43,35 @@ SEND_V2_NAMES = {
     "brokerName": "n",
 }
 SEND_V2_FULL_NAMES = {short: full for full, short in SEND_V2_NAMES.items()}
+
+# Which header layout a send uses, decided in one place: the ACL checks the topic this says
+# and the broker stores into the same one, so no mix of names can pass one and hit another.
+_SEND_V2_CODES = frozenset((310, 320))  # SEND_MESSAGE_V2, SEND_BATCH_MESSAGE
+_SEND_CODES = frozenset((10, 310, 320))
+
+
+def uses_send_v2_names(code: int, headers: Mapping[str, object]) -> bool:
+    """Whether a send request's fields are read under their one-letter names: for the V2 codes
+    when ``b`` (the topic) is there (RocketMQ's clients), for SEND_MESSAGE only when ``topic``
+    is not (some 4.x clients send V2 headers with code 10)."""
+    if code in _SEND_V2_CODES:
+        return SEND_V2_NAMES[TOPIC] in headers
+    return code in _SEND_CODES and TOPIC not in headers
+
+
+def spelled_out_send_headers(code: int, headers: Mapping[str, object]) -> dict[str, object]:
+    """A send request's headers under their full names. Under the V2 layout the full names of
+    send fields are ignored (the short ones say what they are); other headers pass through."""
+    if not uses_send_v2_names(code, headers):
+        return dict(headers)
+    full = SEND_V2_FULL_NAMES
+    out = {k: v for k, v in headers.items() if k not in SEND_V2_NAMES and k not in full}
+    for short, name in full.items():
+        if short in headers:
+            out[name] = headers[short]
+    return out
+
+
+def send_topic(code: int, headers: Mapping[str, object]) -> object:
+    """The topic a send request addresses (None if it names none)."""
+    return headers.get(SEND_V2_NAMES[TOPIC] if uses_send_v2_names(code, headers) else TOPIC)

@@ -458,3 +458,138 @@ def test_malformed_heartbeat_bodies_do_not_break_the_gate(tmp_path: Path) -> Non
     WRITER(req)
     refusal = validator.check(None, req)
     assert refusal is not None and "needs SUB on topic 'Secret'" in refusal.remark
+
+
+# An account may send to AclTopic only; every way of naming another topic in a send must be
+# judged by the topic the broker would store into.
+MIXED_SENDS = [
+    (RequestCode.SEND_MESSAGE_V2, {"b": "AclTopic", "topic": "Forbidden", "e": 0}, "AclTopic"),
+    (RequestCode.SEND_MESSAGE, {"b": "Forbidden", "e": 0}, "Forbidden"),
+    (RequestCode.SEND_BATCH_MESSAGE, {"topic": "Forbidden", "queueId": 0}, "Forbidden"),
+    (RequestCode.SEND_BATCH_MESSAGE, {"b": "Forbidden", "topic": "AclTopic"}, "Forbidden"),
+    (RequestCode.SEND_MESSAGE, {"topic": "Forbidden", "b": "AclTopic"}, "Forbidden"),
+]
+
+
+@pytest.mark.parametrize(("code", "headers", "stored_in"), MIXED_SENDS)
+def test_acl_judges_the_topic_the_broker_stores_into(
+    tmp_path: Path, code: int, headers: dict[str, Any], stored_in: str
+) -> None:
+    from broker.processors import _send_headers
+
+    validator = AccessValidator(load_accounts(accounts_file(tmp_path)), require_signature=True)
+    req = RemotingCommand.request(code, dict(headers), b"body")
+    WRITER(req)
+    decoded = RemotingCommand.request(code, {k: str(v) for k, v in req.headers.items()}, b"body")
+    assert _send_headers(decoded).header_str("topic") == stored_in
+    refusal = validator.check(None, decoded)
+    if stored_in == "AclTopic":
+        assert refusal is None
+    else:
+        assert refusal is not None and "needs PUB on topic 'Forbidden'" in refusal.remark
+
+
+def _registered_codes(server_kind: str) -> set[int]:
+    """Every request code a broker (both listeners) or a nameserver registers a processor for."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.codes: set[int] = set()
+
+        def register_processor(self, code: int, fn: object) -> None:
+            self.codes.add(int(code))
+
+    recorder = Recorder()
+    if server_kind == "broker":
+        from types import SimpleNamespace
+
+        from broker.processors import Processors
+
+        config = SimpleNamespace(broker_addr="127.0.0.1:10911", broker_name="b")
+        store = SimpleNamespace(dispatched_messages=0, offsets={})
+        processors = Processors(SimpleNamespace(store=store, config=config))  # type: ignore[arg-type]
+        processors.register(recorder, pulls=True)
+        processors.register(recorder, pulls=False)
+    else:
+        from namesrv.config import NamesrvConfig
+        from namesrv.kvconfig import KVConfigManager
+        from namesrv.processor import NamesrvProcessor
+        from namesrv.routeinfo import RouteInfoManager
+
+        processor = NamesrvProcessor(
+            NamesrvConfig(), RouteInfoManager(), KVConfigManager(None), time.monotonic
+        )
+        for code in processor.handlers():
+            recorder.register_processor(code, None)
+    return recorder.codes
+
+
+@pytest.mark.parametrize("server_kind", ["broker", "namesrv"])
+def test_every_registered_request_code_has_an_acl_rule(server_kind: str) -> None:
+    """A new request code cannot be served without deciding who may use it: a rule (admin, or
+    permissions on what it reads or writes) or a place among the open metadata codes."""
+    from remoting.acl import OPEN_CODES, RULES
+    from remoting.codes import request_code_name
+
+    codes = _registered_codes(server_kind)
+    assert codes
+    missing = sorted(request_code_name(c) for c in codes if c not in RULES and c not in OPEN_CODES)
+    assert not missing, f"request codes without an ACL rule: {missing}"
+    assert not set(RULES) & OPEN_CODES
+
+
+@pytest.mark.slow
+def test_no_mix_of_send_headers_and_no_query_passes_the_acl(acl_broker: LocalBrokerGroup) -> None:
+    """The ways past the ACL found by trying: send headers that name two topics, and the
+    message queries (by key, by id) that had no rule."""
+    g = acl_broker
+    addr = g.broker_addr["n1"]
+
+    async def max_offset(client: RemotingClient, topic: str) -> int:
+        total = 0
+        for q in range(2):
+            r = await client.invoke_sync(
+                addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q})
+            )
+            assert r.is_success, r
+            total += r.header_int("offset")
+        return total
+
+    async def scenario() -> None:
+        async with RemotingClient(rpc_hook=ADMIN) as admin, RemotingClient(rpc_hook=WRITER) as writer:
+            create = {"topic": "Forbidden", "readQueueNums": 2, "writeQueueNums": 2, "perm": 6}
+            r = await admin.invoke_sync(
+                addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, create)
+            )
+            assert r.is_success, r
+            secret = RemotingCommand.request(
+                RequestCode.SEND_MESSAGE,
+                {"topic": "Forbidden", "queueId": 0, "properties": "KEYS\x01k1\x02"},
+                b"a secret",
+            )
+            sent = await admin.invoke_sync(addr, secret)
+            assert sent.is_success, sent
+            for code, headers, stored_in in MIXED_SENDS:
+                r = await writer.invoke_sync(addr, RemotingCommand.request(code, dict(headers), b"mixed"))
+                if stored_in == "Forbidden":
+                    assert r.code == ResponseCode.NO_PERMISSION, (code, headers, r)
+                else:
+                    assert r.is_success, r
+            assert await max_offset(admin, "Forbidden") == 1  # the admin's message alone
+            query = RemotingCommand.request(
+                RequestCode.QUERY_MESSAGE, {"topic": "Forbidden", "key": "k1", "maxNum": 4}
+            )
+            r = await writer.invoke_sync(addr, query)
+            assert r.code == ResponseCode.NO_PERMISSION and "needs SUB on topic 'Forbidden'" in r.remark
+            view = RemotingCommand.request(
+                RequestCode.VIEW_MESSAGE_BY_ID, {"msgId": sent.header_str("msgId")}
+            )
+            r = await writer.invoke_sync(addr, view)
+            assert r.code == ResponseCode.NO_PERMISSION and "needs SUB on topic 'Forbidden'" in r.remark
+            r = await admin.invoke_sync(
+                addr,
+                RemotingCommand.request(RequestCode.VIEW_MESSAGE_BY_ID, {"msgId": sent.header_str("msgId")}),
+            )
+            assert r.is_success and b"a secret" in bytes(r.body)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
