@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -37,10 +36,11 @@ from remoting.stats_body import (
     encode_topic_stats,
 )
 
+from .clients import ClientTable
+from .context import Broker
+
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
-
-    from .processors import Processors
 
 MAX_RATE_SAMPLES = 1024
 """Samples of the put/get totals kept for the runtime rates (one per second at most)."""
@@ -56,23 +56,16 @@ BROKER_VERSION = 401  # MQVersion.Version.V4_9_4.ordinal(): the version our fram
 class AdminStats:
     """The statistics handlers of one broker; ``handlers()`` is merged into its processor table."""
 
-    def __init__(self, processors: Processors) -> None:
-        self.processors = processors
-        self.broker = processors.broker
-        self.store = processors.store
-        self.config = processors.config
+    def __init__(self, broker: Broker, clients: ClientTable, suspended_pulls: Callable[[], int]) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.config = broker.config
+        self.clients = clients
+        self.suspended_pulls = suspended_pulls  # long polls being held, as the pull processor counts them
         self.boot_ms = int(time.time() * 1000)
         self._samples: deque[tuple[float, int, int]] = deque(maxlen=MAX_RATE_SAMPLES)
         self._samples.append((time.monotonic(), *self._totals()))  # rates until the windows fill: since start
         self._group_samples: dict[str, tuple[float, int]] = {}
-
-    @classmethod
-    def of(cls, processors: Processors) -> AdminStats:
-        """The broker's one AdminStats (both listeners register the handlers; they share the samples)."""
-        stats = _BY_PROCESSORS.get(processors)
-        if stats is None:
-            stats = _BY_PROCESSORS[processors] = cls(processors)
-        return stats
 
     def handlers(self) -> dict[int, Callable[[RemotingConnection, RemotingCommand], Any]]:
         return {
@@ -143,7 +136,7 @@ class AdminStats:
 
     def _subscribed_topics(self, group: str) -> set[str] | None:
         """Topics the group's live consumers subscribe to (from heartbeats); None when none is online."""
-        clients = self.processors.consumers.get(group)
+        clients = self.clients.consumers.get(group)
         if not clients:
             return None
         return {topic for info in clients.values() for topic in info.subscriptions}
@@ -214,7 +207,7 @@ class AdminStats:
             "appliedIndex": str(self.store.applied),
             "topicCount": str(len(self.store.topics)),
             "consumerOffsetCount": str(len(self.store.offsets)),
-            "suspendedPulls": str(self.processors.suspended_pulls),
+            "suspendedPulls": str(self.suspended_pulls()),
         }
         earliest = self._earliest_store_ms()
         if earliest is not None:
@@ -225,6 +218,3 @@ class AdminStats:
         except OSError:
             pass  # the data directory is unreadable: the key is left out rather than guessed
         return table
-
-
-_BY_PROCESSORS: weakref.WeakKeyDictionary[Processors, AdminStats] = weakref.WeakKeyDictionary()

@@ -70,6 +70,10 @@ class BrokerConfig:
     max_buffered_frame_bytes: int = 256 << 20  # unfinished frames held per listener, all connections
     reply_flush_bytes: int = 32 << 10  # replies are written once this many wait (0: at turn end)
     max_heartbeat_clients: int = 20_000  # (group, client) entries from heartbeats; over it SYSTEM_BUSY
+    max_heartbeat_table_bytes: int = 64 << 20  # ... and the bytes their subscriptions take together
+    max_heartbeat_bytes: int = 1 << 20  # one heartbeat's body
+    max_subscriptions_per_client: int = 1024  # topics one consumer entry may subscribe to
+    max_topics: int = 65_536  # topics a broker group holds; an auto-created topic past it is refused
     max_suspended_pulls: int = 10_000  # long polls held at once; over it a pull is answered at once
     acl_enable: bool = False  # every request must be signed by an account of acl_file (RocketMQ ACL)
     acl_file: str = ""  # TOML accounts file (remoting/acl.py)
@@ -152,6 +156,14 @@ class BrokerConfig:
             raise ConfigError(
                 "keys 'max_heartbeat_clients' (>= 1) and 'max_suspended_pulls' (>= 0) out of range"
             )
+        for key, least in (
+            ("max_heartbeat_table_bytes", 1 << 16),
+            ("max_heartbeat_bytes", 1 << 12),
+            ("max_subscriptions_per_client", 1),
+            ("max_topics", 16),
+        ):
+            if getattr(self, key) < least:
+                raise ConfigError(f"key '{key}' must be at least {least}, got {getattr(self, key)}")
         self.server_ssl = server_ssl(
             self.tls_server_mode,
             self.tls_cert_file,

@@ -12,20 +12,23 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, LedgerBusy, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
 from remoting.dispatcher import Deferred
 from remoting.exceptions import RemotingCommandError
 from remoting.headers import spelled_out_send_headers, uses_send_v2_names
+from remoting.jsonbody import loads_bounded
 from remoting.message import (
     STORED_STORE_HOST_AT,
+    SYSFLAG_COMPRESSED,
     MessageFormatError,
     decode_message_batch,
     host_to_bytes,
+    inflate_body,
     java_string_hash,
     offset_msg_id,
     parse_offset_msg_id,
@@ -37,44 +40,26 @@ from remoting.topic import PERM_READ, PERM_WRITE, topic_name_error
 
 from . import codec
 from .admin_stats import AdminStats
-from .config import BrokerConfig
-from .message_store import MessageStore, Stored
+from .clients import ClientInfo, ClientTable, subscriptions_size
+from .context import Broker
+from .message_store import Stored
 from .meta import offset_op, topic_op
 
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
 
 
-class Broker(Protocol):
-    """What the processors need of the broker that registers them (the controller)."""
-
-    config: BrokerConfig
-
-    @property
-    def store(self) -> MessageStore: ...
-
-    @property
-    def is_master(self) -> bool: ...
-
-    @property
-    def leader_known(self) -> bool: ...
-
-    def master_address(self) -> str | None: ...
-
-    async def read_barrier(self) -> int: ...
-
-    def runtime_info(self) -> dict[str, Any]: ...
-
-
 Response = RemotingCommand | asyncio.Future[RemotingCommand] | Deferred | None
 
 FILTER_SCAN_LIMIT = 16_000  # consume-queue entries one filtered pull looks at (RocketMQ's default)
 MAX_PULL_BYTES = 4 << 20  # message bytes one pull answers with (at least one message)
-CLIENT_EXPIRY_S = 30.0  # a consumer without a heartbeat for this long no longer counts in rebalancing
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic: clients send to its brokers to auto-create topics
 PERM_INHERIT = 1
 log = logging.getLogger("broker.processors")
 
+MAX_NAME_CHARS = 255  # a group, client id or topic name in a heartbeat
+MAX_EXPRESSION_CHARS = 4096  # a subscription expression (tags or SQL92)
+MAX_GROUPS_PER_HEARTBEAT = 256  # consumer groups (and producer groups) one heartbeat may name
 MAX_TOPICS_BEING_CREATED = 1000  # auto-created topics whose config is not applied yet
 RETRY_TOPIC_PREFIX = "%RETRY%"  # a consumer group's retry topic, created on its first heartbeat
 
@@ -82,6 +67,9 @@ RETRY_TOPIC_PREFIX = "%RETRY%"  # a consumer group's retry topic, created on its
 PULL_COMMIT_OFFSET = 0x1
 PULL_SUSPEND = 0x2
 PULL_SUBSCRIPTION = 0x4
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1  # a Java int, as a record stores flag and sysFlag
+MAX_TIMESTAMP_MS = (1 << 63) - 1  # a Java long
 
 _ZERO_HOST = b"\x00" * 8
 
@@ -144,35 +132,19 @@ def _send_headers(req: RemotingCommand) -> RemotingCommand:
     return RemotingCommand(req.code, spelled_out_send_headers(req.code, req.headers))
 
 
-@dataclass(slots=True)
-class ClientInfo:
-    """A client that sent a heartbeat: when, what it subscribed to (topic -> expression), and
-    what RocketMQ's admin tools show of it (``GET_CONSUMER_CONNECTION_LIST``)."""
-
-    seen: float
-    subscriptions: dict[str, str] = field(default_factory=dict)
-    addr: str = ""
-    language: str = ""
-    version: int = 0
-    consume_type: str = ""
-    message_model: str = ""
-    consume_from_where: str = ""
-
-
 class Processors:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.store = broker.store
         self.config = broker.config
-        self.consumers: dict[str, dict[str, ClientInfo]] = {}  # group -> client id -> info
-        self.producers: dict[str, dict[str, float]] = {}  # group -> client id -> last heartbeat
+        self.clients = ClientTable(self.config.max_heartbeat_clients, self.config.max_heartbeat_table_bytes)
         # topics being auto-created -> (queue count, when proposed); bounded, stale ones retried
-        self._creating: dict[str, tuple[int, float]] = {}
+        self._creating: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self._store_host = _host_bytes(self.config.broker_addr)
         self._store_host_hex = self._store_host.hex().upper()  # the first 16 digits of our message ids
-        self._client_entries = 0  # (group, client) heartbeat entries; an upper bound, exact after a prune
-        self._pruned_at = time.monotonic()
         self.suspended_pulls = 0  # long polls being held (at most max_suspended_pulls)
+        # one for both listeners (each registers its handlers; they share the rate samples)
+        self.admin_stats = AdminStats(broker, self.clients, lambda: self.suspended_pulls)
 
     def register(self, server: Any, *, pulls: bool) -> None:
         table: dict[int, Callable[[RemotingConnection, RemotingCommand], Any]] = {
@@ -197,7 +169,7 @@ class Processors:
         }
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
-        table.update(AdminStats.of(self).handlers())  # topic/consume stats, runtime info with KVTable
+        table.update(self.admin_stats.handlers())  # topic/consume stats, runtime info with KVTable
         for code, fn in table.items():
             server.register_processor(code, fn)
 
@@ -284,7 +256,7 @@ class Processors:
         if not self.broker.is_master:
             return self._not_master(req)
         topic = h.header_str("topic")
-        queue_id = h.header_int("queueId")
+        queue_id = h.header_int("queueId", min_value=INT32_MIN, max_value=INT32_MAX)
         before: list[bytes] = []
         pending = 0
         if topic not in self.store.topics and self.config.auto_create_topic_enable:
@@ -296,22 +268,13 @@ class Processors:
             if not pending or now - proposed_at > self.config.send_timeout_s:
                 # First send of a new topic (or the proposal of its config was lost): its config
                 # goes into the same proposal, ahead of the message.
-                if not pending and len(self._creating) >= MAX_TOPICS_BEING_CREATED:
-                    stale = [
-                        t for t, (_, at) in self._creating.items() if now - at > self.config.send_timeout_s
-                    ]
-                    for t in stale:
-                        del self._creating[t]
-                    if len(self._creating) >= MAX_TOPICS_BEING_CREATED:
-                        return req.make_response(
-                            ResponseCode.SYSTEM_BUSY,
-                            f"{MAX_TOPICS_BEING_CREATED} topics are being created; try again shortly",
-                        )
                 if not pending:
                     # RocketMQ: the client's defaultTopicQueueNums, at most the template's (ours)
                     asked = h.header_int("defaultTopicQueueNums", self.config.default_queue_nums, min_value=1)
                     pending = max(1, min(asked, self.config.default_queue_nums))
-                self._creating[topic] = (pending, now)
+                refusal = self._begin_creation(topic, pending, now)
+                if refusal is not None:
+                    return req.make_response(*refusal)
                 before.append(topic_op(topic, pending, pending, PERM_READ | PERM_WRITE))
         if queue_id < 0:  # RocketMQ: the broker picks a queue
             tc = self.store.topics.get(topic)
@@ -331,6 +294,31 @@ class Processors:
         # offset_msg_id(self._store_host, position), without re-encoding the host per message
         return f"{self._store_host_hex}{stored.position:016X}"
 
+    def _begin_creation(self, topic: str, nums: int, now: float) -> tuple[int, str] | None:
+        """Note that ``topic``'s config is being proposed now; the refusal (code, remark) when
+        the group holds ``max_topics`` or MAX_TOPICS_BEING_CREATED are on their way. O(1)
+        amortised: proposals are kept oldest first and only expired ones are looked at."""
+        creating = self._creating
+        if topic not in creating:
+            if len(self.store.topics) + len(creating) >= self.config.max_topics:
+                return (
+                    ResponseCode.TOPIC_NOT_EXIST,
+                    f"topic {topic!r} not created: broker group {self.config.broker_name} holds "
+                    f"max_topics={self.config.max_topics} topics",
+                )
+            if len(creating) >= MAX_TOPICS_BEING_CREATED:
+                horizon = now - self.config.send_timeout_s
+                while creating and next(iter(creating.values()))[1] < horizon:
+                    creating.popitem(last=False)
+                if len(creating) >= MAX_TOPICS_BEING_CREATED:
+                    return (
+                        ResponseCode.SYSTEM_BUSY,
+                        f"{MAX_TOPICS_BEING_CREATED} topics are being created; try again shortly",
+                    )
+        creating[topic] = (nums, now)
+        creating.move_to_end(topic)
+        return None
+
     def _created(self, topic: str) -> None:
         if topic in self.store.topics:
             self._creating.pop(topic, None)
@@ -341,33 +329,42 @@ class Processors:
         h = _send_headers(req)
         if str(h.headers.get("batch", "")).lower() in ("true", "1"):
             return self.send_batch(conn, req)
-        target = self._send_target(req, h)
-        if isinstance(target, RemotingCommand):
-            return target
-        topic, queue_id, before = target
         body = req.body
         if len(body) > self.config.max_message_bytes:
             return req.make_response(
                 ResponseCode.MESSAGE_ILLEGAL,
                 f"message body of {len(body)} bytes exceeds the limit of {self.config.max_message_bytes}",
             )
-        try:
+        try:  # the cheap checks first: a refused send must cost less than a stored one
+            flag = h.header_int("flag", 0, min_value=INT32_MIN, max_value=INT32_MAX)
+            sys_flag = h.header_int("sysFlag", 0, min_value=0, max_value=INT32_MAX)
+            born = h.header_int("bornTimestamp", 0, min_value=0, max_value=MAX_TIMESTAMP_MS)
+            reconsume = h.header_int("reconsumeTimes", 0, min_value=0, max_value=INT32_MAX)
+            if sys_flag & SYSFLAG_COMPRESSED:
+                inflate_body(body, keep=False)
             props = h.header_str("properties", "").encode()
             if props and (props.count(b"\x01") != props.count(b"\x02") or not props.endswith(b"\x02")):
                 properties_from_bytes(props, "header 'properties'")  # names what is wrong, or passes
-            topic_raw = topic.encode()
+        except (MessageFormatError, RemotingCommandError) as exc:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+        target = self._send_target(req, h)
+        if isinstance(target, RemotingCommand):
+            return target
+        topic, queue_id, before = target
+        topic_raw = topic.encode()
+        try:
             record = codec.build_stored_record(
                 topic_raw,
                 queue_id,
                 body,
                 props,
-                h.header_int("flag", 0),
-                h.header_int("sysFlag", 0),
-                h.header_int("bornTimestamp", 0),
+                flag,
+                sys_flag,
+                born,
                 _host_bytes(conn.remote_addr),
                 int(time.time() * 1000),
                 self._store_host,
-                h.header_int("reconsumeTimes", 0),
+                reconsume,
             )
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
@@ -392,32 +389,39 @@ class Processors:
         """SEND_BATCH_MESSAGE (320): RocketMQ's encoded messages; the batch is one ledger entry
         (or a few, if it is larger than an entry may be)."""
         h = _send_headers(req)
-        target = self._send_target(req, h)
-        if isinstance(target, RemotingCommand):
-            return target
-        topic, queue_id, before = target
         body = req.body
         if len(body) > self.config.max_batch_bytes:
             return req.make_response(
                 ResponseCode.MESSAGE_ILLEGAL,
                 f"batch of {len(body)} bytes exceeds the limit of {self.config.max_batch_bytes}",
             )
-        topic_raw = topic.encode()
-        born_host = _host_bytes(conn.remote_addr)
         now = int(time.time() * 1000)
-        build = codec.build_stored_record
-        host = self._store_host
-        try:
-            born = h.header_int("bornTimestamp", now)
-            sys_flag = h.header_int("sysFlag", 0)
-            records = [
-                build(topic_raw, queue_id, mbody, props, flag, sys_flag, born, born_host, now, host)
-                for flag, mbody, props in decode_message_batch(body, self.config.max_message_bytes)
-            ]
+        try:  # the cheap checks first: a refused send must cost less than a stored one
+            born = h.header_int("bornTimestamp", now, min_value=0, max_value=MAX_TIMESTAMP_MS)
+            sys_flag = h.header_int("sysFlag", 0, min_value=0, max_value=INT32_MAX)
+            items = decode_message_batch(body, self.config.max_message_bytes)
+            if sys_flag & SYSFLAG_COMPRESSED:
+                for i, (_, mbody, _) in enumerate(items):
+                    try:
+                        inflate_body(mbody, keep=False)
+                    except MessageFormatError as exc:
+                        raise MessageFormatError(f"batch message {i}: {exc}") from None
         except MessageFormatError as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
         except (UnicodeDecodeError, RemotingCommandError) as exc:
             return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"batch: {exc}")
+        target = self._send_target(req, h)
+        if isinstance(target, RemotingCommand):
+            return target
+        topic, queue_id, before = target
+        topic_raw = topic.encode()
+        born_host = _host_bytes(conn.remote_addr)
+        build = codec.build_stored_record
+        host = self._store_host
+        records = [
+            build(topic_raw, queue_id, mbody, props, flag, sys_flag, born, born_host, now, host)
+            for flag, mbody, props in items
+        ]
         skip = len(before)
 
         def reply(results: list[Stored]) -> RemotingCommand:
@@ -447,7 +451,7 @@ class Processors:
 
     def _group_subscription(self, group: str, topic: str) -> str:
         """The expression the group's consumers subscribed with (from their heartbeats), '*' if none."""
-        for info in self.consumers.get(group, {}).values():
+        for info in self.clients.consumers.get(group, {}).values():
             expr = info.subscriptions.get(topic)
             if expr:
                 return expr
@@ -685,45 +689,66 @@ class Processors:
 
     def heartbeat(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         """RocketMQ's HeartbeatData: consumerDataSet[].groupName with subscriptionDataSet, and
-        producerDataSet[].groupName."""
-        try:
-            doc = json.loads(bytes(req.body) or b"{}")
-        except ValueError as exc:
-            raise RemotingCommandError(f"HEART_BEAT body is not JSON: {exc}") from None
+        producerDataSet[].groupName. Bounded like everything from the network: the body's
+        size and nesting, the groups and subscriptions one heartbeat may carry, and the
+        table's entries and bytes (over them SYSTEM_BUSY, nothing kept)."""
+        cfg = self.config
+        if len(req.body) > cfg.max_heartbeat_bytes:
+            raise RemotingCommandError(
+                f"HEART_BEAT body of {len(req.body)} bytes exceeds max_heartbeat_bytes={cfg.max_heartbeat_bytes}"
+            )
+        doc = loads_bounded(bytes(req.body) or b"{}", "HEART_BEAT body")
         if not isinstance(doc, dict):
             raise RemotingCommandError("HEART_BEAT body must be a JSON object")
-        client_id = str(doc.get("clientID") or conn.remote_addr)
+        client_id = doc.get("clientID") or conn.remote_addr
+        if not isinstance(client_id, str) or len(client_id) > MAX_NAME_CHARS:
+            raise RemotingCommandError(
+                f"HEART_BEAT clientID must be a string of at most {MAX_NAME_CHARS} characters"
+            )
+        consumers = _bounded_list(doc.get("consumerDataSet"), "consumerDataSet", MAX_GROUPS_PER_HEARTBEAT)
+        producers = _bounded_list(doc.get("producerDataSet"), "producerDataSet", MAX_GROUPS_PER_HEARTBEAT)
         now = time.monotonic()
-        if now - self._pruned_at > CLIENT_EXPIRY_S * 2:
-            self._prune_clients(now)
-        for i, consumer in enumerate(doc.get("consumerDataSet") or []):
-            if not isinstance(consumer, dict) or not isinstance(consumer.get("groupName"), str):
-                raise RemotingCommandError(f"HEART_BEAT consumerDataSet[{i}].groupName must be a string")
-            subs: dict[str, str] = {}
-            for sub in consumer.get("subscriptionDataSet") or []:
-                if isinstance(sub, dict) and isinstance(sub.get("topic"), str):
-                    subs[sub["topic"]] = str(sub.get("subString") or "*")
-            clients = self.consumers.get(consumer["groupName"])
-            if (clients is None or client_id not in clients) and not self._admit_client(now):
-                return self._clients_full(req)
-            self.consumers.setdefault(consumer["groupName"], {})[client_id] = ClientInfo(
+        for i, consumer in enumerate(consumers):
+            group = consumer.get("groupName") if isinstance(consumer, dict) else None
+            if not isinstance(group, str) or not 0 < len(group) <= MAX_NAME_CHARS:
+                raise RemotingCommandError(f"HEART_BEAT consumerDataSet[{i}].groupName must be a group name")
+            subs = self._subscriptions(consumer.get("subscriptionDataSet"), i)
+            info = ClientInfo(
                 now,
                 subs,
                 conn.remote_addr,
                 req.language,
                 req.version,
-                str(consumer.get("consumeType") or ""),
-                str(consumer.get("messageModel") or ""),
-                str(consumer.get("consumeFromWhere") or ""),
+                _short_text(consumer.get("consumeType")),
+                _short_text(consumer.get("messageModel")),
+                _short_text(consumer.get("consumeFromWhere")),
+                subscriptions_size(subs),
             )
-            self._ensure_retry_topic(consumer["groupName"], now)
-        for producer in doc.get("producerDataSet") or []:
-            if isinstance(producer, dict) and isinstance(producer.get("groupName"), str):
-                clients_p = self.producers.get(producer["groupName"])
-                if (clients_p is None or client_id not in clients_p) and not self._admit_client(now):
+            if not self.clients.touch_consumer(group, client_id, info):
+                return self._clients_full(req)
+            self._ensure_retry_topic(group, now)
+        for producer in producers:
+            group = producer.get("groupName") if isinstance(producer, dict) else None
+            if isinstance(group, str) and 0 < len(group) <= MAX_NAME_CHARS:
+                if not self.clients.touch_producer(group, client_id, now):
                     return self._clients_full(req)
-                self.producers.setdefault(producer["groupName"], {})[client_id] = now
         return req.make_response()
+
+    def _subscriptions(self, raw: Any, i: int) -> dict[str, str]:
+        """A consumer's topic -> expression, each checked against the heartbeat's bounds."""
+        subs: dict[str, str] = {}
+        limit = self.config.max_subscriptions_per_client
+        for j, sub in enumerate(_bounded_list(raw, f"consumerDataSet[{i}].subscriptionDataSet", limit)):
+            if not isinstance(sub, dict) or not isinstance(sub.get("topic"), str):
+                continue
+            topic, expr = sub["topic"], sub.get("subString") or "*"
+            if not isinstance(expr, str) or len(expr) > MAX_EXPRESSION_CHARS or len(topic) > MAX_NAME_CHARS:
+                raise RemotingCommandError(
+                    f"HEART_BEAT consumerDataSet[{i}].subscriptionDataSet[{j}]: a topic of at most "
+                    f"{MAX_NAME_CHARS} and an expression of at most {MAX_EXPRESSION_CHARS} characters"
+                )
+            subs[topic] = expr
+        return subs
 
     def _ensure_retry_topic(self, group: str, now: float) -> None:
         """Create the group's retry topic ``%RETRY%<group>`` (1 queue) on its first heartbeat, as
@@ -735,9 +760,8 @@ class Processors:
         pending = self._creating.get(topic)
         if pending is not None and now - pending[1] <= self.config.send_timeout_s:
             return  # proposed a moment ago
-        if pending is None and len(self._creating) >= MAX_TOPICS_BEING_CREATED:
+        if self._begin_creation(topic, 1, now) is not None:
             return  # (the next heartbeat tries again)
-        self._creating[topic] = (1, now)
 
         def done(results: list[Stored] | None, exc: EmbedError | None) -> None:
             if exc is not None:
@@ -750,43 +774,12 @@ class Processors:
             self._creating.pop(topic, None)
             log.info("retry topic not created", extra={"topic": topic, "error": str(exc)})
 
-    def _admit_client(self, now: float) -> bool:
-        """Room for one more heartbeat entry under max_heartbeat_clients (expired ones pruned first)."""
-        if self._client_entries >= self.config.max_heartbeat_clients:
-            self._prune_clients(now)
-            if self._client_entries >= self.config.max_heartbeat_clients:
-                return False
-        self._client_entries += 1
-        return True
-
-    def _prune_clients(self, now: float) -> None:
-        """Drop clients silent for twice CLIENT_EXPIRY_S and groups left empty; recount the entries."""
-        self._pruned_at = now
-        horizon = CLIENT_EXPIRY_S * 2
-        total = 0
-        for group in list(self.consumers):
-            seen = self.consumers[group]
-            for cid in [c for c, info in seen.items() if now - info.seen > horizon]:
-                del seen[cid]
-            if seen:
-                total += len(seen)
-            else:
-                del self.consumers[group]
-        for group in list(self.producers):
-            seen_p = self.producers[group]
-            for cid in [c for c, at in seen_p.items() if now - at > horizon]:
-                del seen_p[cid]
-            if seen_p:
-                total += len(seen_p)
-            else:
-                del self.producers[group]
-        self._client_entries = total
-
     def _clients_full(self, req: RemotingCommand) -> RemotingCommand:
         return req.make_response(
             ResponseCode.SYSTEM_BUSY,
             f"[REJECTREQUEST]heartbeat table full: {self.config.max_heartbeat_clients} clients "
-            "(max_heartbeat_clients); try again later",
+            f"(max_heartbeat_clients) or {self.config.max_heartbeat_table_bytes} bytes "
+            "(max_heartbeat_table_bytes); try again later",
         )
 
     def unregister_client(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
@@ -794,10 +787,10 @@ class Processors:
         client_id = req.header_str("clientID")
         group = req.header_str("consumerGroup", "")
         if group:
-            self.consumers.get(group, {}).pop(client_id, None)
+            self.clients.remove_consumer(group, client_id)
         producer_group = req.header_str("producerGroup", "")
         if producer_group:
-            self.producers.get(producer_group, {}).pop(client_id, None)
+            self.clients.remove_producer(producer_group, client_id)
         return req.make_response()
 
     def consumer_connections(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
@@ -806,11 +799,7 @@ class Processors:
         when none has sent a heartbeat lately, as RocketMQ answers."""
         group = req.header_str("consumerGroup")
         now = time.monotonic()
-        live = [
-            (cid, info)
-            for cid, info in self.consumers.get(group, {}).items()
-            if now - info.seen <= CLIENT_EXPIRY_S
-        ]
+        live = list(self.clients.live_consumers(group, now))
         if not live:
             return req.make_response(
                 ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group!r} is not online"
@@ -835,8 +824,19 @@ class Processors:
 
     def consumer_list(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         group = req.header_str("consumerGroup")
-        now = time.monotonic()
-        seen = self.consumers.get(group, {})
-        for cid in [c for c, info in seen.items() if now - info.seen > CLIENT_EXPIRY_S]:
-            del seen[cid]
-        return req.make_response(body=json.dumps({"consumerIdList": sorted(seen)}).encode())
+        live = sorted(cid for cid, _ in self.clients.live_consumers(group, time.monotonic()))
+        return req.make_response(body=json.dumps({"consumerIdList": live}).encode())
+
+
+def _bounded_list(value: Any, what: str, limit: int) -> list[Any]:
+    """A JSON list from a request of at most ``limit`` items ([] for none); refused otherwise."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > limit:
+        raise RemotingCommandError(f"HEART_BEAT {what} must be a list of at most {limit} items")
+    return value
+
+
+def _short_text(value: Any) -> str:
+    """A descriptive field of a heartbeat (consumeType, ...), kept short whatever was sent."""
+    return value[:MAX_NAME_CHARS] if isinstance(value, str) else ""

@@ -73,6 +73,10 @@ class Message:
     prepared_tx_offset: int = 0
     offset_msg_id: str = ""
     store_size: int = 0
+    # Set when a pulled record's body could not be decoded (a compressed flag on a body that
+    # does not inflate, or inflates past MAX_INFLATED_BODY_BYTES): the body is then the stored
+    # bytes as they are, and the messages around it are delivered as usual.
+    decode_error: str = ""
 
     @property
     def unique_key(self) -> str:
@@ -126,6 +130,40 @@ SYSFLAG_BORNHOST_V6 = 0x1 << 4
 SYSFLAG_STOREHOST_V6 = 0x1 << 5
 SYSFLAG_COMPRESSION_TYPE_MASK = 0x7 << 8
 SYSFLAG_COMPRESSION_ZLIB = 0x3 << 8
+
+MAX_INFLATED_BODY_BYTES = 64 << 20
+"""The most a compressed body may inflate to: brokers refuse larger at send, consumers do not
+inflate past it (a small zlib stream can expand a thousandfold)."""
+_INFLATE_CHUNK = 1 << 20
+
+
+def inflate_body(
+    body: bytes | memoryview, limit: int = MAX_INFLATED_BODY_BYTES, *, keep: bool = True
+) -> bytes:
+    """A compressed (zlib) message body inflated; MessageFormatError if it is not a whole
+    zlib stream or would pass ``limit`` bytes. ``keep=False`` only checks it (the output is
+    dropped chunk by chunk, so checking costs no memory beyond a chunk)."""
+    d = zlib.decompressobj()
+    parts: list[bytes] = []
+    total = 0
+    data = bytes(body)
+    try:
+        while True:
+            chunk = d.decompress(data, _INFLATE_CHUNK)
+            total += len(chunk)
+            if total > limit:
+                raise MessageFormatError(f"compressed body inflates past {limit} bytes")
+            if keep:
+                parts.append(chunk)
+            data = d.unconsumed_tail
+            if d.eof or not (data or chunk):
+                break
+        if not d.eof or d.unused_data:
+            raise MessageFormatError("compressed body is not one whole zlib stream")
+    except zlib.error as exc:
+        raise MessageFormatError(f"compressed body does not inflate: {exc}") from None
+    return b"".join(parts)
+
 
 MAX_PROPERTIES_BYTES = 0x7FFF
 """RocketMQ writes the properties length as a Java short."""
@@ -415,13 +453,12 @@ def decode_stored_messages(
             props = properties_from_bytes(b[p:end], f"stored message {len(out)} at byte {off}: properties")
         else:
             props = {}
+        decode_error = ""
         if sysflag & SYSFLAG_COMPRESSED:
             try:
-                body = zlib.decompress(body)
-            except zlib.error as exc:
-                raise MessageFormatError(
-                    f"stored message {len(out)} at byte {off}: compressed body does not inflate: {exc}"
-                ) from None
+                body = inflate_body(body)
+            except MessageFormatError as exc:
+                decode_error = f"stored message {len(out)} at byte {off}: {exc}"
         tags = props.pop(PROPERTY_TAGS, None)
         keys = props.pop(PROPERTY_KEYS, "")
         # the offset message id: store host in hex (cached per host), then the offset's 16 digits,
@@ -454,6 +491,7 @@ def decode_stored_messages(
                 prepared,
                 msg_id,
                 size,
+                decode_error,
             )
         )
         off = end
@@ -505,11 +543,12 @@ def _decode_stored_slow(b: bytes, off: int, count: int, verify_crc: bool) -> Mes
         if isinstance(exc, MessageFormatError):
             raise
         raise MessageFormatError(f"{where}: {exc}") from None
+    decode_error = ""
     if sysflag & SYSFLAG_COMPRESSED:
         try:
-            body = zlib.decompress(body)
-        except zlib.error as exc:
-            raise MessageFormatError(f"{where}: compressed body does not inflate: {exc}") from None
+            body = inflate_body(body)
+        except MessageFormatError as exc:
+            decode_error = f"{where}: {exc}"
     tags = props.pop(PROPERTY_TAGS, None)
     keys = props.pop(PROPERTY_KEYS, "")
     msg_id = offset_msg_id(store_host, phys)
@@ -533,6 +572,7 @@ def _decode_stored_slow(b: bytes, off: int, count: int, verify_crc: bool) -> Mes
         reconsume_times=reconsume,
         prepared_tx_offset=prepared,
         offset_msg_id=msg_id,
+        decode_error=decode_error,
     )
     msg.store_size = size
     return msg

@@ -505,7 +505,13 @@ def _registered_codes(server_kind: str) -> set[int]:
 
         from broker.processors import Processors
 
-        config = SimpleNamespace(broker_addr="127.0.0.1:10911", broker_name="b")
+        config = SimpleNamespace(
+            broker_addr="127.0.0.1:10911",
+            broker_name="b",
+            data_dir=".",
+            max_heartbeat_clients=16,
+            max_heartbeat_table_bytes=1 << 20,
+        )
         store = SimpleNamespace(dispatched_messages=0, offsets={})
         processors = Processors(SimpleNamespace(store=store, config=config))  # type: ignore[arg-type]
         processors.register(recorder, pulls=True)

@@ -359,6 +359,7 @@ def test_broker_port_in_use_is_one_line_and_stops_everything(tmp_path: Path) -> 
             "group": [f"n1=127.0.0.1:{port}@127.0.0.1:{ledger_port}"],
             "namesrv_addr": ["127.0.0.1:9"],
             "data_dir": str(tmp_path / "data"),
+            "cluster_secret": "s" * 32,
         },
     )
     with holder:
@@ -384,6 +385,7 @@ def test_broker_listen_host_follows_its_group_address(tmp_path: Path) -> None:
         group=["n1=127.0.0.1:10911@127.0.0.1:20911", "n2=127.0.0.2:10911@127.0.0.2:20911"],
         namesrv_addr=["127.0.0.1:9876"],
         data_dir=str(tmp_path),
+        cluster_secret="s" * 32,
     )
     cfg.validate()
     assert cfg.listen_host == "127.0.0.2"
@@ -393,6 +395,7 @@ def test_broker_listen_host_follows_its_group_address(tmp_path: Path) -> None:
         group=["n1=127.0.0.1:10911@127.0.0.1:20911", "n2=127.0.0.1:10911@127.0.0.2:20911"],
         namesrv_addr=["127.0.0.1:9876"],
         data_dir=str(tmp_path),
+        cluster_secret="s" * 32,
     )
     with pytest.raises(ConfigError, match="127.0.0.1:10911 given to more than one member"):
         dup.validate()
