@@ -17,6 +17,7 @@ from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, parse_host_port
 from ledger.config import NodeConfig
 from remoting.config import RemotingConfig
+from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*?(\d+)$")
@@ -182,8 +183,14 @@ class BrokerConfig:
             raise ConfigError(f"key 'dedup_window' must be at least 1, got {self.dedup_window}")
         if not self.dedup_ttl_s >= 0:
             raise ConfigError(f"key 'dedup_ttl_s' must be 0 (no limit) or more, got {self.dedup_ttl_s}")
-        if self.max_message_bytes < 1 or self.max_message_bytes > 64 << 20:
-            raise ConfigError("key 'max_message_bytes' must be between 1 and 64 MiB")
+        largest = MAX_PULL_FRAME_BYTES - MAX_RECORD_OVERHEAD
+        if not 1 <= self.max_message_bytes <= largest:
+            # what the broker acknowledges, every client can read: a pull answer holding one
+            # such message must fit the frame RocketMQ's clients accept (16 MiB)
+            raise ConfigError(
+                f"key 'max_message_bytes' must be between 1 and {largest} (a pull answer holding one "
+                f"message must fit a client's {MAX_PULL_FRAME_BYTES}-byte frame), got {self.max_message_bytes}"
+            )
 
     def remoting_config(self) -> RemotingConfig:
         """Both listeners' limits. Frames may carry a whole batch; the broker's own checks then

@@ -23,6 +23,7 @@ from remoting.acl import RequestSigner
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode
 from remoting.config import RemotingConfig
+from remoting.message import MAX_PULL_FRAME_BYTES
 from remoting.protocol import RemotingCommand
 from remoting.tls import client_ssl
 
@@ -107,6 +108,8 @@ class ClientInstance:
         without it, a ``remoting_config`` carrying ``client_ssl``, else the LEDGERMQ_TLS_* variables."""
         self.client_id = make_client_id()
         self.signer = make_signer(access_key, secret_key)
+        if remoting_config is None:  # a pull answer holds a message of the broker's largest size
+            remoting_config = RemotingConfig(max_body_bytes=MAX_PULL_FRAME_BYTES)
         if self.signer is not None and (remoting_config is None or remoting_config.send_crc):
             # A signed request carries no body CRC field: the signature (HMAC-SHA1 over the
             # headers and the body) already protects the body end to end, and the CRC field,

@@ -165,6 +165,12 @@ def inflate_body(
     return b"".join(parts)
 
 
+MAX_PULL_FRAME_BYTES = 16 << 20
+"""The body a client accepts in one response: RocketMQ's default frameMaxLength (16 MiB), so a
+pull answer carrying one message of the broker's largest size always fits."""
+MAX_RECORD_OVERHEAD = 64 << 10
+"""What a stored record may add to its body: header, topic and properties (at most 32 KiB)."""
+
 MAX_PROPERTIES_BYTES = 0x7FFF
 """RocketMQ writes the properties length as a Java short."""
 MAX_TOPIC_BYTES = 127
