@@ -1,4 +1,4 @@
-"""The ``ledger`` command: run a node, or talk to a group (status, append, read, transfer)."""
+"""The ``ledger`` command: run a node, or talk to a group (status, append, read, transfer, members)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ def main(tls_ca: str | None, secret_file: str | None) -> None:
 @click.option("--listen", help="host:port to serve peers and clients on")
 @click.option("--peers", help="comma-separated id=host:port of every member, this node included")
 @click.option("--data-dir", help="directory for the log and hard state")
+@click.option(
+    "--join",
+    help="comma-separated host:port of nodes of a running group: start outside it and wait to be "
+    "added (ledger member add ID=HOST:PORT); --peers then needs only this node's own entry",
+)
 @click.option("--metrics-port", type=int, help="Prometheus port (0: off)")
 @click.option("--log-level", help="debug, info, warning or error")
 def start(config_path: str | None, **overrides: Any) -> None:
@@ -83,6 +88,8 @@ def start(config_path: str | None, **overrides: Any) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: loop.create_task(node.stop()))
         await node.wait_stopped()
+        if node.fatal_reason is not None:
+            raise click.ClickException(f"node {cfg.id} stopped: {node.fatal_reason}")
 
     run_main(serve())
 
@@ -195,6 +202,70 @@ def transfer(nodes: str, target: str) -> None:
         click.echo(json.dumps(run_main(go())))
     except Exception as exc:  # noqa: BLE001
         _fail(exc)
+
+
+@main.group()
+def member() -> None:
+    """List or change the members of a running group (one single-server change at a time)."""
+
+
+def _member_call(nodes: str, call: Any, timeout: float = 10.0) -> None:
+    async def go() -> Any:
+        async with _client(nodes, timeout=timeout) as c:
+            return await call(c)
+
+    try:
+        click.echo(json.dumps(run_main(go()), indent=2))
+    except Exception as exc:  # noqa: BLE001 - report any failure to the user plainly
+        _fail(exc)
+
+
+@member.command("list")
+@_nodes_option
+def member_list(nodes: str) -> None:
+    """The leader's configuration: voters, learners, and how far behind each member is."""
+    _member_call(nodes, lambda c: c.members())
+
+
+@member.command("add")
+@_nodes_option
+@click.argument("member_spec", metavar="ID=HOST:PORT")
+@click.option("--promote", is_flag=True, help="then wait for it to catch up and make it a voter")
+@click.option(
+    "--wait", "wait_s", type=float, default=60.0, show_default=True, help="seconds to wait for catch-up"
+)
+def member_add(nodes: str, member_spec: str, promote: bool, wait_s: float) -> None:
+    """Add a learner (start it with `ledger start --join`); it receives the log but does not vote."""
+    node_id, sep, address = member_spec.partition("=")
+    if not sep or not node_id or not address:
+        raise click.BadParameter(f"expected ID=HOST:PORT, got {member_spec!r}", param_hint="ID=HOST:PORT")
+
+    async def call(c: Any) -> Any:
+        added = await c.add_learner(node_id, address)
+        if not promote:
+            return added
+        return await c.promote(node_id, wait_s=wait_s)
+
+    _member_call(nodes, call, timeout=max(10.0, wait_s + 10.0) if promote else 10.0)
+
+
+@member.command("promote")
+@_nodes_option
+@click.argument("node_id", metavar="ID")
+@click.option(
+    "--wait", "wait_s", type=float, default=60.0, show_default=True, help="seconds to wait for catch-up"
+)
+def member_promote(nodes: str, node_id: str, wait_s: float) -> None:
+    """Make a learner a voter, once it has caught up with the leader's log."""
+    _member_call(nodes, lambda c: c.promote(node_id, wait_s=wait_s), timeout=max(10.0, wait_s + 10.0))
+
+
+@member.command("remove")
+@_nodes_option
+@click.argument("node_id", metavar="ID")
+def member_remove(nodes: str, node_id: str) -> None:
+    """Remove a voter or learner; refused if the voters left that answer would not be a majority."""
+    _member_call(nodes, lambda c: c.remove_member(node_id))
 
 
 @main.command("local-cluster")

@@ -1,4 +1,4 @@
-"""Async client of a ledger group: append, read, status, leadership transfer.
+"""Async client of a ledger group: append, read, status, leadership transfer, membership.
 
 Requests are pipelined (many in flight on one connection, matched by id). The client
 follows ``not leader`` redirects and retries with backoff until its deadline, but it
@@ -22,8 +22,11 @@ from common.settings import parse_host_port
 
 from .auth import AuthError, PeerAuth
 from .codec import Entry
+from .membership import ADD, PROMOTE, REMOVE
 from .transport import HELLO_CLIENT, FrameProtocol
 from .wire import (
+    BUSY,
+    MEMBER_LIST,
     NOT_LEADER,
     OK,
     UNAVAILABLE,
@@ -31,6 +34,7 @@ from .wire import (
     LedgerError,
     decode_response_head,
     encode_append,
+    encode_member,
     encode_read,
     encode_status,
     encode_transfer,
@@ -64,6 +68,10 @@ class _Conn(FrameProtocol):
             if not fut.done():
                 fut.set_exception(err)
         self.waiters.clear()
+
+
+#: Seconds between repeats of a membership change the leader answered ``busy`` (see ``_member``).
+MEMBER_RETRY_S = 0.1
 
 
 class _Sent(Exception):
@@ -161,6 +169,46 @@ class LedgerClient:
     async def transfer_leadership(self, target: str) -> dict[str, Any]:
         _, payload = await self._call(lambda rid: encode_transfer(rid, target), idempotent=True)
         return json.loads(bytes(payload))
+
+    # ------------------------------------------------------------------ membership
+
+    async def members(self) -> dict[str, Any]:
+        """The leader's configuration: ``voters`` and ``learners`` (id -> address), ``index`` of its
+        entry, ``committed``, ``leader``, and ``progress`` (each member's ``match``, ``lag``, ``active``)."""
+        _, payload = await self._call(lambda rid: encode_member(rid, MEMBER_LIST), idempotent=True)
+        return json.loads(bytes(payload))
+
+    async def add_learner(self, node_id: str, address: str) -> dict[str, Any]:
+        """Add ``node_id`` at ``address`` as a learner; returns the new configuration once committed."""
+        return await self._member(ADD, node_id, address)
+
+    async def promote(self, node_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        """Make learner ``node_id`` a voter. The leader refuses until the learner has caught up;
+        with ``wait_s`` the request is repeated (every ``retry_s``) for up to that long."""
+        return await self._member(PROMOTE, node_id, wait_s=wait_s)
+
+    async def remove_member(self, node_id: str) -> dict[str, Any]:
+        """Remove voter or learner ``node_id`` (the leader itself steps down once it commits)."""
+        return await self._member(REMOVE, node_id)
+
+    async def _member(self, op: str, node_id: str, address: str = "", wait_s: float = 0.0) -> dict[str, Any]:
+        """One change, repeated while the leader answers ``busy`` (retryable) within ``wait_s``.
+
+        Never resent once it may have been appended (an unanswered request): the caller gets
+        ``UNKNOWN_OUTCOME`` and can look at ``members()``, as with appends.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                _, payload = await self._call(
+                    lambda rid: encode_member(rid, op, node_id, address), idempotent=False
+                )
+                return json.loads(bytes(payload))
+            except LedgerError as exc:
+                if exc.code != BUSY or loop.time() + MEMBER_RETRY_S > deadline:
+                    raise
+            await asyncio.sleep(MEMBER_RETRY_S)
 
     # ------------------------------------------------------------------ plumbing
 

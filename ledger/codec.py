@@ -31,6 +31,7 @@ _PREFIX_SIZE = _PREFIX.size  # 36
 
 KIND_NORMAL = 0
 KIND_NOOP = 1  # appended by a new leader; commits its term (Raft section 5.4.2)
+KIND_CONFIG = 2  # a membership configuration (``ledger.membership``); in effect once appended
 
 _h = xxhash.xxh3_64_intdigest
 

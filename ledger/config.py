@@ -35,6 +35,18 @@ Security and resource bounds (defaults in parentheses):
 - ``max_client_write_buffer_bytes`` (64 MiB): replies queued for a client that does not read.
 - ``max_read_bytes`` (4 MiB): the most a read request returns, whatever max_bytes it asks.
 
+Membership (see ``ledger.membership``):
+
+- ``peers``: the group's members at its first start (``id=host:port``, this node included).
+  Once the log holds a membership change, the log's configuration wins over this list.
+- ``join`` (none): ``host:port`` of some nodes of a running group. The node asks them for the
+  group's current configuration and waits to be added (``ledger member add``) as a learner;
+  ``peers`` then needs at most its own entry (its address as the others dial it; default
+  ``listen``). Ignored once the node's log holds a configuration.
+- ``join_timeout_s`` (60): how long a joining node keeps asking before it gives up.
+- ``promote_max_lag_entries`` (1024): a learner is promoted to voter only when its log is at
+  most this many entries behind the leader's.
+
 Durability:
 
 - ``durable_mark_interval_s`` (1.0, at most 3600): how often a log fsync also records the
@@ -66,8 +78,8 @@ DEFAULT_DURABLE_MARK_INTERVAL_S = 1.0
 class NodeConfig:
     id: str
     listen: str
-    peers: list[str]  # "id=host:port" for every member, this node included
-    data_dir: str
+    peers: list[str] = field(default_factory=list)  # "id=host:port" for every member, this node included
+    data_dir: str = ""
     tick_ms: int = 50
     election_ticks: int = 8
     heartbeat_ticks: int = 1
@@ -105,6 +117,9 @@ class NodeConfig:
     max_client_write_buffer_bytes: int = 64 << 20
     max_read_bytes: int = 4 << 20
     durable_mark_interval_s: float = DEFAULT_DURABLE_MARK_INTERVAL_S
+    join: list[str] = field(default_factory=list)  # host:port of nodes of the group to join
+    join_timeout_s: float = 60.0
+    promote_max_lag_entries: int = 1024
     members: dict[str, str] = field(init=False, default_factory=dict)
     secret: bytes = field(init=False, default=b"", repr=False, compare=False)
     accepted_secrets: tuple[bytes, ...] = field(init=False, default=(), repr=False, compare=False)
@@ -115,6 +130,10 @@ class NodeConfig:
         parse_host_port("listen", self.listen)
         if not self.id:
             raise ConfigError("key 'id' must not be empty")
+        if not self.data_dir:
+            raise ConfigError("missing required setting(s): data_dir")
+        for addr in self.join:
+            parse_host_port("join", addr)
         members: dict[str, str] = {}
         owners: dict[tuple[str, int], str] = {}
         for item in self.peers:
@@ -136,12 +155,22 @@ class NodeConfig:
             owners[key] = name
             members[name] = addr
         if self.id not in members:
-            raise ConfigError(f"key 'peers' must include this node's id {self.id!r}")
+            if not self.join:
+                raise ConfigError(f"key 'peers' must include this node's id {self.id!r}")
+            host, _ = parse_host_port("listen", self.listen)
+            if host in ("", "0.0.0.0", "::", "[::]"):
+                raise ConfigError(
+                    f"key 'peers': a joining node listening on {self.listen} needs its own entry "
+                    f"({self.id}=host:port, the address the group dials)"
+                )
+            members[self.id] = self.listen
         self.members = members
         if self.preferred_leader and self.preferred_leader not in members:
             raise ConfigError(f"key 'preferred_leader': {self.preferred_leader!r} is not a member")
         if self.tick_ms < 1:
             raise ConfigError("key 'tick_ms' must be at least 1")
+        if not self.join_timeout_s > 0:
+            raise ConfigError("key 'join_timeout_s' must be positive")
         if self.max_entry_bytes + 1024 > self.max_frame_bytes:
             raise ConfigError("key 'max_frame_bytes' must exceed max_entry_bytes by at least 1 KiB")
         try:
@@ -220,4 +249,5 @@ class NodeConfig:
             max_inflight=self.max_inflight,
             max_append_bytes=self.max_append_bytes,
             preferred_leader=self.preferred_leader or None,
+            max_promote_lag=self.promote_max_lag_entries,
         )

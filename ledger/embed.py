@@ -35,7 +35,8 @@ Committed entries, in order, with positions
     waits for them. Entries retention removed are skipped (``cursor.skipped`` counts them).
     ``on_commit(fn)``: ``fn(commit_index)`` after every advance of the commit index.
     ``CommittedEntry`` is ``(index, term, payload, noop)``; ``noop`` marks the empty
-    entry a new leader commits first (state machines skip it; its index still counts).
+    entry a new leader commits first and membership changes (state machines skip them;
+    their indexes still count; a change's payload is then empty, see ``membership``).
 
 Reads
     ``await read_barrier(timeout_s) -> int``: ReadIndex. Returns an index such that every
@@ -48,6 +49,21 @@ Leadership and readiness
     member leads and its first entry of the term (the no-op) is committed, i.e. it holds
     every committed entry and may serve as master. ``is_leader``, ``leader_ready``,
     ``leader_id``, ``leader_address``.
+
+Membership (single-server changes through the log; see ``ledger.membership``)
+    ``membership -> MembershipView``: the configuration in effect on this member
+    (``voters`` and ``learners``, each id -> address, ``index`` of its entry, 0 for the
+    config file's, ``committed``); ``members`` is ``voters`` and ``learners`` together.
+    ``on_membership(fn)``: ``fn(MembershipView)`` whenever it changes (a change appended,
+    reverted, or installed with a snapshot), on every member: a broker follows it.
+    On the leader: ``await add_learner(node_id, address)``, ``await promote(node_id,
+    wait_s=0)`` (``wait_s`` > 0 retries while the learner catches up), ``await
+    remove_member(node_id)``; each returns the ``MembershipView`` committed with the change.
+    Errors: ``NotLeaderError``; ``MembershipRefused`` (``retryable`` when the same request
+    may succeed shortly: another change in progress, a learner still catching up, a new
+    leader; otherwise it needs another request: the id exists, the change would leave no
+    reachable majority, ...); ``AppendFailed``/``OutcomeUnknown`` as for appends.
+    ``member_progress() -> dict``: on the leader, each member's match and lag.
 
 Status and metrics
     ``status() -> dict`` (JSON-friendly), ``metrics_registry`` (a Prometheus registry the
@@ -66,8 +82,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import KIND_NOOP, Entry
+from .codec import KIND_NORMAL, Entry
 from .config import NodeConfig
+from .membership import ADD, PROMOTE, REMOVE, Membership, MembershipChange, MembershipError
 from .node import LedgerNode
 from .raft import NotLeader, Role
 from .runtime import Busy
@@ -82,6 +99,8 @@ __all__ = [
     "EmbeddedLedger",
     "EntriesCompacted",
     "LedgerBusy",
+    "MembershipRefused",
+    "MembershipView",
     "NotLeaderError",
     "OutcomeUnknown",
     "Proposal",
@@ -118,6 +137,14 @@ class LedgerBusy(EmbedError):
 
 class OutcomeUnknown(EmbedError):
     """The proposal's fate is not known (timeout, shutdown): it may still be committed."""
+
+
+class MembershipRefused(EmbedError):
+    """The leader refused a membership change; ``retryable`` when the same request may succeed shortly."""
+
+    def __init__(self, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class BarrierTimeout(EmbedError):
@@ -170,11 +197,31 @@ class RoleChange:
     leader_address: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class MembershipView:
+    """A configuration: ``voters`` and ``learners`` (id -> address), from the entry at ``index``
+    (0: the config file's), ``committed`` when that entry is."""
+
+    voters: dict[str, str]
+    learners: dict[str, str]
+    index: int
+    committed: bool
+
+    @property
+    def members(self) -> dict[str, str]:
+        return {**self.voters, **self.learners}
+
+
 ProposalDone = Callable[[Proposal, EmbedError | None], None]
+
+#: Polling interval of ``promote(wait_s=...)`` while the learner catches up.
+PROMOTE_RETRY_S = 0.1
 
 
 def _committed(e: Entry) -> CommittedEntry:
-    return CommittedEntry(e.index, e.term, e.data, e.kind == KIND_NOOP)
+    if e.kind == KIND_NORMAL:
+        return CommittedEntry(e.index, e.term, e.data, False)
+    return CommittedEntry(e.index, e.term, b"", True)  # a no-op or a configuration: nothing to apply
 
 
 # ---------------------------------------------------------------------- the API
@@ -188,11 +235,13 @@ class EmbeddedLedger:
         self._commit_fns: list[Callable[[int], None]] = []
         self._role_fns: list[Callable[[RoleChange], None]] = []
         self._ready_fns: list[Callable[[int], None]] = []
+        self._membership_fns: list[Callable[[MembershipView], None]] = []
         self._waiters: set[asyncio.Event] = set()
         self._stopped = False
         self._node.commit_listeners.append(self._on_commit)
         self._node.role_listeners.append(self._on_role)
         self._node.leader_ready_listeners.append(self._on_leader_ready)
+        self._node.membership_listeners.append(self._on_membership)
 
     # -- life cycle and identity
 
@@ -211,7 +260,8 @@ class EmbeddedLedger:
 
     @property
     def members(self) -> dict[str, str]:
-        return dict(self._node.config.members)
+        """Every member of the configuration in effect (voters and learners), id -> address."""
+        return self._node.membership.addresses()
 
     @property
     def max_entry_bytes(self) -> int:
@@ -283,7 +333,10 @@ class EmbeddedLedger:
         first = self._node.store.first_index
         if lo < first:
             raise EntriesCompacted(lo, first)
-        return [(e.index, e.data) for e in self._node.committed_entries(lo, hi, max_bytes)]
+        # A configuration's payload is not the state machine's: it gets an empty one, as a no-op has.
+        return [
+            (e.index, e.data if not e.kind else b"") for e in self._node.committed_entries(lo, hi, max_bytes)
+        ]
 
     def cursor(self, start_index: int) -> CommitCursor:
         """A reader of committed entries from ``start_index`` on (replay, then follow)."""
@@ -348,6 +401,63 @@ class EmbeddedLedger:
     def on_leader_ready(self, fn: Callable[[int], None]) -> None:
         self._ready_fns.append(fn)
 
+    # -- membership
+
+    @property
+    def membership(self) -> MembershipView:
+        core = self._node.core
+        return self._view(core.config_index, core.membership)
+
+    def _view(self, index: int, m: Membership) -> MembershipView:
+        return MembershipView(dict(m.voters), dict(m.learners), index, index <= self._node.core.commit)
+
+    def on_membership(self, fn: Callable[[MembershipView], None]) -> None:
+        self._membership_fns.append(fn)
+
+    def member_progress(self) -> dict[str, Any]:
+        """On the leader: each member's ``match``, ``lag`` (entries behind), ``active``; else empty."""
+        return dict(self._node.core.membership_status().get("progress", {}))
+
+    async def add_learner(self, node_id: str, address: str) -> MembershipView:
+        """Add ``node_id`` (reachable at ``address``) as a learner; waits until the change commits."""
+        return await self._change(MembershipChange(ADD, node_id, address))
+
+    async def promote(self, node_id: str, wait_s: float = 0.0) -> MembershipView:
+        """Make learner ``node_id`` a voter; with ``wait_s`` > 0, retry while it is still catching up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                return await self._change(MembershipChange(PROMOTE, node_id))
+            except MembershipRefused as exc:
+                if not exc.retryable or loop.time() + PROMOTE_RETRY_S > deadline:
+                    raise
+            await asyncio.sleep(PROMOTE_RETRY_S)
+
+    async def remove_member(self, node_id: str) -> MembershipView:
+        """Remove voter or learner ``node_id``; the leader itself steps down once this commits."""
+        return await self._change(MembershipChange(REMOVE, node_id))
+
+    async def _change(self, change: MembershipChange) -> MembershipView:
+        fut: asyncio.Future[MembershipView] = asyncio.get_running_loop().create_future()
+        core = self._node.core
+
+        def done(code: int, index: int, term: int, message: str) -> None:
+            if fut.done():
+                return
+            if code == 0:
+                fut.set_result(self._view(index, core.config_at(index)[2]))
+            else:
+                fut.set_exception(self._append_error(code, message))
+
+        try:
+            self._node.propose_membership(change, done)
+        except NotLeader as exc:
+            raise self._not_leader(exc) from None
+        except MembershipError as exc:
+            raise MembershipRefused(str(exc), exc.retryable) from None
+        return await fut
+
     # -- status and housekeeping
 
     def status(self) -> dict[str, Any]:
@@ -368,7 +478,7 @@ class EmbeddedLedger:
 
     def _not_leader(self, exc: NotLeader) -> NotLeaderError:
         leader = exc.leader
-        addr = self._node.config.members.get(leader) if leader else None
+        addr = self._node.addresses.get(leader) if leader else None
         return NotLeaderError(str(exc), leader, addr)
 
     def _call(self, fn: Callable[..., None], *args: Any) -> None:
@@ -384,7 +494,7 @@ class EmbeddedLedger:
             self._call(fn, commit)
 
     def _on_role(self, role: Role, term: int, leader: str | None) -> None:
-        change = RoleChange(role, term, leader, self._node.config.members.get(leader) if leader else None)
+        change = RoleChange(role, term, leader, self._node.addresses.get(leader) if leader else None)
         for fn in self._role_fns:
             self._call(fn, change)
         if role is not Role.LEADER:
@@ -394,6 +504,11 @@ class EmbeddedLedger:
     def _on_leader_ready(self, term: int) -> None:
         for fn in self._ready_fns:
             self._call(fn, term)
+
+    def _on_membership(self, m: Membership) -> None:
+        view = self._view(self._node.core.config_index, m)
+        for fn in self._membership_fns:
+            self._call(fn, view)
 
 
 class CommitCursor:

@@ -5,6 +5,11 @@ marks what survives, and ``crash()`` throws away everything written since, as a 
 loss would. Simulations therefore exercise the same acknowledge-only-what-is-durable
 rules the real node relies on.
 
+Membership configurations are read from the entries themselves (``config_records``): what a
+crash leaves of the log is exactly what ``LogStore``'s records, validated against its
+recovered log, leave. The configuration in effect at the base survives ``reset`` and
+``compact`` as it does in the store's base file.
+
 An fsync that runs while the log keeps changing is modelled physically rather than by
 rule: every append gets a write number, ``write_mark()`` is taken when an fsync starts
 and ``sync_through(mark)`` makes durable only the prefix written before it. An entry
@@ -16,7 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .codec import HEADER_SIZE, Entry
+from .codec import HEADER_SIZE, KIND_CONFIG, Entry
+
+#: A configuration record: (index, term, encoded ``Membership``), as ``LogStore`` keeps them.
+ConfigRecord = tuple[int, int, bytes]
 
 
 class MemoryLog:
@@ -29,6 +37,7 @@ class MemoryLog:
         self._writes = 0
         self.durable_index = 0
         self.truncations = 0
+        self.base_config: ConfigRecord | None = None  # the configuration in effect at the base
 
     @property
     def first_index(self) -> int:
@@ -87,8 +96,11 @@ class MemoryLog:
         self.durable_index = min(self.durable_index, index - 1)
         self.truncations += 1
 
-    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
+    def reset(
+        self, base_index: int, base_term: int, base_pos: int, base_config: ConfigRecord | None = None
+    ) -> None:
         self.base_index, self.base_term, self.base_pos = base_index, base_term, base_pos
+        self.base_config = base_config
         self._entries = []
         self._written = []
         self.durable_index = base_index
@@ -99,12 +111,24 @@ class MemoryLog:
         if upto <= self.first_index:
             return
         n = upto - self.first_index
+        for e in self._entries[:n]:
+            if e.kind == KIND_CONFIG:
+                self.base_config = (e.index, e.term, bytes(e.data))
         last_dropped = self._entries[n - 1]
         self.base_term = last_dropped.term
         self.base_pos = last_dropped.pos + HEADER_SIZE + len(last_dropped.data)
         self.base_index = last_dropped.index
         del self._entries[:n]
         del self._written[:n]
+
+    def save_config(self, index: int, term: int, data: bytes) -> None:
+        """A configuration entry is about to be appended: nothing to record, the entry is the record."""
+
+    def config_records(self) -> list[ConfigRecord]:
+        """The configuration at the base (if known), then every configuration entry in the log."""
+        out = [] if self.base_config is None else [self.base_config]
+        out.extend((e.index, e.term, bytes(e.data)) for e in self._entries if e.kind == KIND_CONFIG)
+        return out
 
     def sync(self) -> int:
         self.durable_index = self.last_index

@@ -79,7 +79,11 @@ class InstallBase:
     """The leader no longer holds the entries a follower needs (retention removed them).
 
     The follower restarts its log just after ``base_index`` (all of which is committed),
-    the log-only analogue of InstallSnapshot: the commit log is the state.
+    the log-only analogue of InstallSnapshot: the commit log is the state. The snapshot's
+    part beyond the log is the membership configuration in effect at the base (``config``,
+    an encoded ``Membership``, from the entry at ``config_index``/``config_term``; index 0
+    is the configuration the group started with), so a follower whose log is trimmed still
+    knows every member. Empty ``config`` means the sender did not say (an older node).
     """
 
     term: int
@@ -89,6 +93,9 @@ class InstallBase:
     base_term: int
     base_pos: int
     seq: int = 0
+    config_index: int = 0
+    config_term: int = 0
+    config: bytes = b""
 
 
 Message = VoteRequest | VoteResponse | AppendRequest | AppendResponse | TimeoutNow | InstallBase
@@ -99,6 +106,7 @@ _APPEND_REQ = struct.Struct("<QQQQQI")
 _APPEND_RESP = struct.Struct("<QBQQQQQ")
 _TIMEOUT_NOW = struct.Struct("<Q")
 _INSTALL_BASE = struct.Struct("<QQQQQ")
+_INSTALL_BASE_CONFIG = struct.Struct("<QQ")  # after the ids, then the configuration bytes
 
 T_VOTE_REQ, T_VOTE_RESP, T_APPEND_REQ, T_APPEND_RESP, T_TIMEOUT_NOW, T_INSTALL_BASE = range(1, 7)
 
@@ -130,7 +138,10 @@ def encode_message(m: Message) -> bytes:
         return bytes((T_TIMEOUT_NOW,)) + _TIMEOUT_NOW.pack(m.term) + _ids(m.src, m.dst)
     if isinstance(m, InstallBase):
         head = _INSTALL_BASE.pack(m.term, m.base_index, m.base_term, m.base_pos, m.seq)
-        return bytes((T_INSTALL_BASE,)) + head + _ids(m.src, m.dst)
+        body = bytes((T_INSTALL_BASE,)) + head + _ids(m.src, m.dst)
+        if m.config:  # trailing: older nodes read the message and ignore it
+            body += _INSTALL_BASE_CONFIG.pack(m.config_index, m.config_term) + m.config
+        return body
     raise TypeError(f"not a raft message: {m!r}")
 
 
@@ -184,8 +195,14 @@ def decode_message(body: bytes | memoryview) -> Message:
             return TimeoutNow(term, src, dst)
         if kind == T_INSTALL_BASE:
             term, bi, bt, bp, seq = _INSTALL_BASE.unpack_from(buf, 1)
-            src, dst, _ = _read_ids(buf, 1 + _INSTALL_BASE.size)
-            return InstallBase(term, src, dst, bi, bt, bp, seq)
+            src, dst, off = _read_ids(buf, 1 + _INSTALL_BASE.size)
+            if off == len(buf):
+                return InstallBase(term, src, dst, bi, bt, bp, seq)
+            ci, ct = _INSTALL_BASE_CONFIG.unpack_from(buf, off)
+            config = bytes(buf[off + _INSTALL_BASE_CONFIG.size :])
+            if not config:
+                raise MessageError(f"install base from {src}: empty configuration")
+            return InstallBase(term, src, dst, bi, bt, bp, seq, ci, ct, config)
     except struct.error as exc:
         raise MessageError(f"truncated message of type {kind}: {exc}") from None
     raise MessageError(f"unknown message type {kind}")

@@ -11,6 +11,11 @@ a monotonic clock, a fixed-cadence ticker, and the client protocol.
 An append is answered only when its index is committed, i.e. durable on a quorum; a
 leader that loses its leadership still answers its pending appends once their fate is
 known, and only a timeout leaves the outcome unknown (a Jepsen history's ``info``).
+
+Membership: the peers this node dials and accepts follow the configuration in effect
+(``ledger.membership``), and the addresses of new members come from the configuration
+entries themselves. A node started with ``join`` asks the group for its configuration and
+waits, outside it, to be added as a learner (``ledger member add``).
 """
 
 from __future__ import annotations
@@ -30,17 +35,19 @@ from common.settings import parse_host_port
 from .codec import Entry
 from .config import NodeConfig
 from .hardstate import HardState, after_lost_hard_state
+from .membership import Membership, MembershipChange, MembershipError
 from .messages import Message
 from .metrics import NodeMetrics
 from .raft import NotLeader, RaftCore, Role
 from .runtime import AppendCallback, Busy, LedgerRuntime, SyncDone
 from .store import CorruptLogError, LogStore, SyncJob, fsync_dir, write_file_atomically
-from .transport import FrameProtocol, PeerOutbox, listen
+from .transport import FrameProtocol, Listener, PeerOutbox
 from .wire import (
     BAD_REQUEST,
     BUSY,
     NOT_LEADER,
     OP_APPEND,
+    OP_MEMBER,
     OP_READ,
     OP_STATUS,
     OP_TRANSFER,
@@ -67,6 +74,8 @@ RECOVERY_MARKER = "recovering"
 #: ``LedgerRuntime.disk_retry_s`` before the node leads or votes again.
 DISK_PROBE_BYTES = 1 << 20
 DISK_PROBE_NAME = "disk-probe.tmp"
+#: Seconds between a joining node's rounds of asking the group for its configuration.
+JOIN_RETRY_S = 0.5
 
 
 class StoreDisk:
@@ -177,13 +186,20 @@ class StoreDisk:
 
 
 class _Outboxes:
-    """The runtime's network in production: one ``PeerOutbox`` per peer."""
+    """The runtime's network in production: one ``PeerOutbox`` per peer, made on first use
+    for a peer whose address is known (a member the configuration just added)."""
 
-    def __init__(self) -> None:
+    def __init__(self, make: Callable[[str], PeerOutbox | None]) -> None:
         self.boxes: dict[str, PeerOutbox] = {}
+        self.make = make
 
     def send(self, m: Message) -> None:
-        self.boxes[m.dst].send(m)
+        box = self.boxes.get(m.dst)
+        if box is None:
+            box = self.make(m.dst)
+            if box is None:
+                return  # no address for it (yet): dropped, as on a link that is down
+        box.send(m)
 
 
 class _MonotonicClock:
@@ -210,9 +226,12 @@ class LedgerNode:
         self._recovery_marker = data / RECOVERY_MARKER
         self.log_damage_found = self.store.lost_from  # first index a salvage at this start dropped
         recovering = self._detect_lost_hard_state(data)
+        # The configuration file's peers bootstrap the group; a joining node starts outside any
+        # configuration and learns the group's from it (``_join``). The log's always wins.
+        bootstrap = Membership({}) if config.join else Membership(config.members)
         self.core = RaftCore(
             config.id,
-            list(config.members),
+            bootstrap,
             self.store,
             # A node was in at least the term of its last entry; after a lost hard state this
             # keeps it from taking appends from leaders older than what its own log shows.
@@ -226,8 +245,14 @@ class LedgerNode:
         )
         self.metrics = NodeMetrics(config.id)
         self.disk = StoreDisk(self.store, self.hardstate, config.id, self.metrics)
-        self._network = _Outboxes()
+        # Every address ever named by a configuration (or the file): the leader a follower
+        # still follows may already be outside the configuration it appended.
+        self.addresses: dict[str, str] = dict(config.members)
+        self.addresses.update(self.core.membership.addresses())
+        self._network = _Outboxes(self._make_outbox)
         self.outboxes = self._network.boxes
+        self._listener: Listener | None = None
+        self.fatal_reason: str | None = None
         self.runtime = LedgerRuntime(
             self.core,
             self.disk,
@@ -243,7 +268,9 @@ class LedgerNode:
         self.role_listeners = self.runtime.role_listeners
         self.commit_listeners = self.runtime.commit_listeners
         self.leader_ready_listeners = self.runtime.leader_ready_listeners
+        self.membership_listeners = self.runtime.membership_listeners
         self.role_listeners.append(self._on_role_change)
+        self.membership_listeners.append(self._on_membership)
         self.commit_listeners.append(self.metrics.commit_index.set)
         self.leader_ready_listeners.append(self._on_leader_ready)
         self.runtime.disk_fault_listeners.append(
@@ -335,19 +362,12 @@ class LedgerNode:
         cfg = self.config
         self._loop = asyncio.get_running_loop()
         self.disk.attach(self._loop)
-        for peer, addr in cfg.members.items():
-            if peer != cfg.id:
-                self.outboxes[peer] = PeerOutbox.for_member(
-                    cfg,
-                    peer,
-                    parse_host_port("peers", addr),
-                    on_lost=self.runtime.peer_unreachable,
-                    on_connected=self.runtime.peer_reachable,
-                )
-        self._server = await listen(cfg, self._on_message, self._client_handler)
-        for box in self.outboxes.values():
-            box._ensure_connecting()
+        self._listener = Listener(cfg, self._on_message, self._client_handler)
+        self._reconcile_peers()
+        self._server = await self._listener.start()
         self._tasks.append(self._loop.create_task(self._ticker()))
+        if cfg.join and self.core.config_index == 0 and not self.core.membership.ids:
+            self._tasks.append(self._loop.create_task(self._join()))
         if cfg.retention_bytes or cfg.retention_hours:
             self._tasks.append(self._loop.create_task(self._retention()))
         if cfg.metrics_port:
@@ -426,6 +446,7 @@ class LedgerNode:
         self.runtime.fail(f"log damaged, restart to repair it from the peers: {exc}")
 
     def _on_fatal(self, reason: str) -> None:
+        self.fatal_reason = self.fatal_reason or reason
         log.critical("stopping the node: %s", reason)
         if self._loop is not None:
             self._loop.create_task(self.stop())
@@ -433,6 +454,134 @@ class LedgerNode:
     def _on_role_change(self, role: Role, term: int, leader: str | None) -> None:
         self.metrics.set_role(role, term)
         log.info("role change", extra={"role": role.value, "term": term, "leader": leader})
+        if self.core.contacts() != set(self.outboxes):
+            self._reconcile_peers()  # a new leader outside our configuration, or one gone
+
+    # ------------------------------------------------------------------ membership and peers
+
+    def _make_outbox(self, peer: str) -> PeerOutbox | None:
+        """The outbox to ``peer`` (made now if its address is known), or None."""
+        box = self.outboxes.get(peer)
+        if box is not None:
+            return box
+        addr = self.addresses.get(peer)
+        if addr is None or self._loop is None or peer == self.config.id:
+            return None
+        try:
+            where = parse_host_port("peers", addr)
+        except ValueError as exc:  # an address a configuration carried but nobody can dial
+            log.error("cannot dial member %s: %s", peer, exc, extra={"peer_id": peer})
+            return None
+        box = PeerOutbox.for_member(
+            self.config,
+            peer,
+            where,
+            on_lost=self.runtime.peer_unreachable,
+            on_connected=self.runtime.peer_reachable,
+        )
+        self.outboxes[peer] = box
+        return box
+
+    def _on_membership(self, m: Membership) -> None:
+        """The configuration in effect changed: learn the new addresses, then re-fit the peers."""
+        for peer, addr in m.addresses().items():
+            old = self.addresses.get(peer)
+            if old != addr and addr:
+                self.addresses[peer] = addr
+                box = self.outboxes.pop(peer, None)
+                if box is not None:  # the id came back at another address: dial that one
+                    box.close()
+        log.info(
+            "membership",
+            extra={
+                "index": self.core.config_index,
+                "voters": list(m.voters),
+                "learners": list(m.learners),
+                "voter": self.core.is_voter,
+            },
+        )
+        self._reconcile_peers()
+
+    def _reconcile_peers(self) -> None:
+        """Dial whom the core must talk to, hang up on the rest, accept connections to match."""
+        if self._loop is None:
+            return
+        core = self.core
+        wanted = core.contacts()
+        member = core.membership.is_member(self.config.id)
+        for peer in list(self.outboxes):
+            if peer not in wanted:
+                self.outboxes.pop(peer).close()
+        for peer in sorted(wanted):
+            if peer not in self.outboxes:
+                box = self._make_outbox(peer)
+                if box is not None and member:
+                    box._ensure_connecting()  # members connect eagerly; others only to answer
+        if self._listener is not None:
+            self._listener.set_members(wanted, open_to_all=not member)
+
+    async def _join(self) -> None:
+        """Ask the group (``join`` addresses) for its configuration until one answers, and adopt it.
+
+        The node then waits outside the group, reachable by its members, for a leader to add
+        it as a learner and send it the log. Gives up (and stops the node) after
+        ``join_timeout_s``, or at once when the group lists this id as a voter: a node with an
+        empty log must not take over a voter's identity (it may have voted as that voter).
+        """
+        from .client import LedgerClient  # the client protocol: the group's status
+
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.join_timeout_s
+        last_error = "no answer yet"
+        async with LedgerClient(
+            cfg.join,
+            timeout=2.0,
+            attempt_timeout=1.0,
+            ssl=cfg.client_ssl,
+            secret=cfg.secret or None,
+            accepted_secrets=cfg.accepted_secrets,
+        ) as client:
+            while loop.time() < deadline:
+                if self.core.config_index != 0 or self.core.membership.ids:
+                    return  # a leader already sent us a configuration
+                best: tuple[int, Membership] | None = None
+                for addr in cfg.join:
+                    try:
+                        st = await client.status(addr)
+                        doc = st["membership"]
+                        found = (int(doc["index"]), Membership.from_json(doc))
+                    except (LedgerError, OSError, TimeoutError, KeyError, TypeError, ValueError) as exc:
+                        last_error = f"{addr}: {exc}"
+                        continue
+                    if best is None or found[0] > best[0]:
+                        best = found
+                if best is not None:
+                    self._adopt_group(best[1])
+                    return
+                await asyncio.sleep(JOIN_RETRY_S)
+        self._on_fatal(
+            f"cannot join: no node of {cfg.join} answered within {cfg.join_timeout_s:g} s ({last_error})"
+        )
+
+    def _adopt_group(self, m: Membership) -> None:
+        me = self.config.id
+        if me in m.voters:
+            self._on_fatal(
+                f"cannot join: the group already has a voter {me!r} (at {m.voters[me]}); a node with an "
+                f"empty log must not take its place: remove {me} first (ledger member remove) or use another id"
+            )
+            return
+        if me in m.learners:
+            # Added before it started: it will not vote before a leader has caught it up.
+            self.core.recovering = True
+        if self.runtime.adopt_bootstrap(m):
+            log.info(
+                "joining: learned the group's configuration; waiting to be added as a learner"
+                if me not in m.learners
+                else "joining: already a learner of the group; catching up",
+                extra={"voters": list(m.voters), "learners": list(m.learners)},
+            )
 
     def _on_leader_ready(self, term: int) -> None:
         log.info("leader ready", extra={"term": term, "commit_index": self.core.commit})
@@ -458,7 +607,37 @@ class LedgerNode:
 
     def leader_address(self) -> str | None:
         leader = self.core.leader
-        return self.config.members.get(leader) if leader else None
+        return self.addresses.get(leader) if leader else None
+
+    @property
+    def membership(self) -> Membership:
+        """The configuration in effect on this node (the latest in its log)."""
+        return self.core.membership
+
+    def propose_membership(self, change: MembershipChange, cb: AppendCallback) -> tuple[int, int]:
+        """Propose a membership change on the leader; returns (index, term) at once, and
+        ``cb(code, index, term, message)`` fires once it commits or fails (as for ``propose``).
+
+        Raises ``NotLeader``, or ``MembershipError`` (``retryable`` when waiting may help) when
+        the change is refused; see ``ledger.membership``.
+        """
+        return self.runtime.propose_membership(change, cb)
+
+    async def change_membership(self, change: MembershipChange) -> dict[str, Any]:
+        """Propose ``change`` and wait until it is committed; returns the new configuration."""
+        assert self._loop is not None
+        fut: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+
+        def done(code: int, index: int, term: int, message: str) -> None:
+            if fut.done():
+                return
+            if code == 0:
+                fut.set_result({"index": index, "term": term, **self.core.config_at(index)[2].to_json()})
+            else:
+                fut.set_exception(LedgerError(code, message))
+
+        self.propose_membership(change, done)
+        return await fut
 
     def propose(self, payloads: Sequence[bytes], cb: AppendCallback) -> tuple[int, int]:
         """Append payloads; returns (first index, term) at once, and ``cb(code, first_index, term,
@@ -517,7 +696,7 @@ class LedgerNode:
         st = self.core.status()
         st.update(
             address=self.config.listen,
-            members=self.config.members,
+            members=self.core.membership.addresses(),
             leader_address=self.leader_address(),
             leader_ready=self.leader_ready,
             pending_appends=self.pending,
@@ -563,15 +742,42 @@ class LedgerNode:
                 elif req.op == OP_TRANSFER:
                     self.transfer_leadership(req.target)
                     proto.send(ok_json(rid, {"transferring_to": req.target}))
+                elif req.op == OP_MEMBER:
+                    self._serve_member(proto, rid, req.change)
             except NotLeader as exc:
-                addr = self.config.members.get(exc.leader) if exc.leader else None
+                addr = self.addresses.get(exc.leader) if exc.leader else None
                 proto.send(error(rid, NOT_LEADER, str(exc), exc.leader, addr))
             except Busy as exc:
                 proto.send(error(rid, BUSY, str(exc)))
+            except MembershipError as exc:
+                proto.send(error(rid, BUSY if exc.retryable else BAD_REQUEST, str(exc)))
             except (ValueError, IndexError) as exc:
                 proto.send(error(rid, BAD_REQUEST, str(exc)))
 
         return handle
+
+    def _serve_member(self, proto: FrameProtocol, rid: int, change: MembershipChange | None) -> None:
+        """List the members (the leader's view, with each one's progress) or change them."""
+        core = self.core
+        if core.role is not Role.LEADER:
+            raise NotLeader(core.leader)
+        if change is None:
+            proto.send(ok_json(rid, {"leader": self.config.id, **core.membership_status()}))
+            return
+        if change.address:
+            parse_host_port("address", change.address)  # a ConfigError (ValueError): bad request
+
+        def settled(code: int, index: int, term: int, message: str) -> None:
+            if code == 0:
+                m = core.config_at(index)[2]
+                proto.send(
+                    ok_json(rid, {"index": index, "term": term, "change": change.describe(), **m.to_json()})
+                )
+            else:
+                proto.send(error(rid, code, message, core.leader, self.leader_address()))
+
+        index, _ = self.propose_membership(change, settled)
+        log.info("membership change proposed", extra={"change": change.describe(), "index": index})
 
     def _serve_read(
         self, proto: FrameProtocol, rid: int, lo: int, hi: int, max_bytes: int, lin: bool

@@ -20,6 +20,13 @@ appends with a per-follower in-flight window, fast back-tracking by conflict ter
 leadership transfer (TimeoutNow) and a preferred leader, ReadIndex, and a log-only
 InstallBase for followers behind the leader's retention horizon.
 
+Membership changes (``ledger.membership``, where the safety argument is): single-server
+changes through the log (add a learner, promote a learner, remove a member), each in
+effect once appended and reverted when a truncation removes it, one at a time and only
+after the leader has committed an entry of its term. Learners receive the log but neither
+vote nor count toward commit, reads or CheckQuorum; a leader that removed itself steps down
+(handing over at once) when the change commits; vote requests from non-members are ignored.
+
 Beyond the paper, for failover and healing: the shell reports a peer connection reset or
 refused (``peer_unreachable``: a follower that lost its leader pre-votes at once, ranked so
 survivors do not split the vote) and re-established (``peer_reachable``: an unanswered vote
@@ -32,14 +39,16 @@ leadership and stops voting until the disk takes writes again.
 from __future__ import annotations
 
 import enum
+import operator
 import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .codec import KIND_NOOP, KIND_NORMAL, Entry
+from .codec import KIND_CONFIG, KIND_NOOP, KIND_NORMAL, Entry
 from .invariants import InvariantError
+from .membership import PROMOTE, Membership, MembershipChange, MembershipError
 from .messages import (
     AppendRequest,
     AppendResponse,
@@ -77,7 +86,19 @@ class LogView(Protocol):
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]: ...
     def append(self, entries: Sequence[Entry]) -> None: ...
     def truncate_suffix(self, index: int) -> None: ...
-    def reset(self, base_index: int, base_term: int, base_pos: int) -> None: ...
+    def reset(
+        self, base_index: int, base_term: int, base_pos: int, base_config: ConfigRecord | None = None
+    ) -> None: ...
+    def save_config(self, index: int, term: int, data: bytes) -> None: ...
+    def config_records(self) -> list[ConfigRecord]: ...
+
+
+#: (index, term, encoded ``Membership``): a configuration entry, or the configuration at a log's base.
+ConfigRecord = tuple[int, int, bytes]
+#: (index, term, membership, encoded): one configuration the core knows of; index 0 is the bootstrap.
+ConfigAt = tuple[int, int, Membership, bytes]
+
+_kind_of = operator.attrgetter("kind")
 
 
 @dataclass
@@ -91,6 +112,8 @@ class RaftConfig:
     max_inflight: int = 32
     max_append_bytes: int = 1 << 20
     preferred_leader: str | None = None
+    # A learner is promoted only when its log is at most this many entries behind the leader's.
+    max_promote_lag: int = 1024
 
     def validate(self) -> None:
         if self.election_ticks < 2:
@@ -99,6 +122,8 @@ class RaftConfig:
             raise ValueError("heartbeat_ticks must be at least 1 and below election_ticks")
         if self.max_inflight < 1:
             raise ValueError("max_inflight must be at least 1")
+        if self.max_promote_lag < 0:
+            raise ValueError("max_promote_lag must not be negative")
 
 
 PROBE, REPLICATE = 0, 1
@@ -107,7 +132,7 @@ PROBE, REPLICATE = 0, 1
 class Progress:
     """The leader's view of one follower (etcd's Progress, simplified)."""
 
-    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "active", "acked_seq")
+    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "active", "was_active", "acked_seq")
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -115,7 +140,8 @@ class Progress:
         self.state = PROBE
         self.inflight: deque[int] = deque()  # last index of each append still unacknowledged
         self.probe_sent = False
-        self.active = False
+        self.active = False  # answered during the current election timeout
+        self.was_active = False  # answered during the previous one
         self.acked_seq = 0
 
     def become_probe(self) -> None:
@@ -145,10 +171,14 @@ class Ready:
     leader_ready: int | None = None  # a term: this node leads and its no-op is committed
     read_states: list[tuple[Any, int]] = field(default_factory=list)  # (ctx, index to wait for)
     dropped_reads: list[Any] = field(default_factory=list)
+    # The configuration in effect changed (appended, reverted by a truncation, installed):
+    # the runtime tells its membership listeners before any message of this Ready leaves.
+    membership: Membership | None = None
 
     def __bool__(self) -> bool:
         return bool(
-            self.hard_state is not None
+            self.membership is not None
+            or self.hard_state is not None
             or self.messages
             or self.commit_index is not None
             or self.role_changes
@@ -164,7 +194,7 @@ class RaftCore:
     def __init__(
         self,
         node_id: str,
-        members: Sequence[str],
+        members: Sequence[str] | Membership,
         log: LogView,
         *,
         term: int = 0,
@@ -175,12 +205,7 @@ class RaftCore:
         recovering: bool = False,
         log_claim: tuple[int, int] | None = None,
     ) -> None:
-        if node_id not in members:
-            raise ValueError(f"node {node_id!r} is not among the members {list(members)}")
         self.id = node_id
-        self.members = list(members)
-        self.peers = [m for m in self.members if m != node_id]
-        self.quorum = len(self.members) // 2 + 1
         self.log = log
         self.config = config or RaftConfig()
         self.config.validate()
@@ -225,6 +250,19 @@ class RaftCore:
         self._hs_dirty = False
         self._append_dirty = False
         self._read_round_needed = False
+        self._leave_pending = False  # a leader not in its committed configuration hands over in ready()
+        # Leader only: removed peers still sent the log until they hold their removal (id -> its index).
+        self.leaving: dict[str, int] = {}
+        self._voter_progress: list[Progress] = []
+        self._targets: list[str] = []  # leader only: whom to replicate to (peers, then leaving ones)
+        bootstrap = members if isinstance(members, Membership) else Membership.of_ids(members)
+        # Every configuration from the one at the log's base on (the bootstrap, index 0, when the
+        # log never had one): the last is in effect; truncation pops, commit prunes below the base.
+        self.config_log: list[ConfigAt] = [(0, 0, bootstrap, bootstrap.encode())]
+        for index, cterm, data in log.config_records():  # in log order, the base's first
+            self.config_log.append((index, cterm, Membership.decode(data), bytes(data)))
+        self._prune_configs()
+        self._apply_membership(self.config_log[-1][2], announce=False)
         if self.log_claim is not None:
             self._check_claim()  # a restart after catching up, before the claim was cleared
 
@@ -236,6 +274,13 @@ class RaftCore:
             self._tick_leader()
         elif self.recovering or self.disk_fault or self.log_claim is not None:
             self.election_elapsed = 0  # waits for a leader (or its disk): it may not lead
+        elif not self.is_voter:
+            # A learner (or a node outside the group) never campaigns, but lets its leader's
+            # lease lapse as a voter would, so it grants votes again once the leader is gone.
+            self.election_elapsed += 1
+            if self.election_elapsed >= self.timeout:
+                self.election_elapsed = 0
+                self.leader = None
         else:
             self.election_elapsed += 1
             if self.election_elapsed >= self.timeout:
@@ -244,7 +289,7 @@ class RaftCore:
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
-        if self.recovering or self.disk_fault or self.log_claim is not None:
+        if self.recovering or self.disk_fault or self.log_claim is not None or not self.is_voter:
             return
         if self.config.pre_vote and not transfer:
             self._become_pre_candidate()
@@ -269,7 +314,9 @@ class RaftCore:
             return
         self.leader = None
         self.election_elapsed = 0
-        survivors = sorted(m for m in self.members if m != peer)
+        survivors = sorted(m for m in self.voters if m != peer)
+        if self.id not in survivors:
+            return  # a learner: nothing to campaign for
         rank = survivors.index(self.id)
         deferred, self.deferred_prevote = self.deferred_prevote, None
         if deferred is not None and deferred.term == self.term + 1 and deferred.src != peer:
@@ -290,7 +337,7 @@ class RaftCore:
         what made a failover with one node still starting take a second. Resending the same
         request is plain retransmission: it changes nothing a peer may rely on.
         """
-        if peer not in self.peers or peer in self.votes:
+        if peer not in self.voters or peer == self.id or peer in self.votes:
             return
         log = self.log
         if self.role is Role.PRE_CANDIDATE:
@@ -311,12 +358,10 @@ class RaftCore:
         fault lasts the node neither campaigns nor votes, and ignores appends.
         """
         self.disk_fault = faulty
-        if faulty and self.role is Role.LEADER and self.progress:
+        if faulty and self.role is Role.LEADER:
             # Hand over at once to a follower holding our whole log (a leadership transfer
             # without the wait): it campaigns past its peers' leases, so no election timeout.
-            best = max(sorted(self.progress), key=lambda p: self.progress[p].match)
-            if self.progress[best].match >= self.log.last_index:
-                self._send(TimeoutNow(self.term, self.id, best))
+            self._hand_over()
         if faulty and self.role is not Role.FOLLOWER:
             self._become_follower(self.term, None)
 
@@ -336,6 +381,83 @@ class RaftCore:
         self._append_dirty = True
         return first, term
 
+    def propose_membership(self, change: MembershipChange) -> tuple[int, int]:
+        """Append a configuration entry for ``change``; returns (index, term) like ``propose``.
+
+        Refused (``MembershipError``, ``retryable`` when waiting may help) unless this
+        leader has committed an entry of its term and the configuration in effect is
+        committed (one change at a time; see ``ledger.membership``), the change applies
+        to the current configuration, a promoted learner has caught up, and the voters of
+        the new configuration that answered recently are a majority of it.
+        """
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.transfer_target is not None:
+            raise NotLeader(self.transfer_target, "leadership transfer in progress")
+        if self.commit < self.noop_index:
+            raise MembershipError(
+                "this leader has not committed an entry of its term yet; retry shortly", retryable=True
+            )
+        pending = self.config_log[-1][0]
+        if pending > self.commit:
+            raise MembershipError(
+                f"another membership change (entry {pending}) is not committed yet: one change at a time",
+                retryable=True,
+            )
+        new = change.apply(self.membership)
+        if change.op == PROMOTE:
+            self._check_caught_up(change.node_id)
+        self._check_reachable_majority(new, change)
+        index, term = self.log.last_index + 1, self.term
+        data = new.encode()
+        self.log.save_config(index, term, data)
+        self.log.append([Entry(index, term, data, KIND_CONFIG)])
+        if self.log.last_index != index:
+            raise InvariantError(
+                f"{self.id}: appending the configuration at {index} left {self.log.last_index}"
+            )
+        self._config_appended(index, term, new, data)
+        self._append_dirty = True
+        self._maybe_commit()  # a smaller quorum may commit at once what waited for a removed voter
+        return index, term
+
+    def _check_caught_up(self, learner: str) -> None:
+        pr = self.progress.get(learner)
+        last = self.log.last_index
+        lag = last - (pr.match if pr is not None else 0)
+        recent = pr is not None and (pr.active or pr.was_active)
+        if not recent or lag > self.config.max_promote_lag:
+            raise MembershipError(
+                f"learner {learner!r} has not caught up: it holds the log up to "
+                f"{pr.match if pr is not None else 0} of {last} ({lag} entries behind, at most "
+                f"{self.config.max_promote_lag} allowed{'' if recent else '; and it has not answered lately'})",
+                retryable=True,
+            )
+
+    def _check_reachable_majority(self, new: Membership, change: MembershipChange) -> None:
+        reachable = []
+        for v in new.voters:
+            pr = self.progress.get(v)
+            if v == self.id or (pr is not None and (pr.active or pr.was_active)):
+                reachable.append(v)
+        if len(reachable) < new.quorum:
+            raise MembershipError(
+                f"refusing '{change.describe()}': the new configuration's voters {list(new.voters)} need "
+                f"{new.quorum} to commit anything, and only {len(reachable)} answered lately ({reachable})"
+            )
+
+    def adopt_bootstrap(self, membership: Membership) -> bool:
+        """A joining node learned the group's configuration from a member (``ledger start --join``).
+
+        It stands in for the bootstrap configuration until the log brings one; returns False
+        (and changes nothing) when a configuration from the log is already in effect.
+        """
+        if len(self.config_log) != 1 or self.config_log[0][0] != 0:
+            return False
+        self.config_log = [(0, 0, membership, membership.encode())]
+        self._apply_membership(membership)
+        return True
+
     def read_index(self, ctx: Any) -> None:
         """Ask for a linearizable read point; answered in ``Ready.read_states`` as (ctx, index)."""
         if self.role is not Role.LEADER:
@@ -351,8 +473,9 @@ class RaftCore:
             raise NotLeader(self.leader)
         if target == self.id:
             return
-        if target not in self.peers:
-            raise ValueError(f"unknown transfer target {target!r}")
+        if target not in self.voter_peers:
+            what = "a learner" if target in self.membership.learners else "not a member"
+            raise ValueError(f"cannot transfer leadership to {target!r}: {what}")
         self.transfer_target = target
         self.transfer_elapsed = 0
         self.timeout_now_sent = False
@@ -374,6 +497,8 @@ class RaftCore:
 
     def step(self, m: Message) -> None:
         """Handle one message from a peer."""
+        if m.__class__ is VoteRequest and m.src not in self._member_ids:
+            return  # a removed (or never added) node: unanswered, its term never reaches us
         if m.term > self.term:
             if isinstance(m, VoteRequest):
                 in_lease = (
@@ -418,12 +543,17 @@ class RaftCore:
             if (
                 self.role is not Role.LEADER
                 and m.src == self.leader
+                and self.is_voter
                 and not (self.recovering or self.disk_fault or self.log_claim is not None)
             ):
                 self._become_candidate(transfer=True)
 
     def ready(self) -> Ready:
         """Take what the runtime must do now; the core forgets it (no separate advance step)."""
+        if self._leave_pending:
+            self._leave_pending = False
+            if self.role is Role.LEADER and not self.is_voter:
+                self._step_down_removed()
         if self._read_round_needed and self.role is Role.LEADER:
             # A read round starts only after its reads were registered, so the quorum that
             # answers it proves this node still led at some moment after each read arrived.
@@ -432,7 +562,7 @@ class RaftCore:
             self._broadcast_heartbeat()
         if self.role is Role.LEADER and self._append_dirty:
             self._append_dirty = False
-            for peer in self.peers:
+            for peer in self._targets:
                 self._send_appends(peer)
         rd = self._ready
         if self._hs_dirty:
@@ -487,6 +617,9 @@ class RaftCore:
 
     def _abandon_leadership(self) -> None:
         self.progress.clear()
+        self.leaving.clear()
+        self._voter_progress = []
+        self._targets = []
         self.transfer_target = None
         dropped = [ctx for _, ctx, _ in self.pending_reads] + self.reads_before_noop
         self.pending_reads.clear()
@@ -503,7 +636,7 @@ class RaftCore:
         if self._won(self.votes):
             self._become_candidate(False)
             return
-        for peer in self.peers:
+        for peer in self.voter_peers:
             self._send(
                 VoteRequest(
                     self.term + 1, self.id, peer, self.log.last_index, self.log.last_term, True, False
@@ -524,7 +657,7 @@ class RaftCore:
         if self._won(self.votes):
             self._become_leader()
             return
-        for peer in self.peers:
+        for peer in self.voter_peers:
             self._send(
                 VoteRequest(
                     self.term, self.id, peer, self.log.last_index, self.log.last_term, False, transfer
@@ -537,6 +670,9 @@ class RaftCore:
         self.progress = {p: Progress(self.log.last_index + 1) for p in self.peers}
         for pr in self.progress.values():
             pr.active = True  # give every follower a full election timeout before CheckQuorum counts it
+        self.leaving = {}
+        self._voter_progress = [self.progress[p] for p in self.voter_peers]
+        self._targets = list(self.peers)
         self.transfer_target = None
         self.pending_reads.clear()
         self.reads_before_noop = []
@@ -549,10 +685,12 @@ class RaftCore:
         self._maybe_commit()
 
     def _won(self, votes: dict[str, bool]) -> bool:
-        return sum(1 for v in votes.values() if v) >= self.quorum
+        voters = self.voters
+        return sum(1 for p, v in votes.items() if v and p in voters) >= self.quorum
 
     def _lost(self, votes: dict[str, bool]) -> bool:
-        return sum(1 for v in votes.values() if not v) >= self.quorum
+        voters = self.voters
+        return sum(1 for p, v in votes.items() if not v and p in voters) > len(voters) - self.quorum
 
     # ------------------------------------------------------------------ elections
 
@@ -688,7 +826,24 @@ class RaftCore:
                     start = i
                     break
         if start < len(entries):
-            log.append(entries[start:] if start else entries)
+            new = entries[start:] if start else entries
+            if any(map(_kind_of, new)):  # only the no-op and configurations are not 0
+                self._append_with_configs(new)
+            else:
+                log.append(new)
+
+    def _append_with_configs(self, entries: Sequence[Entry]) -> None:
+        """Append, recording any configuration first (durably, ``LogView.save_config``), then take them on."""
+        configs = [
+            (e.index, e.term, Membership.decode(e.data), bytes(e.data))
+            for e in entries
+            if e.kind == KIND_CONFIG
+        ]
+        for index, term, _, data in configs:
+            self.log.save_config(index, term, data)
+        self.log.append(entries)
+        for index, term, m, data in configs:
+            self._config_appended(index, term, m, data)
 
     def _respond_success(self, m: AppendRequest) -> None:
         """Answer with the durable part of what matches; ``on_durable`` reports the rest later."""
@@ -715,6 +870,10 @@ class RaftCore:
         self.durable = min(self.durable, index - 1)
         self.leader_match = min(self.leader_match, index - 1)
         self.last_acked = min(self.last_acked, index - 1)
+        if self.config_log[-1][0] >= index:  # an uncommitted configuration went: the previous one is back
+            while self.config_log[-1][0] >= index:
+                self.config_log.pop()
+            self._apply_membership(self.config_log[-1][2])
 
     def _handle_install_base(self, m: InstallBase) -> None:
         self._accept_leader(m)
@@ -725,7 +884,13 @@ class RaftCore:
         if m.base_index > self.commit and not self._match_term(m.base_index, m.base_term):
             if self.role is not Role.FOLLOWER:
                 raise InvariantError(f"{self.id}: a {self.role.value} may not reset its log")
-            self.log.reset(m.base_index, m.base_term, m.base_pos)
+            base_config = self._base_config_of(m)
+            self.log.reset(
+                m.base_index, m.base_term, m.base_pos, (base_config[0], base_config[1], base_config[3])
+            )
+            self.config_log = [base_config]
+            if base_config[2] != self.membership:
+                self._apply_membership(base_config[2])
             self.durable = m.base_index
             self.leader_match = m.base_index
             self.last_acked = 0
@@ -737,12 +902,112 @@ class RaftCore:
         self.last_acked = max(self.last_acked, match)
         self._send(AppendResponse(self.term, self.id, m.src, True, match, seq=m.seq))
 
+    def _base_config_of(self, m: InstallBase) -> ConfigAt:
+        """The configuration at an installed base: the leader's, or (from an older leader that
+        does not send it) the latest one we know to be committed."""
+        if not m.config:
+            index, term, membership, data = self.config_at(self.commit)
+            return index, term, membership, data
+        if m.config_index > m.base_index:
+            raise MembershipError(
+                f"install base at {m.base_index} carries a configuration from {m.config_index}"
+            )
+        return m.config_index, m.config_term, Membership.decode(m.config), bytes(m.config)
+
     def _commit_to(self, index: int) -> None:
         if index > self.commit:
             if index > self.log.last_index:
                 raise InvariantError(f"{self.id}: commit {index} beyond the last index {self.log.last_index}")
             self.commit = index
             self._ready.commit_index = index
+            if len(self.config_log) > 1:
+                self._prune_configs()
+
+    # ------------------------------------------------------------------ membership
+
+    def _apply_membership(self, m: Membership, announce: bool = True) -> None:
+        """Put configuration ``m`` in effect for everything this node decides from now on."""
+        self.membership = m
+        self.voters = m.voters
+        self.members = list(m.ids)
+        self.peers = [p for p in m.ids if p != self.id]
+        self.voter_peers = [p for p in m.voters if p != self.id]
+        self.is_voter = self.id in m.voters
+        self.quorum = m.quorum
+        self._member_ids = frozenset(m.ids)
+        if self.role is Role.LEADER:
+            self._sync_progress()
+        if announce:
+            self._ready.membership = m
+
+    def _sync_progress(self) -> None:
+        """Leader: track new members; keep sending to removed ones until they hold their removal."""
+        progress = self.progress
+        for p in self.peers:
+            if p not in progress:
+                pr = progress[p] = Progress(self.log.last_index + 1)
+                pr.active = True  # a full election timeout before it is judged (as at election)
+            self.leaving.pop(p, None)
+        for p in list(progress):
+            if p not in self._member_ids and p not in self.leaving:
+                self.leaving[p] = self.config_log[-1][0]
+        if self.transfer_target is not None and self.transfer_target not in self.voters:
+            self.transfer_target = None
+        self._voter_progress = [progress[p] for p in self.voter_peers]
+        self._targets = self.peers + list(self.leaving)
+        self._append_dirty = True
+
+    def _drop_leaving(self, peer: str) -> None:
+        del self.leaving[peer]
+        del self.progress[peer]
+        self._targets = self.peers + list(self.leaving)
+
+    def _config_appended(self, index: int, term: int, m: Membership, data: bytes) -> None:
+        self.config_log.append((index, term, m, data))
+        self._apply_membership(m)
+
+    def _prune_configs(self) -> None:
+        """Forget configurations superseded at or below the log's base (they can never come back)."""
+        floor = self.log.first_index - 1
+        configs = self.config_log
+        while len(configs) > 1 and configs[1][0] <= floor:
+            configs.pop(0)
+
+    def config_at(self, index: int) -> ConfigAt:
+        """The configuration in effect at log index ``index`` (the latest entry at or below it)."""
+        for c in reversed(self.config_log):
+            if c[0] <= index:
+                return c
+        return self.config_log[0]
+
+    @property
+    def config_index(self) -> int:
+        """Index of the configuration in effect (0: the bootstrap one, from the config file)."""
+        return self.config_log[-1][0]
+
+    def contacts(self) -> set[str]:
+        """Whom this node must be able to talk to now: its peers, removed peers a leader still
+        informs, and the leader it follows (a removed leader still leads until its removal
+        commits). A node outside its configuration talks to its leader only: it answers, and
+        never campaigns."""
+        if self.role is Role.LEADER:
+            return set(self.peers) | set(self.leaving)
+        out = set(self.peers) if self.id in self._member_ids else set()
+        if self.leader is not None and self.leader != self.id:
+            out.add(self.leader)
+        return out
+
+    def _hand_over(self) -> None:
+        """Leader: send TimeoutNow to a voter holding our whole log, if there is one."""
+        best = max(self.voter_peers, key=lambda p: self.progress[p].match, default=None)
+        if best is not None and self.progress[best].match >= self.log.last_index:
+            self._send(TimeoutNow(self.term, self.id, best))
+
+    def _step_down_removed(self) -> None:
+        """The configuration without us committed: tell the followers, hand over, step down."""
+        self._broadcast_heartbeat()  # carries the commit index, so the followers learn it now
+        self._hand_over()
+        self._become_follower(self.term, None)
 
     # ------------------------------------------------------------------ leader side
 
@@ -768,10 +1033,19 @@ class RaftCore:
             # so "active" always means "answered within the last election timeout".
             recently_active = {p for p, pr in self.progress.items() if pr.active}
             for pr in self.progress.values():
+                pr.was_active = pr.active
                 pr.active = False
-            if cfg.check_quorum and 1 + len(recently_active) < self.quorum:
-                self._become_follower(self.term, None)
-                return
+            if cfg.check_quorum:
+                active_voters = sum(1 for p in self.voter_peers if p in recently_active) + self.is_voter
+                if active_voters < self.quorum:
+                    self._become_follower(self.term, None)
+                    return
+            if self.leaving:
+                # A removed peer that stayed silent a whole election timeout after its removal
+                # committed is gone (shut down, or unreachable): stop sending to it.
+                for p, index in list(self.leaving.items()):
+                    if index <= self.commit and p not in recently_active:
+                        self._drop_leaving(p)
             self._maybe_transfer_to_preferred(recently_active)
         if self.heartbeat_elapsed >= cfg.heartbeat_ticks:
             self.heartbeat_elapsed = 0
@@ -779,7 +1053,13 @@ class RaftCore:
 
     def _maybe_transfer_to_preferred(self, recently_active: set[str]) -> None:
         pref = self.config.preferred_leader
-        if not pref or pref == self.id or pref not in self.progress or self.transfer_target is not None:
+        if (
+            not pref
+            or pref == self.id
+            or pref not in self.progress
+            or pref not in self.voters
+            or self.transfer_target is not None
+        ):
             return
         if self.preferred_wait > 0:
             self.preferred_wait -= 1
@@ -796,7 +1076,7 @@ class RaftCore:
             self.transfer_leadership(pref)
 
     def _broadcast_heartbeat(self) -> None:
-        for peer in self.peers:
+        for peer in self._targets:
             pr = self.progress[peer]
             pr.probe_sent = False
             prev = pr.next - 1
@@ -822,7 +1102,21 @@ class RaftCore:
         # InstallBase forever and never an entry. Probing makes the answer set next = base + 1.
         pr.become_probe()
         pr.probe_sent = True
-        self._send(InstallBase(self.term, self.id, peer, base, log.term_at(base), base_pos, self.read_seq))
+        cindex, cterm, _, cdata = self.config_at(base)
+        self._send(
+            InstallBase(
+                self.term,
+                self.id,
+                peer,
+                base,
+                log.term_at(base),
+                base_pos,
+                self.read_seq,
+                cindex,
+                cterm,
+                cdata,
+            )
+        )
 
     def _send_appends(self, peer: str) -> None:
         """Send as much as the follower's window allows: one probe, or a pipeline of batches."""
@@ -889,6 +1183,10 @@ class RaftCore:
         if advanced:
             pr.match = m.match_index
             self._maybe_commit()
+            leaving = self.leaving
+            if leaving and m.src in leaving and pr.match >= leaving[m.src]:
+                self._drop_leaving(m.src)  # it holds its removal: it knows it is out
+                return
         if pr.state == PROBE:
             # SIM-FIX (python -m ledger.sim --seed 4225): only an acknowledgement that raises the
             # match proves anything new about the follower's log (etcd's MaybeUpdate). A late or
@@ -914,19 +1212,25 @@ class RaftCore:
 
     def _maybe_send_timeout_now(self) -> None:
         target = self.transfer_target
-        if target is None or self.timeout_now_sent:
+        if target is None or self.timeout_now_sent or target not in self.progress:
             return
         if self.progress[target].match >= self.log.last_index:
             self.timeout_now_sent = True
             self._send(TimeoutNow(self.term, self.id, target))
 
     def _maybe_commit(self) -> None:
-        matches = sorted([self.durable] + [pr.match for pr in self.progress.values()], reverse=True)
+        matches = [pr.match for pr in self._voter_progress]
+        if self.is_voter:  # a leader removing itself does not count itself (thesis 4.2.2)
+            matches.append(self.durable)
+        matches.sort(reverse=True)
         candidate = matches[self.quorum - 1]
         if self.durable > self.log.last_index:
             raise InvariantError(f"{self.id}: durable {self.durable} beyond the log's end")
         if candidate > self.commit and self.log.term_at(candidate) == self.term:
             self._commit_to(candidate)
+            if not self.is_voter and self.commit >= self.config_log[-1][0]:
+                self._leave_pending = True  # our removal committed: hand over in ready()
+                self._append_dirty = True
             if not self.leader_ready_sent and self.commit >= self.noop_index:
                 self.leader_ready_sent = True
                 self._ready.leader_ready = self.term
@@ -936,14 +1240,17 @@ class RaftCore:
                         self._register_read(ctx)
 
     def _register_read(self, ctx: Any) -> None:
-        if not self.peers:
+        if self.is_voter and not self.voter_peers:
             self._ready.read_states.append((ctx, self.commit))
             return
         self._read_round_needed = True
         self.pending_reads.append((self.read_seq + 1, ctx, self.commit))
 
     def _release_reads(self) -> None:
-        seqs = sorted([self.read_seq] + [pr.acked_seq for pr in self.progress.values()], reverse=True)
+        seqs = [pr.acked_seq for pr in self._voter_progress]
+        if self.is_voter:
+            seqs.append(self.read_seq)
+        seqs.sort(reverse=True)
         confirmed = seqs[self.quorum - 1]
         reads = self.pending_reads
         while reads and reads[0][0] <= confirmed:
@@ -969,4 +1276,29 @@ class RaftCore:
             "recovering": self.recovering,
             "log_claim": self.log_claim,
             "disk_fault": self.disk_fault,
+            "voter": self.is_voter,
+            "membership": self.membership_status(),
         }
+
+    def membership_status(self) -> dict[str, Any]:
+        """The configuration in effect (JSON-friendly), and on a leader each member's progress."""
+        index, term, m, _ = self.config_log[-1]
+        doc: dict[str, Any] = {
+            "index": index,
+            "term": term,
+            "committed": index <= self.commit,
+            **m.to_json(),
+        }
+        if self.role is Role.LEADER:
+            last = self.log.last_index
+            doc["progress"] = {
+                p: {
+                    "match": pr.match,
+                    "lag": last - pr.match,
+                    "active": pr.active or pr.was_active,
+                    "state": "replicate" if pr.state == REPLICATE else "probe",
+                    "leaving": p in self.leaving,
+                }
+                for p, pr in self.progress.items()
+            }
+        return doc

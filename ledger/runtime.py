@@ -7,7 +7,9 @@ and clock (the TigerBeetle way: the simulator proves production code, not a copy
 
 1. Persist the hard state (term, vote) before any message of the same Ready leaves: a
    vote or a campaign must survive a crash before anyone can rely on it.
-2. Send the messages.
+2. Tell the membership listeners when the configuration in effect changed (the node
+   opens connections to new members before anything is sent to them), then send the
+   messages.
 3. Report role changes, then the new commit index to the commit listeners, then settle
    pending appends (so an acknowledged append has been delivered to the state machine),
    then leader readiness and the answers to reads.
@@ -37,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from .membership import Membership, MembershipChange
 from .messages import Message
 from .raft import LogView, NotLeader, RaftCore, Ready, Role
 from .wire import FAILED, UNKNOWN_OUTCOME
@@ -154,6 +157,9 @@ class LedgerRuntime:
         self.role_listeners: list[Callable[[Role, int, str | None], None]] = []
         self.commit_listeners: list[Callable[[int], None]] = []
         self.leader_ready_listeners: list[Callable[[int], None]] = []
+        # Told the configuration in effect whenever it changes (appended, reverted, installed),
+        # before any message of that Ready is sent.
+        self.membership_listeners: list[Callable[[Membership], None]] = []
         self.ready_term = 0
         self.syncing = False
         self.failed: str | None = None
@@ -216,6 +222,27 @@ class LedgerRuntime:
         self.wake()
         return first, term
 
+    def propose_membership(self, change: MembershipChange, cb: AppendCallback) -> tuple[int, int]:
+        """Append a configuration entry (``RaftCore.propose_membership``); ``cb`` fires when it
+        settles, exactly as for an append. Raises ``NotLeader`` or ``MembershipError`` at once."""
+        if self.disk_fault is not None:
+            raise NotLeader(self.core.leader, f"disk fault: {self.disk_fault}")
+        try:
+            index, term = self.core.propose_membership(change)
+        except OSError as exc:
+            self.disk_failed(exc)
+            self.wake()
+            raise NotLeader(self.core.leader, f"disk fault: {self.disk_fault}") from exc
+        self.pending.append(_Pending(index, term, self.clock.now(), cb, 1))
+        self.wake()
+        return index, term
+
+    def adopt_bootstrap(self, membership: Membership) -> bool:
+        """A joining node learned the group's configuration (``RaftCore.adopt_bootstrap``)."""
+        adopted = self.core.adopt_bootstrap(membership)
+        self.wake()
+        return adopted
+
     def read_index(self, cb: ReadCallback) -> None:
         """ReadIndex: ``cb(index, None)`` once reads up to ``index`` are linearizable here."""
         self.core.read_index(cb)
@@ -263,6 +290,9 @@ class LedgerRuntime:
             except Exception as exc:
                 self.fail(f"cannot persist term and vote: {exc!r}")
                 return False
+        if rd.membership is not None:
+            for fn in self.membership_listeners:
+                _call(fn, rd.membership)
         if self.hard_state_unsaved:
             return True  # mute: silence is a refusal, and Raft retransmits the rest
         send = self.network.send

@@ -6,7 +6,9 @@ Layout of the log directory::
     00000000000000000000.idx   one 24-byte record (index, term, pos) per entry of that segment
     00000000000067108908.seg   segments are named by the log position of their first entry,
     ...                        as RocketMQ names its commit log files
-    base                       (base_index, base_term, base_pos) after retention or reset
+    base                       (base_index, base_term, base_pos) after retention or reset, and
+                               the membership configuration in effect at the base
+    members                    the configuration entries above the base: (index, term, payload)
 
 The data segments are the truth; the index files only save recovery a scan. Positions are
 byte offsets in one logical log that continues across segments, so a leader and its
@@ -43,6 +45,16 @@ entries it may have acknowledged (``lost_from``, ``lost_claim``). What it cannot
 Closing the first on every group commit would cost one more file write and fsync per
 commit; it stays a window of one interval, at one mark write per interval at most
 (``tests/test_store.py::test_what_the_durable_mark_can_and_cannot_tell`` pins it down).
+
+Membership. The Raft core needs the latest configuration in the log at every start, and
+scanning a whole log for configuration entries would read every byte of it. So every
+configuration entry is recorded in the ``members`` file (``save_config``: written and fsynced
+atomically *before* the entry itself is appended), and the configuration in effect at the
+base travels in the base file, written atomically with the base it belongs to (reset,
+retention). On open, a record counts only if the recovered log still holds an entry of the
+record's term at its index (log matching makes that the very entry); a record whose entry a
+crash lost, a truncation replaced or a reset dropped is ignored, so the file never needs
+rewriting on those paths. Configuration changes are rare, so the file stays a few records.
 """
 
 from __future__ import annotations
@@ -82,6 +94,20 @@ _SEG_RE = re.compile(r"^(\d{20})\.(seg|idx)$")
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _BASE = struct.Struct("<IqqqQ")  # magic, base_index, base_term, base_pos, xxh3 of the rest
 _BASE_MAGIC = 0x424D514C  # "LQMB"
+# A base with the configuration in effect at it: magic, base_index, base_term, base_pos,
+# config index, config term, config length, then the config bytes and an xxh3 of all before.
+_BASE_CFG = struct.Struct("<IqqqqqI")
+_BASE_CFG_MAGIC = 0x434D514C  # "LQMC"
+MEMBERS_NAME = "members"
+_MEMBERS_HEAD = struct.Struct("<II")  # magic, record count
+_MEMBERS_MAGIC = 0x524D514C  # "LQMR"
+_MEMBER_REC = struct.Struct("<qqI")  # index, term, payload length, then the payload
+#: The most configuration records the members file holds (changes are rare; more is damage).
+MAX_CONFIG_RECORDS = 4096
+#: The largest members or base file read (records are small; anything larger is not ours).
+MAX_MEMBERS_FILE_BYTES = 16 << 20
+#: (index, term, encoded configuration) of one configuration entry.
+ConfigRecord = tuple[int, int, bytes]
 _LITTLE = sys.byteorder == "little"
 _MAX_OPEN = 8  # segments whose fds stay open once idle (the active one never counts as idle)
 _datasync = getattr(os, "fdatasync", os.fsync)
@@ -287,6 +313,9 @@ class LogStore:
         self._zombies: list[_Segment] = []  # deleted while a job still fsyncs their fds
         self._failed: BaseException | None = None
         self._damage_path = os.path.join(self.directory, DAMAGE_NAME)
+        self._members_path = os.path.join(self.directory, MEMBERS_NAME)
+        self._base_config: ConfigRecord | None = None
+        self._configs: list[ConfigRecord] = []  # configuration entries above the base, in log order
         self._base_index, self._base_term, self._base_pos = self._load_base()
         self._clear_memory()
         try:
@@ -294,6 +323,7 @@ class LogStore:
             if self.lost_from is None:
                 self._load_damage()
             self._check_mark()
+            self._load_configs()
         except BaseException:
             self.close()
             raise
@@ -739,14 +769,19 @@ class LogStore:
         self._next_pos = cut
         self._clip_jobs(index - 1)
         self.durable_index = min(self.durable_index, index - 1)
+        self._drop_configs_from(index)
         self._check_shape()
 
-    def reset(self, base_index: int, base_term: int, base_pos: int) -> None:
+    def reset(
+        self, base_index: int, base_term: int, base_pos: int, base_config: ConfigRecord | None = None
+    ) -> None:
         """Drop the whole log and restart it after (base_index, base_term) at position ``base_pos``.
 
         Segments go first (newest first), then the base file, so a crash in between leaves
         either a prefix of the old log on its old base or the empty new log, never a mix.
-        The call blocks on fsyncs; it is rare (a follower too far behind the leader's retention).
+        ``base_config`` is the configuration in effect at the new base (the leader's), saved
+        in the base file with it. The call blocks on fsyncs; it is rare (a follower too far
+        behind the leader's retention).
         """
         if base_index < 0 or base_term < 0 or base_pos < 0:
             raise ValueError(f"invalid base ({base_index}, {base_term}, {base_pos})")
@@ -758,10 +793,13 @@ class LogStore:
         self._active = None
         fsync_dir(self.directory)
         self._dir_dirty = False
-        self._save_base(base_index, base_term, base_pos)
+        self._save_base(base_index, base_term, base_pos, base_config)
         self._clear_memory()
         self._clip_jobs(base_index)
         self.durable_index = base_index
+        if self._configs:
+            self._configs = []
+            self._write_configs()
 
     def apply_retention(self, upto_index: int, now: float | None = None) -> int:
         """Delete old segments wholly below ``upto_index`` while over the size or age limit.
@@ -777,7 +815,12 @@ class LogStore:
             return self.first_index
         new_first = victims[-1].last_index + 1
         survivor = self._segs[len(victims)]
-        self._save_base(new_first - 1, self.term_at(new_first - 1), survivor.start)
+        base_config = self._base_config
+        kept = [r for r in self._configs if r[0] >= new_first]
+        if len(kept) < len(self._configs):
+            base_config = self._configs[len(self._configs) - len(kept) - 1]
+        self._save_base(new_first - 1, self.term_at(new_first - 1), survivor.start, base_config)
+        self._configs = kept  # the members file keeps the retained ones too: ignored on load
         for seg in victims:
             self._delete_segment(seg)
         n = len(victims)
@@ -913,20 +956,109 @@ class LogStore:
     def _load_base(self) -> tuple[int, int, int]:
         try:
             with open(self._base_path, "rb") as f:
-                raw = f.read()
+                raw = f.read(MAX_MEMBERS_FILE_BYTES + 1)
         except FileNotFoundError:
             return 0, 0, 0
-        if len(raw) != _BASE.size:
+        if len(raw) == _BASE.size:
+            magic, index, term, pos, checksum = _BASE.unpack(raw)
+            if magic != _BASE_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
+                raise CorruptLogError(self._base_path, 0, "base file checksum mismatch")
+            return index, term, pos
+        if len(raw) < _BASE_CFG.size + 8 or len(raw) > MAX_MEMBERS_FILE_BYTES:
             raise CorruptLogError(self._base_path, 0, f"base file is {len(raw)} bytes, expected {_BASE.size}")
-        magic, index, term, pos, checksum = _BASE.unpack(raw)
-        if magic != _BASE_MAGIC or xxhash.xxh3_64_intdigest(raw[:-8]) != checksum:
+        magic, index, term, pos, cfg_index, cfg_term, size = _BASE_CFG.unpack_from(raw)
+        if (
+            magic != _BASE_CFG_MAGIC
+            or len(raw) != _BASE_CFG.size + size + 8
+            or xxhash.xxh3_64_intdigest(raw[:-8]) != int.from_bytes(raw[-8:], "little")
+        ):
             raise CorruptLogError(self._base_path, 0, "base file checksum mismatch")
+        self._base_config = (cfg_index, cfg_term, bytes(raw[_BASE_CFG.size : -8]))
         return index, term, pos
 
-    def _save_base(self, index: int, term: int, pos: int) -> None:
-        body = _BASE.pack(_BASE_MAGIC, index, term, pos, 0)[:-8]
+    def _save_base(self, index: int, term: int, pos: int, config: ConfigRecord | None = None) -> None:
+        """Persist the base, with the configuration in effect at it when there is one (the old,
+        shorter format otherwise, which earlier versions read too)."""
+        if config is None:
+            body = _BASE.pack(_BASE_MAGIC, index, term, pos, 0)[:-8]
+        else:
+            body = _BASE_CFG.pack(_BASE_CFG_MAGIC, index, term, pos, config[0], config[1], len(config[2]))
+            body += config[2]
         write_file_atomically(self._base_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
         self._base_index, self._base_term, self._base_pos = index, term, pos
+        self._base_config = config
+
+    # ------------------------------------------------------------------ membership configurations
+
+    def save_config(self, index: int, term: int, data: bytes) -> None:
+        """Durably record the configuration entry (index, term) before it is appended.
+
+        Called by the Raft core right before the ``append`` that writes the entry; if the
+        append never happens or a crash loses it, the record no longer matches the log and is
+        ignored on the next open.
+        """
+        self._check_writable()
+        self._drop_configs_from(index)
+        self._configs.append((index, term, bytes(data)))
+        self._write_configs()
+
+    def config_records(self) -> list[ConfigRecord]:
+        """The configuration at the base (when known), then every configuration entry in the log."""
+        out = [] if self._base_config is None else [self._base_config]
+        out.extend(self._configs)
+        return out
+
+    def _drop_configs_from(self, index: int) -> None:
+        configs = self._configs
+        while configs and configs[-1][0] >= index:
+            configs.pop()
+
+    def _write_configs(self) -> None:
+        parts = [_MEMBERS_HEAD.pack(_MEMBERS_MAGIC, len(self._configs))]
+        for index, term, data in self._configs:
+            parts.append(_MEMBER_REC.pack(index, term, len(data)))
+            parts.append(data)
+        body = b"".join(parts)
+        write_file_atomically(self._members_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
+
+    def _load_configs(self) -> None:
+        """Read the members file and keep the records whose entries the recovered log still holds."""
+        path = self._members_path
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_MEMBERS_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return
+        if (
+            len(raw) < _MEMBERS_HEAD.size + 8
+            or len(raw) > MAX_MEMBERS_FILE_BYTES
+            or xxhash.xxh3_64_intdigest(raw[:-8]) != int.from_bytes(raw[-8:], "little")
+        ):
+            raise CorruptLogError(path, 0, "members file checksum mismatch or bad size")
+        magic, count = _MEMBERS_HEAD.unpack_from(raw)
+        if magic != _MEMBERS_MAGIC or count > MAX_CONFIG_RECORDS:
+            raise CorruptLogError(
+                path, 0, f"members file has a bad header (magic 0x{magic:08x}, {count} records)"
+            )
+        off, end = _MEMBERS_HEAD.size, len(raw) - 8
+        records: list[ConfigRecord] = []
+        for _ in range(count):
+            if off + _MEMBER_REC.size > end:
+                raise CorruptLogError(path, off, "members file ends inside a record")
+            index, term, size = _MEMBER_REC.unpack_from(raw, off)
+            off += _MEMBER_REC.size
+            if off + size > end:
+                raise CorruptLogError(path, off, "members file ends inside a record")
+            records.append((index, term, bytes(raw[off : off + size])))
+            off += size
+        if off != end:
+            raise CorruptLogError(path, off, "members file has bytes after its last record")
+        kept: dict[int, ConfigRecord] = {}
+        for rec in records:
+            index, term = rec[0], rec[1]
+            if self._base_index < index <= self.last_index and self.term_at(index) == term:
+                kept[index] = rec  # a later record of one index wins (they agree: same term)
+        self._configs = [kept[i] for i in sorted(kept)]
 
     # ------------------------------------------------------------------ recovery
 

@@ -9,6 +9,12 @@ Peers prove membership with the cluster secret (see ``auth``): the hello starts 
 challenge-response in both directions, and every later frame carries a MAC. A node
 without a secret accepts the old unauthenticated hello ``P<node id>`` and warns at start.
 
+Which peers may connect follows the group's membership (``Listener.set_members``): a node
+accepts the members of its configuration and whoever it must still talk to (the leader it
+follows, removed peers a leader still informs), and closes the connections of the others.
+A node outside its own configuration (joining, or removed) accepts any peer that proves
+the cluster secret, so a leader it has not heard of yet can reach it.
+
 Peers talk over one outgoing connection per direction: a node writes its messages to a
 peer on the connection it opened, and reads the peer's messages on the connection the
 peer opened. Outgoing connections reconnect with exponential backoff; messages for a
@@ -404,6 +410,7 @@ class Listener:
         self.cfg = cfg
         self.self_id = cfg.id
         self.members = set(cfg.members) - {cfg.id}
+        self.open_to_all = False  # accept any authenticated peer (see set_members)
         self.auth = PeerAuth(cfg.secret) if cfg.secret else None
         self.flags = FLAG_FRAME_MAC if cfg.frame_mac else 0
         self.on_peer_message = on_peer_message
@@ -415,6 +422,25 @@ class Listener:
         self.max_connections = cfg.max_connections  # lowered at start if the open-file limit is smaller
         self.refused = _RefusalLog()
         self.server: asyncio.base_events.Server | None = None
+
+    def accepts(self, peer: str) -> bool:
+        """Whether ``peer`` (an id that will prove the secret, if one is set) may connect."""
+        return peer != self.self_id and (self.open_to_all or peer in self.members)
+
+    def set_members(self, peers: set[str], open_to_all: bool = False) -> None:
+        """Accept these peers from now on, and close the connections of any other peer.
+
+        ``open_to_all``: this node is not in its own configuration (it is joining, or was
+        removed); any peer that proves the cluster secret may connect.
+        """
+        self.members = set(peers) - {self.self_id}
+        self.open_to_all = open_to_all
+        if open_to_all:
+            return
+        for peer, proto in list(self.peers.items()):
+            if peer not in self.members:
+                log.info("closing the connection of %s: no longer a member", peer, extra={"peer_id": peer})
+                proto.close()
 
     def _fit_file_limit(self) -> None:
         """Make room for ``max_connections`` descriptors, or lower the limit and say so.
@@ -678,7 +704,7 @@ class InboundProtocol(FrameProtocol):
             self._claimed = dialer
             if target != lst.self_id:
                 self.refuse(f"it dialled member {target!r} but this node is {lst.self_id!r}")
-            elif dialer not in lst.members:
+            elif not lst.accepts(dialer):
                 self.refuse("that id is not another member of this group")
             elif hs.flags != lst.flags:
                 self.refuse(
@@ -694,7 +720,7 @@ class InboundProtocol(FrameProtocol):
             self._claimed = body[1:].decode(errors="replace")
             if auth is not None:
                 self.refuse("unauthenticated peer hello; this node requires the cluster secret")
-            elif self._claimed not in lst.members:
+            elif not lst.accepts(self._claimed):
                 self.refuse("that id is not another member of this group")
             else:
                 self._accept_peer(self._claimed)

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .codec import Entry, decode_entries
+from .membership import MembershipChange, MembershipError
 
-OP_APPEND, OP_READ, OP_STATUS, OP_TRANSFER = 1, 2, 3, 4
+OP_APPEND, OP_READ, OP_STATUS, OP_TRANSFER, OP_MEMBER = 1, 2, 3, 4, 5
+#: The body of a membership request is a small JSON object; anything larger is refused.
+MAX_MEMBER_REQUEST_BYTES = 4096
+MEMBER_LIST = "list"
 RESPONSE = 0x80
 
 OK = 0
@@ -71,6 +75,7 @@ class Request:
     max_bytes: int = 0
     linearizable: bool = False
     target: str = ""
+    change: MembershipChange | None = None  # OP_MEMBER: the change, or None to list the members
 
 
 def encode_append(req_id: int, payloads: Sequence[bytes]) -> bytes:
@@ -91,6 +96,35 @@ def encode_status(req_id: int) -> bytes:
 
 def encode_transfer(req_id: int, target: str) -> bytes:
     return _HEAD.pack(OP_TRANSFER, req_id) + target.encode()
+
+
+def encode_member(req_id: int, op: str, node_id: str = "", address: str = "") -> bytes:
+    """A membership request: ``op`` is ``list`` or a ``MembershipChange`` op (add, promote, remove)."""
+    doc = {"op": op, "id": node_id, "address": address}
+    return _HEAD.pack(OP_MEMBER, req_id) + json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _decode_member(req_id: int, raw: bytes) -> Request:
+    if len(raw) > MAX_MEMBER_REQUEST_BYTES:
+        raise LedgerError(
+            BAD_REQUEST, f"membership request of {len(raw)} bytes exceeds {MAX_MEMBER_REQUEST_BYTES}"
+        )
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LedgerError(BAD_REQUEST, f"membership request is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("op"), str):
+        raise LedgerError(BAD_REQUEST, "membership request needs an 'op'")
+    if doc["op"] == MEMBER_LIST:
+        return Request(OP_MEMBER, req_id)
+    node_id, address = doc.get("id", ""), doc.get("address", "")
+    if not isinstance(node_id, str) or not isinstance(address, str):
+        raise LedgerError(BAD_REQUEST, "membership request: 'id' and 'address' must be strings")
+    try:
+        change = MembershipChange(doc["op"], node_id, address)
+    except MembershipError as exc:
+        raise LedgerError(BAD_REQUEST, str(exc)) from None
+    return Request(OP_MEMBER, req_id, change=change)
 
 
 def decode_request(body: bytes, max_entry: int) -> Request:
@@ -132,6 +166,8 @@ def decode_request(body: bytes, max_entry: int) -> Request:
         return Request(op, req_id)
     if op == OP_TRANSFER:
         return Request(op, req_id, target=body[off:].decode(errors="replace"))
+    if op == OP_MEMBER:
+        return _decode_member(req_id, body[off:])
     raise WireError(f"unknown request op {op}")
 
 
