@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jepsen import spark_cluster  # noqa: E402
+from jepsen.checker import spark_cluster  # noqa: E402
 from jepsen.checker.synth import generate_log_history  # noqa: E402
 
 VECTORS = ROOT.parent / "shared" / "vectors" / "porcupine"

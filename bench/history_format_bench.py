@@ -3,7 +3,7 @@
 The same synthetic queue-workload history (95% sends, 5% polls returning 50 pairs, two
 keys) is written twice, into a folder of shards each way:
 
-* JSON Lines through the harness's own recorder (``jepsen.harness.history.History``);
+* JSON Lines through the harness's own recorder (``jepsen.history.History``);
 * Parquet through ``pyarrow.parquet.ParquetWriter``, buffering columns and writing a row
   group every ``--row-group`` events (what a Parquet recorder would have to do: a
   Parquet file is unreadable until its footer is written, so a crashed recorder loses
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from jepsen.checker.frames import FIELDS
-from jepsen.harness.history import History
+from jepsen.history import History
 
 KEYS = ("JepsenQueue/0", "JepsenQueue/1")
 

@@ -86,7 +86,7 @@ def run_ledger(
 
 def run_pysyncobj(seconds: float) -> dict[str, float]:
     addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
-    node = [sys.executable, "-m", "jepsen.pysyncobj_node", "--bench", "--peers", ",".join(addrs)]
+    node = [sys.executable, "-m", "jepsen.systems.syncobj_node", "--bench", "--peers", ",".join(addrs)]
     procs = []
     try:
         for i in (1, 2):

@@ -24,15 +24,15 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name == "run" and "run" not in self.commands:
-            from jepsen.harness.run_cli import run
+            from jepsen.run.run_cli import run
 
             self.add_command(run)
         if cmd_name == "campaign" and "campaign" not in self.commands:
-            from jepsen.harness.campaign_cli import campaign
+            from jepsen.run.campaign_cli import campaign
 
             self.add_command(campaign)
         if cmd_name == "probe" and "probe" not in self.commands:
-            from jepsen.harness.probe import probe
+            from jepsen.probe.suite import probe
 
             self.add_command(probe)
         return super().get_command(ctx, cmd_name)
@@ -276,7 +276,7 @@ def spark_start(
     no_connect: bool,
 ) -> None:
     """Start a master, a worker and a Spark Connect server in the background."""
-    from jepsen import spark_cluster
+    from jepsen.checker import spark_cluster
 
     try:
         c = spark_cluster.start(
@@ -308,7 +308,7 @@ def spark_status(state_dir: str | None, as_json: bool) -> None:
     """Show the cluster's URLs; exit 1 when it is not (fully) running."""
     import json
 
-    from jepsen import spark_cluster
+    from jepsen.checker import spark_cluster
 
     c = spark_cluster.load(state_dir)
     up = spark_cluster.alive(c) if c is not None else {}
@@ -334,7 +334,7 @@ def spark_status(state_dir: str | None, as_json: bool) -> None:
 @_STATE_DIR_OPTION
 def spark_stop(state_dir: str | None) -> None:
     """Stop the processes `jepsen spark start` started (by their recorded PIDs)."""
-    from jepsen import spark_cluster
+    from jepsen.checker import spark_cluster
 
     stopped = spark_cluster.stop(state_dir)
     click.echo(f"stopped {', '.join(stopped)}" if stopped else "nothing was running")

@@ -335,7 +335,7 @@ def _validate_shard(f: Path, n: int) -> tuple[list[str], set[Any], set[int]]:
 
 
 def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int]]]:
-    """``_validate_shard`` of every file: in child processes (``python -m jepsen.harness.history``,
+    """``_validate_shard`` of every file: in child processes (``python -m jepsen.history``,
     JSON on stdout) when the shards are big and there are cores for them (a 3M-event, three-shard
     history: 12.8 s in one process), else here."""
     n = len(files)
@@ -349,7 +349,7 @@ def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int
         while waiting or running:
             while waiting and len(running) < procs:
                 f = waiting.pop(0)
-                argv = [sys.executable, "-m", "jepsen.harness.history", str(f), str(n)]
+                argv = [sys.executable, "-m", "jepsen.history", str(f), str(n)]
                 running.append(
                     (f, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 )
@@ -367,7 +367,7 @@ def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int
 
 
 def _validate_main(argv: list[str]) -> None:
-    """``python -m jepsen.harness.history SHARD N``: one shard's ``_validate_shard`` as JSON."""
+    """``python -m jepsen.history SHARD N``: one shard's ``_validate_shard`` as JSON."""
     found, seen, residues = _validate_shard(Path(argv[0]), int(argv[1]))
     json.dump({"problems": found, "processes": list(seen), "residues": sorted(residues)}, sys.stdout)
 

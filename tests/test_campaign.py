@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from jepsen.cli import main as jepsen_main
-from jepsen.harness.campaign import CAMPAIGN_NEMESES, CAMPAIGN_WORKLOADS, plan
-from jepsen.harness.nemesis import FAULTS
-from jepsen.harness.run_cli import run as run_command
+from jepsen.faults.schedule import FAULTS
+from jepsen.run.campaign import CAMPAIGN_NEMESES, CAMPAIGN_WORKLOADS, plan
+from jepsen.run.run_cli import run as run_command
 
 
 def test_the_plan_is_a_function_of_the_seed():

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from common.process import free_port
-from jepsen import spark_cluster
+from jepsen.checker import spark_cluster
 from jepsen.checker.analyze import analyze_files
 from jepsen.checker.synth import generate_log_history
 

@@ -87,7 +87,7 @@ def test_a_warm_up_thread_and_the_checker_share_one_session_and_stderr_survives(
 
 def test_the_harness_warms_the_checker_only_for_histories_spark_will_judge(tmp_path) -> None:
     from jepsen.checker.inprocess import FAST_PATH_MAX_BYTES
-    from jepsen.harness.check import warm_up_checker
+    from jepsen.run.check import warm_up_checker
 
     small = tmp_path / "small.jsonl"
     small.write_text('{"index":0,"time":0,"process":0,"type":"invoke","f":"read","value":null}\n')

@@ -16,8 +16,8 @@ import pytest
 
 from jepsen.docker.compose import COMPOSE_FILE, ComposeGroup
 from jepsen.docker.layout import MAX_GROUPS, broker_service, check_groups, groups_override, layout
-from jepsen.harness.credentials import MAX_CREDENTIALS_BYTES, Credentials
-from jepsen.harness.queue import QueueEndpoints
+from jepsen.systems.broker import QueueEndpoints
+from jepsen.systems.credentials import MAX_CREDENTIALS_BYTES, Credentials
 
 
 def test_generated_broker_service_matches_docker_compose_yml() -> None:

@@ -17,10 +17,10 @@ import pytest
 
 from jepsen.checker.recovery import key_group, node_group
 from jepsen.docker.compose import ComposeGroup, docker_unavailable_reason
-from jepsen.harness.backends import SMALL_DISK_MB
-from jepsen.harness.docker_backend import DockerBrokerBackend
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.runner import RunConfig, run
+from jepsen.history import read_history, validate_history
+from jepsen.run.runner import RunConfig, run
+from jepsen.systems.base import SMALL_DISK_MB
+from jepsen.systems.docker import DockerBrokerBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REASON = docker_unavailable_reason()

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from jepsen.checker.recovery import key_group, node_group, summarize
-from jepsen.harness.nemesis import Nemesis
+from jepsen.faults.schedule import Nemesis
 from jepsen.ports import PortPlan, PortPlanError
 
 RUN_TIMEOUT_S = 150  # one short run: start-up, 10 s of load and faults, drain, check

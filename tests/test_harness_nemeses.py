@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.nemesis import FAULTS
-from jepsen.harness.proxy import LinkProxy
-from jepsen.harness.runner import RunConfig, RunResult, run
+from jepsen.faults.schedule import FAULTS
+from jepsen.history import read_history, validate_history
+from jepsen.net.proxy import LinkProxy
+from jepsen.run.runner import RunConfig, RunResult, run
 
 pytestmark = pytest.mark.slow
 
@@ -216,9 +216,9 @@ def test_every_new_nemesis_is_known():
 
 
 def test_docker_loss_and_delay_rules(tmp_path):
-    from jepsen.harness import relay
-    from jepsen.harness.docker_backend import DockerBrokerBackend, loss_script
-    from jepsen.harness.nemesis import Nemesis
+    from jepsen.faults.schedule import Nemesis
+    from jepsen.net import relay
+    from jepsen.systems.docker import DockerBrokerBackend, loss_script
 
     script = loss_script(["10.1.0.11", "10.1.0.12"], 0.05)
     assert script.count("-m statistic --mode random --probability 0.0500 -j DROP") == 2
@@ -258,9 +258,9 @@ def test_disk_full_fills_the_leaders_tmpfs_and_frees_it(tmp_path):
 
 
 def test_disk_full_is_refused_clearly_where_it_cannot_run(tmp_path):
-    from jepsen.harness.backends import Unsupported
-    from jepsen.harness.docker_backend import DockerBrokerBackend
-    from jepsen.harness.nemesis import Nemesis
+    from jepsen.faults.schedule import Nemesis
+    from jepsen.systems.base import Unsupported
+    from jepsen.systems.docker import DockerBrokerBackend
 
     with pytest.raises(Unsupported, match="disk-full"):
         Nemesis(DockerBrokerBackend(tmp_path), None, ["disk-full"], 1.0, random.Random(1))  # type: ignore[arg-type]
@@ -271,9 +271,9 @@ def test_forge_peer_on_brokers_with_acl_is_refused_everywhere(tmp_path):
     the forged peer and every unsigned admin call are refused, and say so in the history."""
     import asyncio
 
-    from jepsen.harness.history import History
-    from jepsen.harness.nemesis import Nemesis
-    from jepsen.harness.queue import LocalBrokerBackend
+    from jepsen.faults.schedule import Nemesis
+    from jepsen.history import History
+    from jepsen.systems.broker import LocalBrokerBackend
 
     acl = {
         "acl_enable": True,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness.backends import Unsupported
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.runner import RunConfig, RunResult, run
+from jepsen.history import read_history, validate_history
+from jepsen.run.runner import RunConfig, RunResult, run
+from jepsen.systems.base import Unsupported
 
 pytestmark = pytest.mark.slow
 

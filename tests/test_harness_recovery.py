@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from jepsen.checker import parse, recovery, shards
 from jepsen.checker.inprocess import pair
 from jepsen.cli import main as jepsen_main
-from jepsen.harness.history import History, read_history, validate_shards
+from jepsen.history import History, read_history, validate_shards
 
 MS = 1_000_000
 S = 1_000 * MS
@@ -174,7 +174,7 @@ def test_big_histories_are_validated_in_worker_processes_with_the_same_findings(
     """Shards are validated side by side in child processes when the history is big; what
     they find (each shard's own violations, and processes or indexes shared across shards)
     is what one process finds."""
-    from jepsen.harness import history as hmod
+    from jepsen import history as hmod
 
     hist = tmp_path / "history"
     hist.mkdir()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness.backends import Unsupported
-from jepsen.harness.external import Hooks, RocketMQBackend, check_faults, parse_nodes
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.queue import QueueClient
+from jepsen.history import read_history, validate_history
+from jepsen.systems.base import Unsupported
+from jepsen.systems.broker import QueueClient
+from jepsen.systems.rocketmq import Hooks, RocketMQBackend, check_faults, parse_nodes
 from remoting.protocol import SERIALIZE_JSON
 
 READY_TIMEOUT_S = 90
@@ -94,7 +94,7 @@ def _jepsen(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Pa
         [
             sys.executable,
             "-m",
-            "jepsen.harness.run_cli",
+            "jepsen.run.run_cli",
             "--out",
             str(out),
             "--no-progress",

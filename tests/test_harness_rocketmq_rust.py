@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness.backends import Unsupported
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.rocketmq_rust import (
+from jepsen.history import read_history, validate_history
+from jepsen.systems.base import Unsupported
+from jepsen.systems.rocketmq_rust import (
     BROKER_BIN,
     BROKER_NAME,
     BUILD_SCRIPT,
@@ -90,7 +90,7 @@ def _jepsen(out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Pa
         [
             sys.executable,
             "-m",
-            "jepsen.harness.run_cli",
+            "jepsen.run.run_cli",
             "--out",
             str(out),
             "--no-progress",
@@ -131,7 +131,7 @@ def test_missing_binaries_are_refused_with_the_build_script_named(tmp_path, monk
 def test_cli_without_binaries_says_how_to_build_them(tmp_path):
     env = {**os.environ, DIR_ENV: str(tmp_path / "empty")}
     proc = subprocess.run(
-        [sys.executable, "-m", "jepsen.harness.run_cli", "--out", str(tmp_path), "--system", "rocketmq-rust"],
+        [sys.executable, "-m", "jepsen.run.run_cli", "--out", str(tmp_path), "--system", "rocketmq-rust"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -144,7 +144,7 @@ def test_cli_without_binaries_says_how_to_build_them(tmp_path):
 def test_cli_refuses_options_of_an_external_cluster(tmp_path):
     proc = subprocess.run(
         [
-            sys.executable, "-m", "jepsen.harness.run_cli", "--out", str(tmp_path),
+            sys.executable, "-m", "jepsen.run.run_cli", "--out", str(tmp_path),
             "--system", "rocketmq-rust", "--namesrv", "127.0.0.1:9876",
         ],
         capture_output=True,
@@ -155,7 +155,7 @@ def test_cli_refuses_options_of_an_external_cluster(tmp_path):
 
 
 def test_configs_name_the_roles_and_route_replication_through_the_proxy(tmp_path):
-    from jepsen.harness.proxy import LinkProxy
+    from jepsen.net.proxy import LinkProxy
 
     bins = tmp_path / "rust" / "bin"
     bins.mkdir(parents=True)

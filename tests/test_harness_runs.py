@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from jepsen.harness.history import read_history, validate_history
-from jepsen.harness.run_cli import run as run_command
-from jepsen.harness.runner import RunConfig, RunResult, run
+from jepsen.history import read_history, validate_history
+from jepsen.run.run_cli import run as run_command
+from jepsen.run.runner import RunConfig, RunResult, run
 
 pytestmark = pytest.mark.slow
 

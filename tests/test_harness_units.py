@@ -9,9 +9,9 @@ import threading
 
 import pytest
 
-from jepsen.harness.history import History, HistoryMisuse, read_history, validate_history
-from jepsen.harness.nemesis import bridge, cut_between, majorities_ring
-from jepsen.harness.proxy import LinkProxy
+from jepsen.faults.schedule import bridge, cut_between, majorities_ring
+from jepsen.history import History, HistoryMisuse, read_history, validate_history
+from jepsen.net.proxy import LinkProxy
 
 
 def test_history_lines_follow_the_contract(tmp_path):
@@ -173,7 +173,7 @@ def test_the_default_run_stays_light_and_rate_max_loads_every_core():
     import math
     import os
 
-    from jepsen.harness.runner import RunConfig, resolve_load
+    from jepsen.run.runner import RunConfig, resolve_load
 
     light = resolve_load(RunConfig())
     assert (light.workers, light.clients, light.send_batch) == (0, 5, 1)  # one process, history.jsonl
@@ -211,7 +211,7 @@ def test_a_leader_that_never_comes_is_explained_by_the_nodes_logs(tmp_path):
     one's own last word, instead of only that no leader came."""
     import socket
 
-    from jepsen.harness.queue import LocalBrokerBackend
+    from jepsen.systems.broker import LocalBrokerBackend
 
     backend = LocalBrokerBackend(tmp_path / "cluster")
     held = []
@@ -238,7 +238,7 @@ def test_a_leader_that_never_comes_is_explained_by_the_nodes_logs(tmp_path):
 
 def test_a_backend_status_client_is_kept_per_loop_and_closed_in_its_own() -> None:
     """Status polls share one client per event loop; the run closes it inside that loop."""
-    from jepsen.harness.backends import LoopClient
+    from jepsen.systems.base import LoopClient
     from remoting import RemotingClient, RemotingCommand, RemotingServer
 
     async def serve_and_poll(held: LoopClient[RemotingClient]) -> tuple[bool, list[str], list[str]]:

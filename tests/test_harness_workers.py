@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness.history import read_history, validate_shards
-from jepsen.harness.runner import RunConfig, RunResult, run
+from jepsen.history import read_history, validate_shards
+from jepsen.run.runner import RunConfig, RunResult, run
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Operation timeouts by one sweeper per loop (jepsen.harness.op_deadlines) and ``attempt``'s
+"""Operation timeouts by one sweeper per loop (jepsen.workloads.op_deadlines) and ``attempt``'s
 use of them: a hung operation becomes info (fail for a read), a finished one is untouched,
 and a shutdown's cancellation is never mistaken for a timeout."""
 
@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from jepsen.harness.clients import Definite
-from jepsen.harness.history import History
-from jepsen.harness.op_deadlines import OpDeadlines
-from jepsen.harness.workloads import RunContext, attempt
+from jepsen.history import History
+from jepsen.systems.clients import Definite
+from jepsen.workloads.base import RunContext, attempt
+from jepsen.workloads.op_deadlines import OpDeadlines
 
 pytestmark = pytest.mark.timeout(60)
 

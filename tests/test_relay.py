@@ -1,4 +1,4 @@
-"""The docker backend's delay relay (``jepsen.harness.relay``) with real iptables rules, in a
+"""The docker backend's delay relay (``jepsen.net.relay``) with real iptables rules, in a
 network namespace of this test's own: what the scripts do inside a broker container."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.harness import relay
+from jepsen.net import relay
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("iptables") or not shutil.which("ip"),

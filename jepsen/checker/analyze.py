@@ -240,7 +240,7 @@ def analyze_files(
             o.result["engine"] = o.engine
         write_json(o.out_dir / "results.json", o.result)
         if report:
-            from jepsen import report as rep
+            from jepsen.checker import report as rep
 
             rep.write_report(o.out_dir / "report.html", o.path, o.result, plots.get(i))
     summary = {o.path: o.valid if o.error is None else None for o in outcomes}

@@ -74,7 +74,7 @@ def resolve_master(master: str | None = None) -> str:
         return master
     if os.environ.get(MASTER_ENV):
         return os.environ[MASTER_ENV]
-    from jepsen import spark_cluster
+    from jepsen.checker import spark_cluster
 
     c = spark_cluster.running()
     if c is not None:

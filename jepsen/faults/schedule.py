@@ -35,12 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jepsen.faults.forge import attack_admin, attack_ledger
+from jepsen.history import History
+from jepsen.net.proxy import Link
+from jepsen.systems.base import LOSE_DATA_WAYS, Backend, Unsupported
 from ledger.client import LedgerClient
-
-from .backends import LOSE_DATA_WAYS, Backend, Unsupported
-from .forge import attack_admin, attack_ledger
-from .history import History
-from .proxy import Link
 
 FAULTS = (
     "kill-leader",

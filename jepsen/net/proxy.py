@@ -16,7 +16,7 @@ connection (both sides see a reset, as after retransmissions gave up) and a "los
 connection is refused: the nodes see what heavy loss does to TCP, never a corrupt frame.
 The choices come from a ``random.Random`` seeded by the harness, so a run can be replayed.
 
-The links run in their own process (``python -m jepsen.harness.proxy``), not in the
+The links run in their own process (``python -m jepsen.net.proxy``), not in the
 harness, so a busy client event loop never delays heartbeats. The process is driven by
 JSON lines on stdin and answers on stdout; it exits when stdin closes, so it cannot
 outlive the harness that started it.
@@ -322,7 +322,7 @@ class LinkProxy:
         spec = {"links": links_spec, "avoid": sorted(set(avoid))}
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [python, "-m", "jepsen.harness.proxy", json.dumps(spec)],
+            [python, "-m", "jepsen.net.proxy", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

@@ -1,7 +1,7 @@
 """Delayed peer links inside a container: ``slow-network`` for the docker backend.
 
 The kernel here has no netem, so a delay cannot be a qdisc. Instead each broker container
-that sends on a slowed link runs this relay (``python -m jepsen.harness.relay``, started
+that sends on a slowed link runs this relay (``python -m jepsen.net.relay``, started
 with ``docker exec``), and iptables sends the node's own new connections to the slowed
 peers through it:
 
@@ -32,8 +32,7 @@ import sys
 from pathlib import Path
 
 from common.cli import run_main
-
-from .proxy import MAX_DELAY_S, LinkState, splice
+from jepsen.net.proxy import MAX_DELAY_S, LinkState, splice
 
 #: the firewall mark of the relay's own connections (the redirect rules skip it): "LM"
 RELAY_MARK = 0x4C4D
@@ -126,7 +125,7 @@ def install_script(peers: list[tuple[str, int]], delay_ms: float, jitter_ms: flo
     lines = [
         "set -e",
         remove_script(),
-        f"setsid python -m jepsen.harness.relay --delay-ms {delay_ms:g} --jitter-ms {jitter_ms:g} "
+        f"setsid python -m jepsen.net.relay --delay-ms {delay_ms:g} --jitter-ms {jitter_ms:g} "
         f"--seed {int(seed)} > {LOG_FILE} 2>&1 < /dev/null &",
         # the redirect is useless before the relay listens: wait for it (bounded)
         "i=0; while ! [ -s " + PID_FILE + " ]; do i=$((i+1)); [ $i -gt 100 ] && "
@@ -159,7 +158,7 @@ def remove_script() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m jepsen.harness.relay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m jepsen.net.relay", description=__doc__.split("\n\n")[0])
     ap.add_argument("--delay-ms", type=float, required=True)
     ap.add_argument("--jitter-ms", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)

@@ -48,7 +48,7 @@ from typing import Any
 import click
 
 from common.settings import ConfigError
-from jepsen.harness.forge import _old_hello, _wrong_secret, forged_append  # the attacks themselves
+from jepsen.faults.forge import _old_hello, _wrong_secret, forged_append  # the attacks themselves
 from jepsen.localgroup import LocalBrokerGroup
 from ledger.auth import PeerAuth
 from ledger.client import LedgerClient

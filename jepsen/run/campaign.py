@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .check import VERDICTS
-from .runner import RunConfig, RunResult
-from .runner import run as run_test
-from .workloads import WORKLOADS
+from jepsen.run.check import VERDICTS
+from jepsen.run.runner import RunConfig, RunResult
+from jepsen.run.runner import run as run_test
+from jepsen.workloads.base import WORKLOADS
 
 #: workload -> system it runs on in a campaign
 CAMPAIGN_WORKLOADS: dict[str, str] = {"log": "ledger", "register": "ledger", "queue": "broker"}

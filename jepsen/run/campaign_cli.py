@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .campaign import MAX_RUNS, exit_code, run_campaign
+from jepsen.run.campaign import MAX_RUNS, exit_code, run_campaign
 
 
 @click.command("campaign")

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend
-from .history import History
+from jepsen.history import History
+from jepsen.systems.base import Backend
 
 
 class LeaderMonitor:

@@ -1,6 +1,6 @@
 """The controller's side of the worker processes: start, hand over the clock, watch, stop.
 
-Each worker is a ``python -m jepsen.harness.worker`` child with pipes for the JSON-lines
+Each worker is a ``python -m jepsen.run.worker`` child with pipes for the JSON-lines
 conversation described in ``worker`` and its stderr in ``workers/worker-NN.log``. The pool
 knows every child by PID and ends only those: politely (SIGTERM, stdin closed) at the end
 of a run, by SIGKILL when one outlives its grace period. A killed worker's shard is still
@@ -56,7 +56,7 @@ class WorkerPool:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "jepsen.harness.worker",
+                    "jepsen.run.worker",
                     str(path),
                     stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE,

@@ -1,7 +1,7 @@
 """``jepsen run``: the project's main job, as a click command.
 
 Attach it to the ``jepsen`` click group with ``group.add_command(run_cli.run)``; until
-then ``python -m jepsen.harness.run_cli`` runs it directly. Exit status: 0 valid,
+then ``python -m jepsen.run.run_cli`` runs it directly. Exit status: 0 valid,
 1 invalid, 2 unknown, 3 not checked (checker missing, or the harness itself failed).
 """
 
@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 
 from broker.localcluster import MAX_GROUPS
+from jepsen.faults.schedule import FAULT_SCOPES, FAULTS
+from jepsen.net.proxy import ProxyError
 from jepsen.ports import (
     DEFAULT_HOST_BASE,
     PortPlanError,
@@ -22,14 +24,11 @@ from jepsen.ports import (
     parse_addresses,
     parse_host_base,
 )
-
-from .backends import Unsupported
-from .nemesis import FAULT_SCOPES, FAULTS
-from .pool import WorkerFailed
-from .proxy import ProxyError
-from .runner import DEFAULT_NEMESIS, RunConfig
-from .runner import run as run_test
-from .workloads import WORKLOADS
+from jepsen.run.pool import WorkerFailed
+from jepsen.run.runner import DEFAULT_NEMESIS, RunConfig
+from jepsen.run.runner import run as run_test
+from jepsen.systems.base import Unsupported
+from jepsen.workloads.base import WORKLOADS
 
 
 def _rate(_ctx: click.Context, _param: click.Parameter, value: str) -> float:
@@ -333,7 +332,7 @@ def run(
     system_options: dict[str, object] = _placement(ctx, system, groups, host_base, port_base, addresses)
     external = (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, topic, broker_name)
     if system == "rocketmq":
-        from .external import Hooks, check_faults, parse_nodes
+        from jepsen.systems.rocketmq import Hooks, check_faults, parse_nodes
 
         if not namesrv:
             raise click.UsageError("--system rocketmq needs --namesrv HOST:PORT (your cluster's nameserver)")

@@ -28,17 +28,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, Unsupported
-from .check import VERDICTS, run_checker, warm_up_checker
-from .clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
-from .history import History, validate_shards
-from .monitor import LeaderMonitor
-from .nemesis import Nemesis
-from .pool import WorkerPool
-from .queue import QueueWorkload  # noqa: F401 - registers the queue workload
-from .systems import make_backend
-from .worker import peak_rss_mb
-from .workloads import WORKLOADS, RunContext, Workload
+from jepsen.faults.schedule import Nemesis
+from jepsen.history import History, validate_shards
+from jepsen.run.check import VERDICTS, run_checker, warm_up_checker
+from jepsen.run.monitor import LeaderMonitor
+from jepsen.run.pool import WorkerPool
+from jepsen.run.worker import peak_rss_mb
+from jepsen.systems.base import Backend, Unsupported
+from jepsen.systems.broker import QueueWorkload  # noqa: F401 - registers the queue workload
+from jepsen.systems.clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
+from jepsen.systems.registry import make_backend
+from jepsen.workloads.base import WORKLOADS, RunContext, Workload
 
 DEFAULT_NEMESIS = ("kill-leader", "partition-leader")
 

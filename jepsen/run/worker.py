@@ -1,6 +1,6 @@
 """A worker: one OS process running a workload's clients and recording its own history shard.
 
-``jepsen run --workers N`` starts N of these (``python -m jepsen.harness.worker SPEC``) so
+``jepsen run --workers N`` starts N of these (``python -m jepsen.run.worker SPEC``) so
 that the clients, the history encoding and the client library's decoding spread over the
 machine's cores instead of sharing one Python process. A worker gets addresses, never the
 backend: the controller keeps the group, the nemesis and the final reads, and records the
@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from common.cli import run_main
-
-from .clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
-from .history import History
-from .queue import QueueWorkload  # noqa: F401 - registers the queue workload
-from .systems import endpoints_from_spec
-from .workloads import WORKLOADS, RunContext
+from jepsen.history import History
+from jepsen.systems.broker import QueueWorkload  # noqa: F401 - registers the queue workload
+from jepsen.systems.clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
+from jepsen.systems.registry import endpoints_from_spec
+from jepsen.workloads.base import WORKLOADS, RunContext
 
 PROGRESS_EVERY_S = 0.5
 GO_TIMEOUT_S = 120.0  # a controller that never says go (it died): give up and exit
@@ -172,7 +171,7 @@ async def _watch_stdin(ctx: RunContext, stdin: asyncio.StreamReader) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m jepsen.harness.worker SPEC.json")
+        sys.exit("usage: python -m jepsen.run.worker SPEC.json")
     try:
         spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -29,11 +29,16 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from common.process import ProcessSet, write_toml
+from jepsen.net.proxy import Link, LinkProxy
+from jepsen.systems.clients import (
+    LedgerLogClient,
+    LedgerRegisterClient,
+    LogClient,
+    RegisterClient,
+    RegisterReplica,
+)
 from ledger.client import LedgerClient
 from ledger.localcluster import LocalCluster
-
-from .clients import LedgerLogClient, LedgerRegisterClient, LogClient, RegisterClient, RegisterReplica
-from .proxy import Link, LinkProxy
 
 #: bytes read from the end of a node's log to find its last line (a report, not a reader)
 LOG_TAIL_BYTES = 4096

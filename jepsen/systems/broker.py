@@ -45,17 +45,16 @@ from client.producer import Producer
 from client.route import MessageQueue
 from client.send_attempts import SendStatus
 from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
+from jepsen.net.proxy import Link, LinkProxy
 from jepsen.ports import PortPlan
+from jepsen.systems.base import ProcessBackend, Unsupported, write_cluster_secret
+from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair, decode_value
+from jepsen.systems.credentials import Credentials
+from jepsen.systems.rocketmq_compat import rocketmq_instance
+from jepsen.workloads.base import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 from remoting import RemotingClient, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import Message
-
-from .backends import ProcessBackend, Unsupported, write_cluster_secret
-from .clients import Definite, Indefinite, LogClient, Pair, decode_value
-from .credentials import Credentials
-from .proxy import Link, LinkProxy
-from .rocketmq_compat import rocketmq_instance
-from .workloads import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 
 TOPIC = "JepsenQueue"
 #: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``QueueClient.poll``)

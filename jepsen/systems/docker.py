@@ -38,13 +38,12 @@ from jepsen.docker.compose import (
     free_net_prefix,
     free_port,
 )
-
-from . import relay
-from .backends import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
-from .clients import LogClient
-from .credentials import Credentials
-from .proxy import Link
-from .queue import QueueClient, broker_status, queue_spec
+from jepsen.net import relay
+from jepsen.net.proxy import Link
+from jepsen.systems.base import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
+from jepsen.systems.broker import QueueClient, broker_status, queue_spec
+from jepsen.systems.clients import LogClient
+from jepsen.systems.credentials import Credentials
 
 LOSS_CHAIN = "LEDGERMQ-LOSS"
 
@@ -74,7 +73,7 @@ class DockerBrokerBackend(Backend):
     client_timeout = 4.0
     topic = TOPIC
     supports_loss = True  # iptables statistic match
-    supports_delay = True  # a relay in the sending container (jepsen.harness.relay): no netem here
+    supports_delay = True  # a relay in the sending container (jepsen.net.relay): no netem here
 
     small_disks_from_start = True  # the volumes are laid out by ``start``; no set-up restarts
 
@@ -196,7 +195,7 @@ class DockerBrokerBackend(Backend):
         self, links: set[Link], *, delay_ms: float = 0, jitter_ms: float = 0, drop: float = 0, seed: int = 0
     ) -> dict[str, Any]:
         """Slow and/or lossy peer links: loss by iptables's ``statistic`` match at each link's
-        destination, delay by a relay in each link's source container (``jepsen.harness.relay``:
+        destination, delay by a relay in each link's source container (``jepsen.net.relay``:
         this kernel has no netem). Kept, and applied again to a node that restarts."""
         self.shaped = set(links)
         self._shape = {"delay_ms": delay_ms, "jitter_ms": jitter_ms, "drop": drop, "seed": seed}

@@ -1,6 +1,6 @@
 """Which backend runs which system: the one module that knows every backend.
 
-``backends`` holds the abstract :class:`~jepsen.harness.backends.Backend` and the local
+``backends`` holds the abstract :class:`~jepsen.systems.base.Backend` and the local
 ledger group; the broker (``queue``), pysyncobj (``syncobj``) and Docker backends build on
 it. Choosing among them lives here, above all of them, so that none of those modules has
 to import another to be found (an import cycle otherwise: backends -> queue -> workloads
@@ -12,9 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, LocalLedgerBackend, Unsupported
-from .clients import LedgerLogClient, LedgerRegisterClient, LogClient, RegisterClient, RegisterReplica
-from .workloads import ClientSource
+from jepsen.systems.base import Backend, LocalLedgerBackend, Unsupported
+from jepsen.systems.clients import (
+    LedgerLogClient,
+    LedgerRegisterClient,
+    LogClient,
+    RegisterClient,
+    RegisterReplica,
+)
+from jepsen.workloads.base import ClientSource
 
 
 def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
@@ -24,13 +30,13 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
     if system == "rocketmq":
         if name != "local":
             raise Unsupported("--system rocketmq tests a cluster you already run: leave --backend at local")
-        from .external import RocketMQBackend
+        from jepsen.systems.rocketmq import RocketMQBackend
 
         return RocketMQBackend(base_dir, **kw)
     if system == "rocketmq-rust":
         if name != "local":
             raise Unsupported("--system rocketmq-rust runs local processes: leave --backend at local")
-        from .rocketmq_rust import RocketMQRustBackend
+        from jepsen.systems.rocketmq_rust import RocketMQRustBackend
 
         return RocketMQRustBackend(base_dir, **kw)
     if name == "docker":
@@ -48,7 +54,7 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
             raise Unsupported(f"the docker group holds at most {MAX_GROUPS} broker groups (one /24 network)")
         if system != "broker":
             raise Unsupported("the docker group (docker-compose.yml) runs brokers: use --workload queue")
-        from .docker_backend import DockerBrokerBackend
+        from jepsen.systems.docker import DockerBrokerBackend
 
         return DockerBrokerBackend(base_dir, **kw)
     if name != "local":
@@ -60,19 +66,18 @@ def make_backend(name: str, system: str, base_dir: Path, **kw: Any) -> Backend:
     if system == "ledger":
         return LocalLedgerBackend(base_dir, **kw)
     if system == "pysyncobj":
-        from .syncobj import LocalSyncObjBackend
+        from jepsen.systems.syncobj import LocalSyncObjBackend
 
         return LocalSyncObjBackend(base_dir, **kw)
     if system == "broker":
         groups = int(kw.pop("groups", 1) or 1)
         host_base, port_base = kw.pop("host_base", None), kw.pop("port_base", None)
         if groups == 1 and host_base is None and port_base is None:
-            from .queue import LocalBrokerBackend
+            from jepsen.systems.broker import LocalBrokerBackend
 
             return LocalBrokerBackend(base_dir, **kw)
         from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
-
-        from .queue import LocalBrokerGroupsBackend
+        from jepsen.systems.broker import LocalBrokerGroupsBackend
 
         ports = PortPlan(host_base or DEFAULT_HOST_BASE, port_base)
         return LocalBrokerGroupsBackend(base_dir, groups=groups, ports=ports, **kw)
@@ -109,11 +114,11 @@ def endpoints_from_spec(spec: dict[str, Any]) -> ClientSource:
         if system == "ledger":
             return LedgerEndpoints(spec)
         if system in ("broker", "rocketmq"):
-            from .queue import QueueEndpoints
+            from jepsen.systems.broker import QueueEndpoints
 
             return QueueEndpoints(spec)
         if system == "pysyncobj":
-            from .syncobj import SyncObjEndpoints
+            from jepsen.systems.syncobj import SyncObjEndpoints
 
             return SyncObjEndpoints(spec)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

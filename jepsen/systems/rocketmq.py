@@ -36,13 +36,12 @@ from typing import Any
 from client.admin_api import AdminClient
 from client.errors import ClientError
 from common.settings import ConfigError, parse_host_port
+from jepsen.net.proxy import Link
+from jepsen.systems.base import Backend, Unsupported
+from jepsen.systems.broker import QueueClient, queue_spec
+from jepsen.systems.clients import LogClient
+from jepsen.systems.rocketmq_compat import rocketmq_instance
 from remoting.exceptions import RemotingError
-
-from .backends import Backend, Unsupported
-from .clients import LogClient
-from .proxy import Link
-from .queue import QueueClient, queue_spec
-from .rocketmq_compat import rocketmq_instance
 
 SYSTEM = "rocketmq"
 #: seconds a user's hook may run before it is killed and recorded as failed

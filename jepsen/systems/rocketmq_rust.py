@@ -53,14 +53,13 @@ from client.errors import ClientError
 from client.producer import Producer
 from common.process import ProcessSet, free_port, toml_value, write_toml
 from jepsen.localgroup import free_port_pair
+from jepsen.systems.base import ProcessBackend, Unsupported
+from jepsen.systems.broker import QueueClient
+from jepsen.systems.clients import LogClient
+from jepsen.systems.rocketmq import ExternalNode, RocketMQBackend
+from jepsen.systems.rocketmq_compat import rocketmq_instance
 from remoting.exceptions import RemotingError
 from remoting.message import Message
-
-from .backends import ProcessBackend, Unsupported
-from .clients import LogClient
-from .external import ExternalNode, RocketMQBackend
-from .queue import QueueClient
-from .rocketmq_compat import rocketmq_instance
 
 SYSTEM = "rocketmq-rust"
 #: where the build script puts the binaries (``<dir>/bin``), unless this variable names another folder

@@ -1,4 +1,4 @@
-"""The pysyncobj group as a system under test: three ``jepsen.pysyncobj_node`` processes.
+"""The pysyncobj group as a system under test: three ``jepsen.systems.syncobj_node`` processes.
 
 It shows the harness and checker on a system no one here wrote. Nodes dial each other
 through the link proxies (pysyncobj keeps one connection per pair, opened by the node
@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from common.process import ProcessSet, free_port
-
-from .backends import ProcessBackend, Unsupported
-from .clients import Definite, Indefinite, LogClient, Pair
+from jepsen.systems.base import ProcessBackend, Unsupported
+from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair
 
 
 class LocalSyncObjBackend(ProcessBackend):
@@ -40,7 +39,7 @@ class LocalSyncObjBackend(ProcessBackend):
         return [
             self.python,
             "-m",
-            "jepsen.pysyncobj_node",
+            "jepsen.systems.syncobj_node",
             "--self",
             self.raft[nid],
             "--peers",

@@ -1,6 +1,6 @@
 """One pysyncobj node serving the harness's ``log`` workload: a system no one here wrote.
 
-``python -m jepsen.pysyncobj_node --self HOST:PORT --peers A,B --dial B=PROXY,... --client HOST:PORT --data DIR``
+``python -m jepsen.systems.syncobj_node --self HOST:PORT --peers A,B --dial B=PROXY,... --client HOST:PORT --data DIR``
 
 The node runs a ``SyncObj`` whose replicated state is an append-only list, and serves a
 JSON-lines protocol on ``--client`` (one request per line, one reply per line):

@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .clients import Definite, LogClient, RegisterClient, RegisterReplica
-from .history import History
-from .op_deadlines import OpDeadlines
+from jepsen.history import History
+from jepsen.systems.clients import Definite, LogClient, RegisterClient, RegisterReplica
+from jepsen.workloads.op_deadlines import OpDeadlines
 
 T = TypeVar("T")
 

@@ -1,0 +1,8 @@
+"""The systems under test: how each one's nodes start and stop, its fault primitives, its client adapters.
+
+``base`` holds what every system shares (the :class:`~jepsen.systems.base.Backend` a run
+loads and breaks, and the process handling of local nodes); ``clients`` the adapter
+interface the workloads call. One module per system: ``ledger``, ``broker`` (with its
+docker-compose backend in ``docker``), ``rocketmq`` (a cluster someone else runs),
+``rocketmq_rust`` and ``syncobj``. ``registry`` names them.
+"""
