@@ -36,6 +36,7 @@ from remoting.stats_body import (
     encode_topic_stats,
 )
 
+from . import codec
 from .clients import ClientTable
 from .context import Broker
 
@@ -154,7 +155,10 @@ class AdminStats:
 
     # --- GET_BROKER_RUNTIME_INFO -------------------------------------------------------------------
     def runtime_info(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        doc = dict(self.broker.runtime_info())
+        """Our runtime document with RocketMQ's KVTable; ``loopLagSinceMs`` (wall-clock ms, our
+        own optional header) limits the event-loop lag figures to samples since then."""
+        since_ms = req.header_int("loopLagSinceMs", 0, min_value=0, max_value=1 << 62)
+        doc = dict(self.broker.runtime_info(lag_since=since_ms / 1000))
         doc["table"] = self.kv_table()
         return req.make_response(body=json.dumps(doc).encode())
 
@@ -180,14 +184,16 @@ class AdminStats:
         return " ".join(f"{r:.2f}" for r in put_rates), " ".join(f"{r:.2f}" for r in get_rates)
 
     def _earliest_store_ms(self) -> int | None:
-        earliest: int | None = None
-        for topic, tc in list(self.store.topics.items()):
-            for queue_id in range(tc.read_queue_nums):
-                lo, hi = self.store.offsets_of(topic, queue_id)
-                stamp = self.store.store_time_at(topic, queue_id, lo) if hi > lo else None
-                if stamp is not None and (earliest is None or stamp < earliest):
-                    earliest = stamp
-        return earliest
+        """When the oldest message still held was stored: the record at the lowest position
+        any queue still holds (positions grow with the log), read once, not one per queue."""
+        first = self.store.first_position()
+        found = None if first is None else self.store.record_at(first)
+        if found is None:
+            return None
+        try:
+            return codec.record_store_ms(found[1])
+        except codec.CodecError:
+            return None
 
     def kv_table(self) -> dict[str, str]:
         """The KVTable mqadmin clusterList and brokerStatus print (strings, RocketMQ's names)."""

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from common.loop_lag import LoopLagMonitor
 from ledger.embed import EmbeddedLedger, EmbedError, Role, RoleChange
 from remoting import RemotingServer, RequestCode
 from remoting.acl import AccessValidator, RequestSigner, server_accounts
@@ -60,6 +61,7 @@ class BrokerController:
         self._stopped = asyncio.Event()
         self._bootstrap_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.loop_lag = LoopLagMonitor()  # how late the event loop runs: what floods would cost
 
     # ------------------------------------------------------------------ life cycle
 
@@ -98,6 +100,7 @@ class BrokerController:
 
     async def start(self) -> None:
         assert self.ledger is not None
+        self.loop_lag.start()
         await self.ledger.start()
         for s in self.servers:
             await s.start()
@@ -148,6 +151,7 @@ class BrokerController:
             return
         for t in self._tasks:
             t.cancel()
+        self.loop_lag.stop()
         if self.registration is not None:  # None: start failed before the broker registered
             await self.registration.stop()
             try:
@@ -275,7 +279,7 @@ class BrokerController:
 
     # ------------------------------------------------------------------ status
 
-    def runtime_info(self) -> dict[str, Any]:
+    def runtime_info(self, lag_since: float = 0.0) -> dict[str, Any]:
         assert self.ledger is not None
         return {
             "brokerName": self.config.broker_name,
@@ -287,4 +291,5 @@ class BrokerController:
             "switchTimesMs": [round(x, 2) for x in self.switch_times_ms[-10:]],
             "ledger": self.ledger.status(),
             "store": self.store.stats(),
+            "loopLag": self.loop_lag.summary(lag_since),
         }

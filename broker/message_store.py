@@ -342,6 +342,17 @@ class MessageStore:
             if lst and fut in lst:
                 lst.remove(fut)
 
+    def first_position(self) -> int | None:
+        """The lowest position any consume queue still holds (the oldest message), None if none."""
+        first = self.ledger.first_index << SLOT_BITS
+        lowest: int | None = None
+        for cq in self.state.queues.values():
+            if cq.positions and cq.positions[0] < first:
+                cq.trim_before(first)  # retention removed its head (as offsets_of would find)
+            if cq.positions and (lowest is None or cq.positions[0] < lowest):
+                lowest = cq.positions[0]
+        return lowest
+
     def record_at(self, position: int) -> tuple[int, Record] | None:
         """(queue offset, record) of the message stored at ``position``, if there is one."""
         data = self._record(position)

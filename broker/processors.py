@@ -159,7 +159,6 @@ class Processors:
             RequestCode.GET_MIN_OFFSET: self.min_offset,
             RequestCode.SEARCH_OFFSET_BY_TIMESTAMP: self.search_offset_by_timestamp,
             RequestCode.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
-            RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_by_id,
             RequestCode.QUERY_MESSAGE: self.query_by_key,
             RequestCode.HEART_BEAT: self.heartbeat,
@@ -683,9 +682,6 @@ class Processors:
             "indexLastUpdatePhyoffset": out[-1][1],
         }
         return req.make_response(headers=headers, body=serve_records(out))
-
-    def runtime_info(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        return req.make_response(body=json.dumps(self.broker.runtime_info()).encode())
 
     def heartbeat(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         """RocketMQ's HeartbeatData: consumerDataSet[].groupName with subscriptionDataSet, and

@@ -152,7 +152,7 @@ class BrokerOuterAPI:
         Never raises for a nameserver's failure (it is in that result's ``error``); raises
         ConfigError only when no nameserver is configured.
         """
-        body = dump_body(topic_config.to_json())
+        body = topic_config.body()
         use_zlib = self.compressed if compressed is None else compressed
         headers = identity.headers()
         if use_zlib:

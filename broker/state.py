@@ -21,10 +21,10 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
-from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper
+from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper, topic_entry_json
 
 from . import codec
 from .codec import KIND_META, SLOT_BITS, CodecError, Record
@@ -34,7 +34,8 @@ from .meta import MetaError, OffsetOp, SnapshotOp, TopicOp, parse_meta, snapshot
 log = logging.getLogger("broker.state")
 
 DEFAULT_DEDUP_WINDOW = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
-DEFAULT_DEDUP_TTL_S = 600.0  # ... and for at most this long (by the records' store time); 0: no limit
+DEFAULT_DEDUP_TTL_S = 600.0
+MAX_LISTED_QUEUES = 1024  # queues a status answer lists by name  # ... and for at most this long (by the records' store time); 0: no limit
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class BrokerState:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._queue_cache: dict[tuple[bytes, int], ConsumeQueue] = {}  # keyed by raw topic bytes
         self.topics: dict[str, TopicConfig] = {}
+        self._topic_entries: dict[str, bytes] = {}  # each topic's REGISTER_BROKER entry, kept encoded
         self.data_version = DataVersion()
         self.offsets: dict[tuple[str, str, int], int] = {}
         # UNIQ_KEY -> where it was stored: a producer's retry of a send whose answer it never
@@ -435,16 +437,20 @@ class BrokerState:
             self.offsets[key] = offset
             return False
         if type(op) is TopicOp:
-            self.topics[op.name] = _topic_config(op)
+            self._set_topic(op)
         else:
             assert type(op) is SnapshotOp
             for t in op.topics:
-                self.topics[t.name] = _topic_config(t)
+                self._set_topic(t)
             for o in op.offsets:
                 self.offsets[(o.group, o.topic, o.queue)] = o.offset
         # Derived from the log position, so every broker computes the same version.
         self.data_version = DataVersion(index, self.data_version.counter + 1)
         return True
+
+    def _set_topic(self, op: TopicOp) -> None:
+        tc = self.topics[op.name] = TopicConfig(op.name, op.read, op.write, op.perm, order=op.order)
+        self._topic_entries[op.name] = topic_entry_json(tc)
 
     def _skip(self, index: int, error: str) -> None:
         """A committed entry this state machine cannot apply: counted, logged, passed over."""
@@ -558,7 +564,7 @@ class BrokerState:
         return list(self.keys.get((topic, key), ()))
 
     def topic_config_wrapper(self) -> TopicConfigWrapper:
-        return TopicConfigWrapper(dict(self.topics), self.data_version)
+        return TopicConfigWrapper(dict(self.topics), self.data_version, tuple(self._topic_entries.values()))
 
     def snapshot_record(self) -> bytes:
         """All topics and consumer offsets as one metadata record (a retention checkpoint)."""
@@ -574,7 +580,12 @@ class BrokerState:
             "applied_index": self.applied,
             "dispatched_messages": self.dispatched_messages,
             "topics": len(self.topics),
-            "queues": {f"{t}:{q}": cq.max_offset for (t, q), cq in sorted(self.queues.items())},
+            # the max offset of each queue, the first MAX_LISTED_QUEUES created (a status answer
+            # must stay small whatever the topic count: admin tools poll it)
+            "queues": {
+                f"{t}:{q}": cq.max_offset for (t, q), cq in islice(self.queues.items(), MAX_LISTED_QUEUES)
+            },
+            "queue_count": len(self.queues),
             "consumer_offsets": len(self.offsets),
             "dedup_keys": len(self.uniq),
             "skipped_entries": self.skipped_entries,
@@ -605,7 +616,3 @@ def _find(positions: Sequence[int], position: int) -> int:
     if last >= 0 and positions[last] == position:
         return last
     return bisect.bisect_left(positions, position)
-
-
-def _topic_config(op: TopicOp) -> TopicConfig:
-    return TopicConfig(op.name, op.read, op.write, op.perm, order=op.order)

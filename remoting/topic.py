@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remoting.exceptions import RemotingCommandError
-from remoting.jsonbody import Fields
+from remoting.jsonbody import Fields, dump_body
 
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
@@ -111,12 +111,25 @@ class TopicConfigWrapper:
 
     topic_config_table: dict[str, TopicConfig] = field(default_factory=dict)
     data_version: DataVersion = field(default_factory=DataVersion)
+    # each topic's entry already encoded (``topic_entry_json``), by a holder that keeps them as
+    # its topics change: a broker registers its whole table every round, and encoding 10,000
+    # topics afresh took 45 ms of its event loop each time
+    encoded_entries: tuple[bytes, ...] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "topicConfigTable": {name: tc.to_json() for name, tc in self.topic_config_table.items()},
             "dataVersion": self.data_version.to_json(),
         }
+
+    def body(self) -> bytes:
+        """The JSON body of REGISTER_BROKER (``to_json`` encoded), from the encoded entries if given."""
+        if self.encoded_entries is None:
+            return dump_body(self.to_json())
+        version = dump_body(self.data_version.to_json())
+        return (
+            b'{"topicConfigTable":{' + b",".join(self.encoded_entries) + b'},"dataVersion":' + version + b"}"
+        )
 
     @classmethod
     def from_json(cls, obj: Any, path: str = "body") -> TopicConfigWrapper:
@@ -132,6 +145,11 @@ class TopicConfigWrapper:
             table[name] = tc
         version = DataVersion.from_json(f.get_obj("dataVersion", {}), f"{path}.dataVersion")
         return cls(table, version)
+
+
+def topic_entry_json(tc: TopicConfig) -> bytes:
+    """One topic's ``"name":{...}`` in a REGISTER_BROKER body, as ``to_json`` would encode it."""
+    return dump_body(tc.topic_name) + b":" + dump_body(tc.to_json())
 
 
 class LazyTopicConfigWrapper:

@@ -364,3 +364,15 @@ def test_a_message_entry_that_breaks_apply_is_undone_and_skipped(monkeypatch: py
     assert state.offsets_of("T", 0) == (0, 0) and not state.uniq and not state.positions_by_key("T", "k")
     placed = applied(state, record(b"c", pid="p", seq=1))
     assert placed == [[Stored(0, make_position(2, 0))]]
+
+
+def test_the_registration_body_from_kept_entries_is_the_table_encoded_afresh() -> None:
+    """The broker keeps each topic's registration entry encoded as topics change; the body it
+    sends is byte for byte what encoding the whole table would give."""
+    from remoting.jsonbody import dump_body
+
+    state = BrokerState()
+    applied(state, topic_op("T", 2, 3, 6, order=True), topic_op("U", 1, 1, 4), topic_op("T", 4, 4, 6))
+    wrapper = state.topic_config_wrapper()
+    assert wrapper.encoded_entries is not None and len(wrapper.encoded_entries) == 2
+    assert wrapper.body() == dump_body(wrapper.to_json())
