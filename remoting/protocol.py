@@ -19,6 +19,10 @@ ROCKETMQ binary header (``RocketMQSerializable``)::
     i16 code | u8 language | i16 version | i32 opaque | i32 flag |
     i32 remark length | remark | i32 extFields length | (u16 key len, key, i32 value len, value)*
 
+The binary header's code is a Java short: RocketMQ's encoder keeps the low 16 bits of a
+larger one (RocketMQ 5's POP codes are 200050-200151), so a frame whose code does not fit is
+sent with a JSON header instead, whatever the configured serialisation (``encode_parts``).
+
 ``flag`` bit 0 marks a response, bit 1 a oneway request. A response is written in the
 serialisation its request used; our own clients send the binary one (cheaper to build and to
 parse than JSON, and every RocketMQ server understands it).
@@ -45,6 +49,7 @@ from zlib_ng.zlib_ng import crc32  # zlib's CRC-32, SIMD-accelerated: 5x faster 
 
 from remoting.codes import ResponseCode, request_code_name, response_code_name
 from remoting.exceptions import FrameEncodeError, ProtocolError, RemotingCommandError, ResponseError
+from remoting.jsonbody import MAX_JSON_DEPTH, json_depth_exceeds
 
 SERIALIZE_JSON: Final = 0
 SERIALIZE_ROCKETMQ: Final = 1
@@ -92,6 +97,16 @@ MAX_REMARK_BYTES: Final = 4096
 """Longer remarks are cut (they are for humans) so a response always fits a peer's header limit."""
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES: Final = 16 * 1024
+
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+"""Java's int: RocketMQ's code, opaque and flag, and headers such as flag, sysFlag, queueId."""
+INT64_MIN: Final = -(1 << 63)
+INT64_MAX: Final = (1 << 63) - 1
+"""Java's long: headers such as bornTimestamp, queueOffset, commitOffset."""
+SHORT_CODE_MIN: Final = -(1 << 15)
+SHORT_CODE_MAX: Final = (1 << 15) - 1
+"""The code range a ROCKETMQ binary header carries (a Java short); see ``encode_parts``."""
 
 HeaderValue = str | int | float | bool | None
 _REQUIRED: Any = object()
@@ -230,7 +245,15 @@ class RemotingCommand:
         min_value: int | None = None,
         max_value: int | None = None,
     ) -> int:
-        """Header as an int, range-checked; the wire carries it as decimal text."""
+        """Header as an int; the wire carries it as decimal text.
+
+        ``min_value``/``max_value`` (inclusive; INT32_MIN..INT32_MAX for a Java int,
+        INT64_MIN..INT64_MAX for a long) refuse a value outside them with RemotingCommandError
+        (answered BAD_REQUEST) naming the header and the allowed range, so a processor never
+        meets a number its encoder or store cannot hold. A default is returned unchecked.
+        On the path of every send, so the check is two comparisons and the message is built
+        only for a refusal.
+        """
         value = self.headers.get(name)
         if value is None:
             if default is _REQUIRED:
@@ -249,10 +272,22 @@ class RemotingCommand:
                 f"{request_code_name(self.code)}: header '{name}' must be an integer, got {value!r}"
             ) from None
         if (min_value is not None and number < min_value) or (max_value is not None and number > max_value):
-            raise RemotingCommandError(
-                f"{request_code_name(self.code)}: header '{name}'={number} out of range [{min_value}, {max_value}]"
-            )
+            raise self._out_of_range(name, number, min_value, max_value)
         return number
+
+    def _out_of_range(
+        self, name: str, number: int, min_value: int | None, max_value: int | None
+    ) -> RemotingCommandError:
+        if min_value is None:
+            allowed = f"at most {max_value}"
+        elif max_value is None:
+            allowed = f"at least {min_value}"
+        else:
+            allowed = f"in {min_value}..{max_value}"
+        shown = str(number) if len(str(number)) <= 40 else f"{str(number)[:37]}..."
+        return RemotingCommandError(
+            f"{request_code_name(self.code)}: header '{name}'={shown} is out of range: it must be {allowed}"
+        )
 
     def header_bool(self, name: str, default: Any = _REQUIRED) -> bool:
         """Header as a bool; RocketMQ writes Java's ``true``/``false`` (any case accepted)."""
@@ -429,6 +464,17 @@ def encode_header(cmd: RemotingCommand, serialize_type: int, extra: tuple[str, s
         return b"".join((fixed, _I32.pack(len(remark)), remark, _I32.pack(len(ext)), ext))
     if serialize_type != SERIALIZE_JSON:
         raise FrameEncodeError(f"unknown header serialisation {serialize_type}")
+    if not (
+        INT32_MIN <= cmd.code <= INT32_MAX
+        and INT32_MIN <= cmd.opaque <= INT32_MAX
+        and INT32_MIN <= cmd.flags <= INT32_MAX
+    ):
+        field, value = next(
+            (f, v)
+            for f, v in (("code", cmd.code), ("opaque", cmd.opaque), ("flag", cmd.flags))
+            if not INT32_MIN <= v <= INT32_MAX
+        )
+        raise FrameEncodeError(f"cannot encode {cmd!r}: {field} {value} does not fit a Java int")
     obj: dict[str, Any] = {"code": cmd.code}
     # Always an object, even empty: RocketMQ's Java client reads a response's extFields unchecked.
     ext_fields = {k: _value_text(cmd, k, v) for k, v in cmd.headers.items() if v is not None}
@@ -462,6 +508,13 @@ def encode_parts(
     body_len = len(body)
     extra = (CRC_EXT_FIELD, str(crc32(body))) if crc and body_len else None
     stype = cmd.serialize_type if cmd.serialize_type is not None else serialize_type
+    if not SHORT_CODE_MIN <= cmd.code <= SHORT_CODE_MAX and stype == SERIALIZE_ROCKETMQ:
+        # RocketMQ's binary header has 2 bytes for the code and Java writes it with
+        # writeShort, silently keeping the low 16 bits (POP_MESSAGE 200050 would arrive as
+        # 3442). Such a frame goes out with a JSON header instead, which carries any Java int
+        # and which every RocketMQ peer reads whatever it sends itself (the header word names
+        # each frame's serialisation).
+        stype = SERIALIZE_JSON
     header = encode_header(cmd, stype, extra)
     hlen = len(header)
     if hlen > MAX_HEADER_WIRE_BYTES:
@@ -500,21 +553,33 @@ class _HeaderError(ValueError):
 
 
 def _as_int(obj: dict[str, Any], key: str, default: int | None = None) -> int:
+    """A Java int field of a JSON header (fastjson refuses anything wider, and so do we)."""
     value = obj.get(key, default)
     if type(value) is not int:
-        if isinstance(value, str) and value.lstrip("-").isdigit():
-            return int(value)
-        raise ValueError(f"JSON header field '{key}' must be an integer, got {value!r}")
+        if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) <= 11:
+            value = int(value)
+        else:
+            raise ValueError(f"JSON header field '{key}' must be an integer, got {str(value)[:40]!r}")
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise ValueError(f"JSON header field '{key}'={str(value)[:40]} does not fit a Java int")
     return value
 
 
 def decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
     """A JSON header -> command without body. ValueError when even the opaque is unreadable,
-    _HeaderError when only the content is refused."""
+    _HeaderError when only the content is refused. Nesting is bounded before the parse
+    (jsonbody.MAX_JSON_DEPTH; a header nests two levels) so no header reaches the parser's
+    recursion limit."""
     try:
-        obj = _loads(str(raw, "utf-8"))
+        text = str(raw, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"JSON header is not valid UTF-8: {exc}") from None
+    if json_depth_exceeds(text):
+        raise ValueError(f"JSON header nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays")
+    try:
+        obj = _loads(text)
     except (ValueError, RecursionError) as exc:
-        raise ValueError(f"JSON header is not valid UTF-8 JSON: {exc}") from None
+        raise ValueError(f"JSON header is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"JSON header must be an object, got {type(obj).__name__}")
     code = _as_int(obj, "code")

@@ -345,8 +345,8 @@ def test_encoder_refuses_what_it_cannot_send() -> None:
         encode_command(RemotingCommand.request(10, {"x": object()}))  # type: ignore[dict-item]
     with pytest.raises(FrameEncodeError, match="header 'x' of SEND_MESSAGE must be a string"):
         encode_command(RemotingCommand.request(10, {"x": [1]}), serialize_type=SERIALIZE_JSON)  # type: ignore[dict-item]
-    with pytest.raises(FrameEncodeError, match="cannot encode"):
-        encode_command(RemotingCommand.request(70000))
+    with pytest.raises(FrameEncodeError, match="code 2147483648 does not fit a Java int"):
+        encode_command(RemotingCommand.request(1 << 31))
     long_remark = RemotingCommand.response(1, "e" * 100_000)
     (decoded,) = FrameDecoder().feed(encode_command(long_remark))
     assert decoded.remark.endswith("...") and len(decoded.remark) == 4096
@@ -991,9 +991,12 @@ class _Conn:
 
     remote_addr = "127.0.0.1:1"
     closing = False
+    reading_paused = False
 
     def __init__(self) -> None:
         self.sent: list[RemotingCommand] = []
+        self.inflight_requests = 0  # the dispatcher counts requests until answered
+        self.inflight_request_bytes = 0
 
     def send(self, cmd: RemotingCommand) -> None:
         self.sent.append(cmd)
@@ -1028,3 +1031,4 @@ def test_a_deferred_response_is_sent_once_as_a_returned_one_would_be() -> None:
     dispatcher.dispatch(conn, oneway)  # type: ignore[arg-type]
     later[-1].answer(RemotingCommand(0))
     assert len(conn.sent) == 2, "a oneway request gets no answer"
+    assert conn.inflight_requests == 0, "every request dispatched is counted done once answered"
