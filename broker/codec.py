@@ -41,6 +41,11 @@ from .meta import RECORD_META
 
 KIND_MESSAGE = 1
 KIND_META = RECORD_META
+KIND_DERIVED = 3  # records the broker made from earlier ones, each with its origin (see encode_derived)
+ORIGIN_SCHEDULED = b"S"  # + the scheduled message's position: it came due
+ORIGIN_HALF = b"T"  # + the half message's position: its transaction committed
+ORIGIN_SEND_BACK = b"R"  # + position, reconsume times, group: a consumer sent it back
+MAX_ORIGIN_BYTES = 1024
 KEYS_PER_INDEX_ENTRY = 64  # positions remembered per (topic, key)
 TAG_CACHE_ENTRIES = 4096  # tag -> Java hash, so the dispatcher hashes each distinct tag once
 
@@ -60,6 +65,9 @@ __all__ = [
     "KIND_MESSAGE",
     "MAGIC",
     "KIND_META",
+    "KIND_DERIVED",
+    "encode_derived",
+    "derived_parts",
     "SLOT_BITS",
     "CodecError",
     "build_stored_record",
@@ -86,28 +94,72 @@ def entry_kind(data: Record) -> int:
     return data[0] if data else 0
 
 
-def entry_records(data: Record) -> Sequence[Record]:
-    """The records of a message entry, slot by slot (views, nothing copied); CodecError if it
-    is malformed."""
+def encode_derived(items: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """A derived entry: (origin, record) pairs the broker made from earlier entries (a scheduled
+    message come due, a committed half message, a consumer's send-back). Each origin names
+    what its record resolves; applying it is a no-op when that was resolved already (the
+    old master proposed it, the new one again), so each record is stored exactly once.
+
+    Layout: kind byte, record count (u16), each origin (u16 length, bytes), then the records
+    back to back as in a message entry; slots are numbered as in a message entry."""
+    if not 0 < len(items) < MAX_BATCH_SLOTS:
+        raise ValueError(f"a derived entry holds 1..{MAX_BATCH_SLOTS - 1} records, got {len(items)}")
+    parts = [bytes((KIND_DERIVED,)), len(items).to_bytes(2, "big")]
+    for origin, _ in items:
+        if not 0 < len(origin) <= MAX_ORIGIN_BYTES:
+            raise ValueError(f"an origin key must be 1..{MAX_ORIGIN_BYTES} bytes")
+        parts += [len(origin).to_bytes(2, "big"), origin]
+    parts += [record for _, record in items]
+    return b"".join(parts)
+
+
+def derived_parts(data: Record) -> tuple[list[bytes], list[Record]]:
+    """(origins, records) of a derived entry; CodecError if it is malformed."""
     n = len(data)
-    if n >= 8 and int.from_bytes(data[0:4], "big") == n and data[4:8] == _MAGIC:
-        return (data,)  # the common case: one message
-    if entry_kind(data) != KIND_MESSAGE:
-        raise CodecError(f"ledger entry of type {entry_kind(data)} holds no message records")
-    data = memoryview(data)
+    if n < 3 or data[0] != KIND_DERIVED:
+        raise CodecError("not a derived entry")
+    count = int.from_bytes(data[1:3], "big")
+    off = 3
+    origins: list[bytes] = []
+    for _ in range(count):
+        if off + 2 > n:
+            raise CodecError("derived entry: truncated origin list")
+        length = int.from_bytes(data[off : off + 2], "big")
+        origins.append(bytes(data[off + 2 : off + 2 + length]))
+        off += 2 + length
+    records = _records_from(memoryview(data), off, n)
+    if len(records) != count or not all(origins):
+        raise CodecError(f"derived entry: {len(origins)} origins for {len(records)} records")
+    return origins, records
+
+
+def _records_from(data: memoryview, off: int, n: int) -> list[Record]:
+    """Records back to back in ``data[off:n]``; CodecError at the first that does not fit."""
     out: list[Record] = []
-    append = out.append
     unpack = _SIZE_MAGIC.unpack_from
-    off = 0
     while off < n:
         if n - off < 8:
             raise CodecError(f"message entry: truncated record at byte {off}")
         size, magic = unpack(data, off)
         if size < 8 or off + size > n or magic != _MAGIC:
             raise CodecError(f"message entry: bad record of size {size} at byte {off}")
-        append(data[off : off + size])
+        out.append(data[off : off + size])
         off += size
     return out
+
+
+def entry_records(data: Record) -> Sequence[Record]:
+    """The records of a message or derived entry, slot by slot (views, nothing copied);
+    CodecError if it is malformed."""
+    n = len(data)
+    if n >= 8 and int.from_bytes(data[0:4], "big") == n and data[4:8] == _MAGIC:
+        return (data,)  # the common case: one message
+    kind = entry_kind(data)
+    if kind == KIND_DERIVED:
+        return derived_parts(data)[1]
+    if kind != KIND_MESSAGE:
+        raise CodecError(f"ledger entry of type {entry_kind(data)} holds no message records")
+    return _records_from(memoryview(data), 0, n)
 
 
 def record_count(data: Record) -> int:
@@ -117,6 +169,8 @@ def record_count(data: Record) -> int:
     n = len(data)
     if n >= 8 and int.from_bytes(data[0:4], "big") == n and data[4:8] == _MAGIC:
         return 1
+    if entry_kind(data) == KIND_DERIVED:
+        return len(derived_parts(data)[1])
     if entry_kind(data) != KIND_MESSAGE:
         raise CodecError(f"ledger entry of type {entry_kind(data)} holds no message records")
     count = 0

@@ -15,11 +15,12 @@ from collections.abc import Container
 
 
 class ConsumeQueue:
-    __slots__ = ("topic", "queue_id", "positions", "sizes", "tags", "base")
+    __slots__ = ("topic", "queue_id", "positions", "sizes", "tags", "base", "kind")
 
-    def __init__(self, topic: str, queue_id: int) -> None:
+    def __init__(self, topic: str, queue_id: int, kind: int = 0) -> None:
         self.topic = topic
         self.queue_id = queue_id
+        self.kind = kind  # broker.system_topics: PLAIN, or what else a message here means
         self.positions = array("q")  # position of each message, by queue offset - base
         self.sizes = array("I")  # record size in bytes
         self.tags = array("I")  # tags code: Java String.hashCode of TAGS, unsigned (broker.codec.tag_code)

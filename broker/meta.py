@@ -59,7 +59,30 @@ class SnapshotOp:
     offsets: tuple[OffsetOp, ...]
 
 
-MetaOp = TopicOp | OffsetOp | SnapshotOp
+@dataclass(frozen=True, slots=True)
+class TxnEndOp:
+    """A half message's transaction ended without its message being stored: rolled back by its
+    producer, or discarded after too many unanswered checks (a commit is a derived entry)."""
+
+    half: int  # the half message's position
+    action: str  # "rollback" or "discard"
+
+
+@dataclass(frozen=True, slots=True)
+class LockOp:
+    """A consumer's LOCK_BATCH_MQ (``expires`` set) or UNLOCK_BATCH_MQ (``expires`` 0), with the
+    master's clock at proposal: every broker grants the same locks whatever its own clock."""
+
+    group: str
+    client: str
+    queues: tuple[tuple[str, int], ...]
+    now: int
+    expires: int
+
+
+MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp
+TXN_ACTIONS = ("rollback", "discard")
+MAX_LOCK_QUEUES = 1024  # queues one lock request may name
 
 
 def encode_meta(op: str, **fields: Any) -> bytes:
@@ -170,6 +193,30 @@ def parse_meta(data: bytes | memoryview) -> MetaOp:
             fields = dict(zip(("group", "topic", "queue", "offset"), item, strict=True))
             parsed_offsets.append(_offset(fields, f"snapshot offsets[{i}]"))
         return SnapshotOp(tuple(parsed_topics), tuple(parsed_offsets))
+    if op == "txn":
+        action = _field(doc, "action", "txn record")
+        if action not in TXN_ACTIONS:
+            raise MetaError(f"txn record: 'action' must be one of {TXN_ACTIONS}")
+        return TxnEndOp(_int(doc, "half", 0, _MAX_OFFSET, "txn record"), action)
+    if op in ("lock", "unlock"):
+        where = f"{op} record"
+        queues = _field(doc, "queues", where)
+        if not isinstance(queues, list) or len(queues) > MAX_LOCK_QUEUES:
+            raise MetaError(f"{where}: 'queues' must be a list of at most {MAX_LOCK_QUEUES} [topic, queue]")
+        parsed = []
+        for i, item in enumerate(queues):
+            if not isinstance(item, list) or len(item) != 2:
+                raise MetaError(f"{where}: queues[{i}] must be [topic, queue id]")
+            fields = {"topic": item[0], "queue": item[1]}
+            parsed.append((_name(fields, "topic", where), _int(fields, "queue", 0, _MAX_QUEUE_ID, where)))
+        expires = _int(doc, "expires", 0, _MAX_OFFSET, where) if op == "lock" else 0
+        return LockOp(
+            _name(doc, "group", where),
+            _name(doc, "client", where),
+            tuple(parsed),
+            _int(doc, "now", 0, _MAX_OFFSET, where),
+            expires,
+        )
     raise MetaError(f"unknown metadata op {op[:40]!r}")
 
 
@@ -185,6 +232,20 @@ def offset_op(group: str, topic: str, queue_id: int, offset: int, *, forward: bo
     if forward:
         return encode_meta("offset", group=group, topic=topic, queue=queue_id, offset=offset, forward=True)
     return encode_meta("offset", group=group, topic=topic, queue=queue_id, offset=offset)
+
+
+def txn_end_op(half_position: int, action: str) -> bytes:
+    return encode_meta("txn", half=half_position, action=action)
+
+
+def lock_op(group: str, client: str, queues: list[tuple[str, int]], now_ms: int, expires_ms: int) -> bytes:
+    return encode_meta(
+        "lock", group=group, client=client, queues=[list(q) for q in queues], now=now_ms, expires=expires_ms
+    )
+
+
+def unlock_op(group: str, client: str, queues: list[tuple[str, int]], now_ms: int) -> bytes:
+    return encode_meta("unlock", group=group, client=client, queues=[list(q) for q in queues], now=now_ms)
 
 
 def snapshot_op(topics: dict[str, Any], offsets: list[list[Any]]) -> bytes:

@@ -24,18 +24,29 @@ from dataclasses import dataclass, field
 from itertools import islice, repeat
 from typing import Any
 
+from remoting.message import (
+    PROPERTY_CHECK_IMMUNITY_TIME,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_TIMER_OUT_MS,
+    MessageFormatError,
+    properties_from_bytes,
+    stored_record_fields,
+)
 from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper, topic_entry_json
 
 from . import codec
-from .codec import KIND_META, SLOT_BITS, CodecError, Record
+from .codec import KIND_DERIVED, KIND_META, SLOT_BITS, CodecError, Record
 from .consume_queue import ConsumeQueue
-from .meta import MetaError, OffsetOp, SnapshotOp, TopicOp, parse_meta, snapshot_op
+from .meta import LockOp, MetaError, OffsetOp, SnapshotOp, TopicOp, TxnEndOp, parse_meta, snapshot_op
+from .schedule import Half, HalfMessages, QueueLocks, Schedule, TakenKeys
+from .system_topics import HALF, SCHEDULE_TOPIC, SCHEDULED, queue_kind
 
 log = logging.getLogger("broker.state")
 
 DEFAULT_DEDUP_WINDOW = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
 DEFAULT_DEDUP_TTL_S = 600.0
-MAX_LISTED_QUEUES = 1024  # queues a status answer lists by name  # ... and for at most this long (by the records' store time); 0: no limit
+MAX_LISTED_QUEUES = 1024  # queues a status answer lists by name
+MAX_LOCK_OUTCOMES = 4096  # lock entries whose grants are kept for their answers  # ... and for at most this long (by the records' store time); 0: no limit
 
 
 @dataclass(slots=True)
@@ -93,6 +104,19 @@ class BrokerState:
         self.keys: dict[tuple[str, str], list[int]] = {}
         self.dispatched_messages = 0
         self.skipped_entries = 0  # committed entries no replica could apply (logged, passed over)
+        # promises the group keeps later (broker.schedule): every broker holds the same ones
+        self.schedule = Schedule()
+        self.halves = HalfMessages()
+        self.locks = QueueLocks()
+        self.send_backs = TakenKeys(dedup_window)
+        self.lock_outcomes: OrderedDict[int, frozenset[tuple[str, int]]] = OrderedDict()  # by entry index
+        # The first index this state replayed (entries before it were removed by retention): a
+        # derived record resolving something from before it is stored the first time it is met.
+        self.replay_base = applied + 1
+        self._resolved_before_base = TakenKeys(dedup_window)
+        self._delay_cursors: dict[
+            int, int
+        ] = {}  # schedule queue id -> offset before which all were delivered
 
     # ------------------------------------------------------------------ apply
 
@@ -129,6 +153,8 @@ class BrokerState:
                         kind = data[0]
                         if kind == KIND_META:
                             effects.topics_changed |= self._apply_meta(index, data)
+                        elif kind == KIND_DERIVED:
+                            self._apply_derived(index, data, touched)
                         else:
                             self._skip(index, f"unknown record type {kind}")
                     self.applied = index
@@ -240,6 +266,8 @@ class BrokerState:
                         cq.sizes.append(size)
                         cq.tags.append(th)
                         dispatched += 1
+                        if cq.kind:  # scheduled or half: held until due or committed
+                            self._hold(cq, position, data[end - size : end], store_ms)
                         if uniq is not None:
                             uniq_seen[uniq] = (cq.base + len(positions) - 1, position, store_ms)
                             added += 1
@@ -343,6 +371,8 @@ class BrokerState:
             cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
         except UnicodeDecodeError:
             return False
+        if cq.kind:
+            return False  # scheduled or half messages: record by record, to hold each
         base = index << SLOT_BITS  # slots 0..k-1 are base + slot
         first = cq.base + len(cq.positions)
         cq.positions.extend(range(base, base + k))
@@ -403,6 +433,7 @@ class BrokerState:
     def skip_to(self, index: int) -> None:
         """The ledger no longer holds entries up to ``index`` (retention, or a snapshot installed)."""
         self.applied = max(self.applied, index)
+        self.replay_base = max(self.replay_base, index + 1)
 
     def _new_queue(self, key: tuple[bytes, int]) -> ConsumeQueue:
         """The consume queue for (raw topic, queue id), created on its first message."""
@@ -410,7 +441,7 @@ class BrokerState:
         name = (tb.decode(), qid)
         cq = self.queues.get(name)
         if cq is None:
-            cq = self.queues[name] = ConsumeQueue(name[0], qid)
+            cq = self.queues[name] = ConsumeQueue(name[0], qid, queue_kind(name[0]))
         self._queue_cache[key] = cq
         return cq
 
@@ -428,6 +459,18 @@ class BrokerState:
             op = parse_meta(data)
         except MetaError as exc:
             self._skip(index, str(exc))
+            return False
+        if type(op) is TxnEndOp:
+            self._resolve(codec.ORIGIN_HALF + op.half.to_bytes(8, "big"))
+            return False
+        if type(op) is LockOp:
+            if op.expires:
+                granted = self.locks.lock(op.group, op.client, op.queues, op.now, op.expires)
+                self.lock_outcomes[index] = granted
+                if len(self.lock_outcomes) > MAX_LOCK_OUTCOMES:
+                    self.lock_outcomes.popitem(last=False)
+            else:
+                self.locks.unlock(op.group, op.client, op.queues)
             return False
         if type(op) is OffsetOp:
             key = (op.group, op.topic, op.queue)
@@ -447,6 +490,84 @@ class BrokerState:
         # Derived from the log position, so every broker computes the same version.
         self.data_version = DataVersion(index, self.data_version.counter + 1)
         return True
+
+    # ------------------------------------------------------------------ held and derived messages
+
+    def _hold(self, cq: ConsumeQueue, position: int, record: bytes, store_ms: int) -> None:
+        """A message stored where it waits (a schedule or half queue): remember it pending."""
+        try:
+            props = properties_from_bytes(bytes(stored_record_fields(record)[4]))
+        except (MessageFormatError, ValueError):
+            props = {}
+        if cq.kind == SCHEDULED:
+            due = props.get(PROPERTY_TIMER_OUT_MS, "")
+            self.schedule.add(position, int(due) if due.isdigit() and len(due) < 19 else store_ms)
+        elif cq.kind == HALF:
+            immunity = props.get(PROPERTY_CHECK_IMMUNITY_TIME, "")
+            immunity_ms = int(immunity) * 1000 if immunity.isdigit() and len(immunity) < 10 else 0
+            self.halves.add(position, Half(props.get(PROPERTY_PRODUCER_GROUP, ""), store_ms, immunity_ms))
+
+    def _resolve(self, origin: bytes) -> bool:
+        """Whether the promise ``origin`` names was still open; it is kept (closed) now."""
+        kind, rest = origin[:1], origin[1:]
+        if kind == codec.ORIGIN_SEND_BACK:
+            return self.send_backs.take(rest)
+        if len(rest) != 8 or kind not in (codec.ORIGIN_SCHEDULED, codec.ORIGIN_HALF):
+            return False
+        position = int.from_bytes(rest, "big")
+        if position >> SLOT_BITS < self.replay_base:  # held before the retained log: unknown here
+            return self._resolved_before_base.take(origin)
+        if kind == codec.ORIGIN_SCHEDULED:
+            return self.schedule.resolve(position)
+        return self.halves.resolve(position)
+
+    def _apply_derived(self, index: int, data: Record, touched: set[tuple[str, int]]) -> None:
+        """Store each record of a derived entry whose origin was still open; the others' slots
+        stay empty (the old master proposed them too, or the transaction ended otherwise)."""
+        try:
+            origins, records = codec.derived_parts(data)
+        except CodecError as exc:
+            self._skip(index, f"derived entry: {exc}")
+            return
+        base = index << SLOT_BITS
+        for slot, (origin, record) in enumerate(zip(origins, records, strict=True)):
+            if self._resolve(origin):
+                self._dispatch_record(base | slot, record, touched)
+
+    def _dispatch_record(self, position: int, record: Record, touched: set[tuple[str, int]]) -> None:
+        """One record into its queue by the general parser (derived records: not on the hot path,
+        and never de-duplicated by UNIQ_KEY, which they share with the message they came from)."""
+        try:
+            raw = bytes(record)
+            topic, qid, tags, _uniq, keyed = codec.parse_record(raw)
+            cq = self._queue_cache.get((topic, qid)) or self._new_queue((topic, qid))
+        except (CodecError, UnicodeDecodeError) as exc:
+            self._undecodable(position, str(exc))
+            return
+        cq.positions.append(position)
+        cq.sizes.append(len(raw))
+        cq.tags.append(tags)
+        touched.add((cq.topic, qid))
+        self.dispatched_messages += 1
+        if keyed is not None:
+            self._index_keys(cq.topic, position, keyed)
+        if cq.kind:
+            self._hold(cq, position, raw, codec.record_store_ms(raw))
+
+    def delay_offsets(self, levels: int) -> dict[int, int]:
+        """RocketMQ's delay offset table: per delay level, the offset of its schedule queue
+        before which every message has been delivered."""
+        out: dict[int, int] = {}
+        pending = self.schedule.pending
+        for level in range(1, levels + 1):
+            cq = self.queues.get((SCHEDULE_TOPIC, level - 1))
+            if cq is None:
+                continue
+            offset = max(self._delay_cursors.get(level, 0), cq.base)
+            while offset < cq.max_offset and cq.positions[offset - cq.base] not in pending:
+                offset += 1
+            self._delay_cursors[level] = out[level] = offset
+        return out
 
     def _set_topic(self, op: TopicOp) -> None:
         tc = self.topics[op.name] = TopicConfig(op.name, op.read, op.write, op.perm, order=op.order)
@@ -504,6 +625,7 @@ class BrokerState:
             records = codec.entry_records(data)
         except CodecError:
             return [Stored(-1, base)]
+        derived = codec.entry_kind(data) == KIND_DERIVED
         out: list[Stored] = []
         cursors: dict[int, int] = {}
         for slot, rec in enumerate(records):
@@ -529,7 +651,9 @@ class BrokerState:
                 out.append(Stored(cq.base + j, position))
                 j += 1
                 continue
-            prior = self.uniq.get(uniq) if uniq is not None else None
+            # a derived record shares its UNIQ_KEY with the message it came from: an empty slot
+            # there means its origin was resolved before, not that a copy stands elsewhere
+            prior = self.uniq.get(uniq) if uniq is not None and not derived else None
             if prior is None:
                 out.append(Stored(-1, position))
             else:
@@ -589,6 +713,9 @@ class BrokerState:
             "consumer_offsets": len(self.offsets),
             "dedup_keys": len(self.uniq),
             "skipped_entries": self.skipped_entries,
+            "scheduled_messages": len(self.schedule),
+            "pending_half_messages": len(self.halves),
+            "queue_locks": len(self.locks.held),
         }
 
 
