@@ -18,6 +18,8 @@ from remoting.protocol import (
 )
 from remoting.tls import TLS_DISABLED, TLS_MODES
 
+_AUTO_OUTPUT_FLOOR = 64 * 1024 * 1024  # max_output_bytes=0: never below this
+
 
 @dataclass(frozen=True, slots=True)
 class RemotingConfig:
@@ -54,6 +56,31 @@ class RemotingConfig:
     max_buffered_frame_bytes: int = 256 * 1024 * 1024
     """Bytes of unfinished frames a server holds over all its connections; a connection that
     would push the total past it is closed, so half-sent frames cannot grow memory without end."""
+    frame_timeout_s: float = 30.0
+    """A server closes a connection whose frame, once its first byte is in, is not complete
+    within this long plus the time its bytes received so far are worth at
+    ``frame_min_bytes_per_s`` (the first frame gets ``handshake_timeout_s`` instead of this).
+    Without it a peer that sent one frame could trickle the next a byte at a time and hold its
+    connection slot for ever, as a complete frame now and then resets ``idle_timeout_s``."""
+    frame_min_bytes_per_s: int = 64 * 1024
+    """The slowest delivery a large frame may have: every byte received extends the frame's
+    deadline by 1/this seconds, so an honest link at this rate or faster is never cut (a 4 MiB
+    body at 64 KiB/s takes 64 s), while a peer sending slower is closed once its bytes no
+    longer pay for the time it has taken."""
+    max_inflight_requests: int = 1024
+    """A server stops reading a connection while this many of its requests are read but not yet
+    answered, and reads on when one is answered; the rest of a read already decoded waits,
+    undispatched. Well above what a client pipelines on one connection (the broker bench keeps
+    256 unbatched sends in flight; RocketMQ's producer 16-64 in practice), so only a peer
+    that never waits for its answers meets it."""
+    max_inflight_request_bytes: int = 64 * 1024 * 1024
+    """The same, by the bodies of the requests in flight: a peer pipelining large sends has at
+    most this much (plus one request) held by the server at a time."""
+    max_output_bytes: int = 0
+    """A connection whose queued output (written but not yet taken by the peer) passes this is
+    closed: the peer made requests whose answers it does not read faster than reading it is
+    paused (``write_buffer_high_bytes``) could stop them. 0: automatic, the larger of 64 MiB
+    and ``write_buffer_high_bytes`` + 2 x ``max_body_bytes``, so that no honest answer is cut."""
     tls_mode: str = TLS_DISABLED
     """A server's TLS: disabled, permissive (TLS and plaintext clients) or enforcing (TLS only);
     RocketMQ's tls.server.mode. Needs ``server_ssl`` unless disabled."""
@@ -96,3 +123,25 @@ class RemotingConfig:
             raise ValueError(
                 f"write_buffer_high_bytes must be at least 65536, got {self.write_buffer_high_bytes}"
             )
+        if not self.frame_timeout_s > 0:
+            raise ValueError(f"frame_timeout_s must be positive, got {self.frame_timeout_s}")
+        if self.frame_min_bytes_per_s < 1:
+            raise ValueError(f"frame_min_bytes_per_s must be at least 1, got {self.frame_min_bytes_per_s}")
+        if self.max_inflight_requests < 1:
+            raise ValueError(f"max_inflight_requests must be at least 1, got {self.max_inflight_requests}")
+        if self.max_inflight_request_bytes < 64 * 1024:
+            raise ValueError(
+                f"max_inflight_request_bytes must be at least 65536, got {self.max_inflight_request_bytes}"
+            )
+        if self.max_output_bytes and self.max_output_bytes < 2 * self.write_buffer_high_bytes:
+            raise ValueError(
+                f"max_output_bytes must be 0 (automatic) or at least twice write_buffer_high_bytes "
+                f"({2 * self.write_buffer_high_bytes}), got {self.max_output_bytes}"
+            )
+
+    @property
+    def output_limit_bytes(self) -> int:
+        """The queued output past which a connection is closed (``max_output_bytes`` resolved)."""
+        if self.max_output_bytes:
+            return self.max_output_bytes
+        return max(_AUTO_OUTPUT_FLOOR, self.write_buffer_high_bytes + 2 * self.max_body_bytes)

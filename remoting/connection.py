@@ -12,6 +12,18 @@ Hot-path choices, because the broker pushes tens of thousands of frames a second
 - per-call timeouts are deadlines in one heap per connection with one loop timer armed for
   the earliest (RocketMQ scans its response table instead), not a timer handle or a
   ``wait_for`` task per call: an answered call costs a heap push and nothing to cancel.
+
+Back-pressure on a server connection, so that its memory stays bounded whatever the peer does:
+- requests in flight (dispatched, not yet answered; remoting.dispatcher counts them) are
+  bounded by ``max_inflight_requests`` and by their bodies, ``max_inflight_request_bytes``;
+- answers the peer does not take fill the transport past ``write_buffer_high_bytes``.
+Either way reading from the peer is paused, and the requests already decoded from the last
+read wait undispatched (the backlog: at most one read's worth), until answers are made and
+taken; only then are they dispatched and reading resumes. Pausing reads alone was not enough:
+a read holds many pipelined requests, and each one dispatched adds its answer to the output
+(60 pipelined pulls of a 4 MiB message queued 240 MB for a peer that never read). What is
+already dispatched can still overshoot, so a connection whose queued output passes
+``max_output_bytes`` is closed.
 """
 
 from __future__ import annotations
@@ -21,6 +33,8 @@ import heapq
 import logging
 import math
 import socket
+import sys
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -63,7 +77,29 @@ ResponseCallback = Callable[[RemotingCommand | None, BaseException | None], None
 """Called with (response, None) or (None, error) exactly once per async invoke."""
 
 _OPAQUE_MASK = 0x7FFFFFFF  # RocketMQ's opaque is a Java int
-_LOG_FIRST_BAD = 10  # per connection; then every 1000th, so a hostile peer cannot flood the log
+
+
+class LogBudget:
+    """Says whether the n-th occurrence of something a peer can repeat at will gets a log line:
+    the first ``first`` do, then one every ``every``, so a flood costs a few lines, never one
+    per event. The caller puts the count so far in the line it logs."""
+
+    __slots__ = ("first", "every", "count")
+
+    def __init__(self, first: int = 10, every: int = 1000) -> None:
+        self.first = first
+        self.every = every
+        self.count = 0
+
+    def take(self) -> bool:
+        self.count += 1
+        return self.count <= self.first or self.count % self.every == 0
+
+
+# over every connection of the process, so a peer that reconnects gets no fresh budget
+_protocol_errors_logged = LogBudget()
+_bad_frames_logged = LogBudget()
+_output_overflows_logged = LogBudget()
 
 
 class RemotingStats:
@@ -78,6 +114,7 @@ class RemotingStats:
         "bad_frames",
         "protocol_errors",
         "timeouts",
+        "reads_paused",
     )
 
     def __init__(self) -> None:
@@ -89,6 +126,7 @@ class RemotingStats:
         self.bad_frames = 0
         self.protocol_errors = 0
         self.timeouts = 0
+        self.reads_paused = 0  # times a server stopped reading a peer for back-pressure
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -165,6 +203,17 @@ class RemotingConnection(asyncio.Protocol):
         self._flush_scheduled = False
         self._writable = asyncio.Event()
         self._writable.set()
+        self._congested = False  # the transport holds more than write_buffer_high_bytes unsent
+        self._output_limit = config.output_limit_bytes
+        # back-pressure (a server's only: a client must always read its responses)
+        serving = side == "server"
+        self._max_inflight = config.max_inflight_requests if serving else sys.maxsize
+        self._max_inflight_bytes = config.max_inflight_request_bytes if serving else sys.maxsize
+        self.inflight_requests = 0  # dispatched, not yet answered: remoting.dispatcher counts them
+        self.inflight_request_bytes = 0  # ... and their bodies
+        self._backlog: deque[RemotingCommand] | None = None  # set while reading is paused
+        self.reading_paused = False  # reading from the peer is paused for back-pressure
+        self._release_scheduled = False
         self._closed = False
         self._closed_future: asyncio.Future[None] = self._loop.create_future()
         self._bad_frames = 0
@@ -195,11 +244,17 @@ class RemotingConnection(asyncio.Protocol):
             events = self._decoder.feed(data)
         except ProtocolError as exc:
             self.stats.protocol_errors += 1
-            log.warning(
-                "closing connection: %s",
-                exc,
-                extra={"peer": self.remote_addr, "side": self.side, "local": self.local_addr},
-            )
+            if _protocol_errors_logged.take():
+                log.warning(
+                    "closing connection: %s",
+                    exc,
+                    extra={
+                        "peer": self.remote_addr,
+                        "side": self.side,
+                        "local": self.local_addr,
+                        "so_far": _protocol_errors_logged.count,
+                    },
+                )
             self.close(f"protocol error: {exc}")
             return
         stats = self.stats
@@ -217,8 +272,15 @@ class RemotingConnection(asyncio.Protocol):
                             ev.opaque,
                             extra={"peer": self.remote_addr},
                         )
+                elif self._backlog is not None:
+                    self._backlog.append(ev)  # reading is paused; this waits its turn
                 elif self.dispatcher is not None:
                     self.dispatcher.dispatch(self, ev)
+                    if (
+                        self.inflight_requests >= self._max_inflight
+                        or self.inflight_request_bytes >= self._max_inflight_bytes
+                    ):
+                        self._hold()
                 else:
                     if not ev.flags & FLAG_ONEWAY:
                         self.send(not_supported(ev))
@@ -245,6 +307,8 @@ class RemotingConnection(asyncio.Protocol):
                 ),
             )
         self._out.clear()
+        if self._backlog is not None:
+            self._backlog.clear()
         if not self._closed_future.done():
             self._closed_future.set_result(None)
         if self._on_lost is not None:
@@ -254,15 +318,81 @@ class RemotingConnection(asyncio.Protocol):
                 log.exception("connection-lost listener raised", extra={"peer": self.remote_addr})
 
     def pause_writing(self) -> None:
-        # The peer is not reading: stop reading its requests (server) and make callers wait (client).
+        # The peer is not reading: stop taking its requests (server) and make callers wait (client).
+        self._congested = True
         self._writable.clear()
-        if self._transport is not None and self.dispatcher is not None and self.side == "server":
-            self._transport.pause_reading()
+        if self.side == "server" and self.dispatcher is not None:
+            self._hold()
 
     def resume_writing(self) -> None:
+        self._congested = False
         self._writable.set()
-        if self._transport is not None and self.side == "server" and not self._closed:
-            self._transport.resume_reading()
+        if self._backlog is not None:
+            self.release_soon()
+
+    # --- back-pressure (server) -----------------------------------------------------------
+    def _hold(self) -> None:
+        """Stop reading the peer; requests decoded meanwhile wait in the backlog."""
+        if self._backlog is not None:
+            return
+        self._backlog = deque()
+        self.reading_paused = True
+        self.stats.reads_paused += 1
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def _can_take(self) -> bool:
+        return (
+            not self._congested
+            and self.inflight_requests < self._max_inflight
+            and self.inflight_request_bytes < self._max_inflight_bytes
+        )
+
+    def release_soon(self) -> None:
+        """A request in flight was answered or output drained: see, on the next loop turn,
+        whether waiting requests can go on (the dispatcher calls this while reading is paused)."""
+        if not self._release_scheduled:
+            self._release_scheduled = True
+            self._loop.call_soon(self._release)
+
+    def _release(self) -> None:
+        """Dispatch waiting requests while the limits allow, then read on once none wait."""
+        self._release_scheduled = False
+        backlog = self._backlog
+        if backlog is None or self.closing or self.dispatcher is None:
+            return
+        dispatch = self.dispatcher.dispatch
+        while backlog:
+            if not self._can_take():
+                return
+            dispatch(self, backlog.popleft())
+            if self.closing:
+                return
+        if not self._can_take():
+            return
+        self._backlog = None
+        self.reading_paused = False
+        transport = self._transport
+        if transport is not None:
+            transport.resume_reading()
+
+    def _output_overflow(self, queued: int) -> None:
+        """Queued output passed ``max_output_bytes``: the peer makes requests whose answers it
+        does not take, faster than pausing its reads stops them. Close it; memory comes first."""
+        if _output_overflows_logged.take():
+            log.warning(
+                "closing connection: %d bytes of output queued, over max_output_bytes=%d; "
+                "the peer does not read its answers",
+                queued,
+                self._output_limit,
+                extra={
+                    "peer": self.remote_addr,
+                    "side": self.side,
+                    "so_far": _output_overflows_logged.count,
+                },
+            )
+        self.abort(f"{queued} bytes of output queued, over max_output_bytes={self._output_limit}")
 
     # --- state ----------------------------------------------------------------------------
     @property
@@ -348,6 +478,10 @@ class RemotingConnection(asyncio.Protocol):
         out.clear()
         self.stats.writes += 1
         transport.write(data)
+        if self._congested:  # pause_writing ran (maybe in this write): only then can it be over
+            queued = transport.get_write_buffer_size()
+            if queued > self._output_limit:
+                self._output_overflow(queued)
 
     def _allocate_opaque(self) -> int:
         opaque = self._next_opaque
@@ -444,7 +578,7 @@ class RemotingConnection(asyncio.Protocol):
     def _on_bad_frame(self, bad: BadFrame) -> None:
         self.stats.bad_frames += 1
         self._bad_frames += 1
-        if self._bad_frames <= _LOG_FIRST_BAD or self._bad_frames % 1000 == 0:
+        if _bad_frames_logged.take():
             log.warning(
                 "refused frame: %s",
                 bad.reason,
@@ -454,7 +588,8 @@ class RemotingConnection(asyncio.Protocol):
                     "code": bad.code,
                     "opaque": bad.opaque,
                     "response": bad.is_response,
-                    "refused_so_far": self._bad_frames,
+                    "refused_so_far": self._bad_frames,  # on this connection
+                    "refused_in_process": _bad_frames_logged.count,
                 },
             )
         if bad.is_response:

@@ -286,7 +286,7 @@ class RemotingCommand:
             allowed = f"in {min_value}..{max_value}"
         shown = str(number) if len(str(number)) <= 40 else f"{str(number)[:37]}..."
         return RemotingCommandError(
-            f"{request_code_name(self.code)}: header '{name}'={shown} is out of range: it must be {allowed}"
+            f"{request_code_name(self.code)}: header '{name}'={shown} out of range: it must be {allowed}"
         )
 
     def header_bool(self, name: str, default: Any = _REQUIRED) -> bool:

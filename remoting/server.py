@@ -7,8 +7,12 @@ connection closes). A misbehaving peer only ever loses its own connection.
 Every listener is bounded (each limit a RemotingConfig setting): at most ``max_connections``
 open connections (more are closed as soon as they are accepted), a connection must deliver a
 complete frame within ``handshake_timeout_s`` and then at least one every ``idle_timeout_s``,
-and unfinished frames held over all connections never exceed ``max_buffered_frame_bytes``
-(the connection that would pass it is closed). An optional request gate (remoting.acl's
+a frame once begun must be complete within ``frame_timeout_s`` (both deadlines extended by
+what the bytes received are worth at ``frame_min_bytes_per_s``, so a large frame on a slow but
+honest link is not cut, while a trickle is), and unfinished frames held over all connections
+never exceed ``max_buffered_frame_bytes`` (the connection that would pass it is closed). A
+connection's requests in flight and its unread answers are bounded too (remoting.connection:
+its reading pauses, and past ``max_output_bytes`` it is closed). An optional request gate (remoting.acl's
 AccessValidator) checks each request's signature and permissions before its processor runs.
 With ``tls_mode`` permissive or enforcing, remoting.tls's SniffingListener accepts the
 connections instead of asyncio's server, to tell TLS from plaintext clients by their first byte.
@@ -49,6 +53,8 @@ class LimitStats:
         "handshake_timeouts",
         "idle_closed",
         "buffer_closed",
+        "frame_timeouts",
+        "output_closed",
         "gated",
         "plaintext_refused",
         "tls_failed",
@@ -59,6 +65,8 @@ class LimitStats:
         self.handshake_timeouts = 0
         self.idle_closed = 0
         self.buffer_closed = 0
+        self.frame_timeouts = 0  # a frame begun but not complete in time (a trickle)
+        self.output_closed = 0  # answers queued past max_output_bytes (a peer that does not read)
         self.gated = 0
         self.plaintext_refused = 0  # plaintext clients of a tls_mode=enforcing listener
         self.tls_failed = 0  # TLS handshakes that failed (bad or missing certificate, wrong CA)
@@ -123,6 +131,8 @@ class _ServerConnection(RemotingConnection):
         self.opened_at = self.last_frame_at = self._loop.time()
         self.framed = False  # delivered a complete frame
         self._held = 0  # bytes of an unfinished frame this connection counts in the server's total
+        self.frame_started_at = 0.0  # when the frame now arriving began (0: none is)
+        self.frame_bytes = 0  # bytes of it received so far (each buys time at frame_min_bytes_per_s)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         server = self._server
@@ -141,10 +151,19 @@ class _ServerConnection(RemotingConnection):
         stats = self.stats
         before = stats.frames_in
         super().data_received(data)
+        decoder = self._decoder
+        held = decoder.buffered
         if stats.frames_in != before:
-            self.last_frame_at = self._loop.time()
+            now = self.last_frame_at = self._loop.time()
             self.framed = True
-        held = self._decoder.buffered
+            if held or decoder.skipping:  # the next frame began in this read
+                self.frame_started_at, self.frame_bytes = now, held
+            else:
+                self.frame_started_at = 0.0
+        elif self.frame_started_at:
+            self.frame_bytes += len(data)
+        elif held or decoder.skipping:
+            self.frame_started_at, self.frame_bytes = self._loop.time(), len(data)
         if held or self._held:
             server = self._server
             server.buffered_bytes += held - self._held
@@ -157,6 +176,17 @@ class _ServerConnection(RemotingConnection):
                     server.limits.buffer_closed,
                 )
                 self.abort("unfinished frames over the server's max_buffered_frame_bytes")
+
+    def _output_overflow(self, queued: int) -> None:
+        server = self._server
+        server.limits.output_closed += 1
+        server._log_refusal(
+            f"closing connection: {queued} bytes of answers queued, over max_output_bytes="
+            f"{self._output_limit}; the peer does not read them",
+            self.remote_addr,
+            server.limits.output_closed,
+        )
+        self.abort(f"{queued} bytes of output queued, over max_output_bytes={self._output_limit}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.buffered_bytes -= self._held
@@ -290,10 +320,12 @@ class RemotingServer:
         return _ServerConnection(self, self._gate or self.dispatcher)
 
     async def _sweep(self) -> None:
-        """Close connections past the handshake or idle timeout; runs while the server listens."""
+        """Close connections past the handshake, frame or idle timeout; runs while the server listens."""
         cfg = self.config
         idle = cfg.idle_timeout_s
-        period = max(0.05, min(1.0, cfg.handshake_timeout_s / 4, idle / 4 if idle else 1.0))
+        period = max(
+            0.05, min(1.0, cfg.handshake_timeout_s / 4, cfg.frame_timeout_s / 4, idle / 4 if idle else 1.0)
+        )
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(period)
@@ -305,11 +337,18 @@ class RemotingServer:
     def _sweep_once(self, now: float) -> None:
         cfg = self.config
         idle = cfg.idle_timeout_s
+        per_byte = 1.0 / cfg.frame_min_bytes_per_s
         for conn in list(self._connections):
             if not isinstance(conn, _ServerConnection) or conn.closing:
                 continue
-            if not conn.framed:
-                if now - conn.opened_at > cfg.handshake_timeout_s:
+            if conn.reading_paused:
+                # we stopped reading, not the peer: its frame's clock waits with us (the idle
+                # timeout still runs, so a peer that never takes its answers is closed by it)
+                if conn.frame_started_at:
+                    conn.frame_started_at = now
+                    conn.frame_bytes = 0
+            elif not conn.framed:
+                if now - conn.opened_at > cfg.handshake_timeout_s + conn.frame_bytes * per_byte:
                     self.limits.handshake_timeouts += 1
                     self._log_refusal(
                         "closing connection: no complete frame within handshake_timeout_s",
@@ -317,14 +356,34 @@ class RemotingServer:
                         self.limits.handshake_timeouts,
                     )
                     conn.abort("no complete frame within handshake_timeout_s")
-            elif idle and now - conn.last_frame_at > idle:
+                    continue
+            elif (
+                conn.frame_started_at
+                and now - conn.frame_started_at > cfg.frame_timeout_s + conn.frame_bytes * per_byte
+            ):
+                self.limits.frame_timeouts += 1
+                self._log_refusal(
+                    f"closing connection: a frame begun {now - conn.frame_started_at:.1f}s ago is still "
+                    f"incomplete ({conn.frame_bytes} bytes in), past frame_timeout_s={cfg.frame_timeout_s:g} "
+                    f"at frame_min_bytes_per_s={cfg.frame_min_bytes_per_s}",
+                    conn.remote_addr,
+                    self.limits.frame_timeouts,
+                )
+                conn.abort("frame incomplete past frame_timeout_s")
+                continue
+            if idle and now - conn.last_frame_at > idle:
                 self.limits.idle_closed += 1
-                log.info("closing idle connection", extra={"server": self.name, "peer": conn.remote_addr})
-                conn.close(f"idle for more than idle_timeout_s={idle:g}")
+                self._log_refusal(
+                    "closing idle connection", conn.remote_addr, self.limits.idle_closed, logging.INFO
+                )
+                if conn.writable:
+                    conn.close(f"idle for more than idle_timeout_s={idle:g}")
+                else:  # its peer takes no output either: closing would wait for it to drain, for ever
+                    conn.abort(f"idle for more than idle_timeout_s={idle:g} with unsent output")
 
-    def _log_refusal(self, message: str, peer: object, count: int) -> None:
+    def _log_refusal(self, message: str, peer: object, count: int, level: int = logging.WARNING) -> None:
         if count <= _LOG_FIRST or count % 1000 == 0:
-            log.warning(message, extra={"server": self.name, "peer": str(peer), "so_far": count})
+            log.log(level, message, extra={"server": self.name, "peer": str(peer), "so_far": count})
 
     def admit(self, peer: object) -> bool:
         """Whether one more accepted connection fits max_connections (ones still in their TLS

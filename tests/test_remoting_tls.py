@@ -24,6 +24,7 @@ from test_remoting_bounds import namesrv_factory  # noqa: F401 F811 - fixture
 from client.consumer import PullConsumer
 from client.instance import TLS_CA_FILE_ENV, TLS_ENABLE_ENV, ClientInstance, tls_from_env
 from client.producer import Producer
+from common.cluster_secret import load_cluster_secret
 from common.process import free_port
 from common.settings import ConfigError
 from jepsen.localgroup import LocalBrokerGroup
@@ -138,6 +139,7 @@ def test_bad_ca_path_stops_broker_with_one_line(tmp_path: Path) -> None:
             "BROKER_DATA_DIR": str(tmp_path / "data"),
             "BROKER_TLS_ENABLE": "true",
             "BROKER_TLS_CA_FILE": str(tmp_path / "missing-ca.pem"),
+            "BROKER_CLUSTER_SECRET": "s" * 32,  # a broker needs one before its TLS files are checked
         },
     )
     out = done.stdout + done.stderr
@@ -324,7 +326,8 @@ def test_tls_group_with_producer_consumer_and_admin(
         # the ledger members elected that master over TLS; their listeners take TLS clients only
         ledger = [g.ledger_addr[n] for n in g.node_ids]
         trusted = client_context(pki["tls_ca_file"])
-        async with LedgerClient(ledger, timeout=3, attempt_timeout=1, ssl=trusted) as lc:
+        secret = load_cluster_secret("", g.cluster_secret_file())  # the ledger port wants its proof too
+        async with LedgerClient(ledger, timeout=3, attempt_timeout=1, ssl=trusted, secret=secret) as lc:
             roles = [(await lc.status(a))["role"] for a in ledger]
         assert sorted(roles) == ["follower", "follower", "leader"], roles
         async with LedgerClient(ledger, timeout=1.5, attempt_timeout=0.5) as plain_ledger:
