@@ -21,7 +21,7 @@ import pytest
 
 from jepsen.history import read_history, validate_history
 from jepsen.systems.base import Unsupported
-from jepsen.systems.broker import QueueClient
+from jepsen.systems.broker import BrokerQueueClient
 from jepsen.systems.rocketmq import Hooks, RocketMQBackend, check_faults, parse_nodes
 from remoting.protocol import SERIALIZE_JSON
 
@@ -265,12 +265,12 @@ def test_hooks_get_the_node_and_a_failing_hook_says_what_failed(tmp_path):
 
 
 def test_rocketmq_clients_send_json_headers_without_ledgermq_fields():
-    client = QueueClient(["127.0.0.1:9876"], {}, "T", broker_name="broker-a", rocketmq=True)
+    client = BrokerQueueClient(["127.0.0.1:9876"], {}, "T", broker_name="broker-a", rocketmq=True)
     config = client.producer.instance.remoting.config
     assert config.serialize_type == SERIALIZE_JSON and config.send_crc is False
     assert client.consumer.instance is client.producer.instance
     assert client.target(1)["queue"].broker_name == "broker-a"
-    plain = QueueClient(["127.0.0.1:9876"], {}, "T")
+    plain = BrokerQueueClient(["127.0.0.1:9876"], {}, "T")
     assert plain.target(1) == {"queue_id": 1}
 
 

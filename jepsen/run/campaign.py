@@ -34,7 +34,7 @@ from typing import Any
 from jepsen.run.check import VERDICTS
 from jepsen.run.runner import RunConfig, RunResult
 from jepsen.run.runner import run as run_test
-from jepsen.workloads.base import WORKLOADS
+from jepsen.workloads.registry import WORKLOADS
 
 #: workload -> system it runs on in a campaign
 CAMPAIGN_WORKLOADS: dict[str, str] = {"log": "ledger", "register": "ledger", "queue": "broker"}

@@ -28,7 +28,7 @@ from jepsen.run.pool import WorkerFailed
 from jepsen.run.runner import DEFAULT_NEMESIS, RunConfig
 from jepsen.run.runner import run as run_test
 from jepsen.systems.base import Unsupported
-from jepsen.workloads.base import WORKLOADS
+from jepsen.workloads.registry import WORKLOADS
 
 
 def _rate(_ctx: click.Context, _param: click.Parameter, value: str) -> float:

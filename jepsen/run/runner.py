@@ -35,10 +35,10 @@ from jepsen.run.monitor import LeaderMonitor
 from jepsen.run.pool import WorkerPool
 from jepsen.run.worker import peak_rss_mb
 from jepsen.systems.base import Backend, Unsupported
-from jepsen.systems.broker import QueueWorkload  # noqa: F401 - registers the queue workload
-from jepsen.systems.clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
+from jepsen.systems.broken import adapters_for
 from jepsen.systems.registry import make_backend
-from jepsen.workloads.base import WORKLOADS, RunContext, Workload
+from jepsen.workloads.base import RunContext, Workload
+from jepsen.workloads.registry import WORKLOADS
 
 DEFAULT_NEMESIS = ("kill-leader", "partition-leader")
 
@@ -436,15 +436,14 @@ def run(cfg: RunConfig) -> RunResult:
     resolve_load(cfg)
     wraps: dict[str, Any] = {}
     if cfg.broken_adapter:
-        table = BROKEN_REGISTER_ADAPTERS if cfg.workload == "register" else BROKEN_ADAPTERS
+        kind = WORKLOADS[cfg.workload].wraps
+        table = adapters_for(kind)
         if cfg.broken_adapter not in table:
             raise Unsupported(
                 f"no broken adapter {cfg.broken_adapter!r} for the {cfg.workload} workload; "
                 f"available: {', '.join(table)}"
             )
-        wraps["wrap_register_client" if cfg.workload == "register" else "wrap_log_client"] = table[
-            cfg.broken_adapter
-        ]
+        wraps[f"wrap_{kind}_client"] = table[cfg.broken_adapter].wrap
     run_dir = make_run_dir(cfg.out, cfg.test_name())
     backend = make_backend(cfg.backend, cfg.system, run_dir / "cluster", **cfg.system_options)
     backend.client_timeout = max(0.5, cfg.op_timeout - 1.0)

@@ -36,10 +36,10 @@ from typing import Any
 
 from common.cli import run_main
 from jepsen.history import History
-from jepsen.systems.broker import QueueWorkload  # noqa: F401 - registers the queue workload
-from jepsen.systems.clients import BROKEN_ADAPTERS, BROKEN_REGISTER_ADAPTERS
+from jepsen.systems.broken import BROKEN_ADAPTERS
 from jepsen.systems.registry import endpoints_from_spec
-from jepsen.workloads.base import WORKLOADS, RunContext
+from jepsen.workloads.base import RunContext
+from jepsen.workloads.registry import WORKLOADS
 
 PROGRESS_EVERY_S = 0.5
 GO_TIMEOUT_S = 120.0  # a controller that never says go (it died): give up and exit
@@ -98,10 +98,11 @@ def build_context(spec: dict[str, Any], history: History) -> RunContext:
     )
     broken = spec.get("broken_adapter")
     if broken:
-        if spec["workload"] == "register":
-            ctx.wrap_register_client = BROKEN_REGISTER_ADAPTERS[broken]
+        adapter = BROKEN_ADAPTERS[broken]
+        if adapter.wraps == "register":
+            ctx.wrap_register_client = adapter.wrap
         else:
-            ctx.wrap_log_client = BROKEN_ADAPTERS[broken]
+            ctx.wrap_log_client = adapter.wrap
     return ctx
 
 

@@ -28,17 +28,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from common.process import ProcessSet, write_toml
+from common.process import ProcessSet
 from jepsen.net.proxy import Link, LinkProxy
-from jepsen.systems.clients import (
-    LedgerLogClient,
-    LedgerRegisterClient,
-    LogClient,
-    RegisterClient,
-    RegisterReplica,
-)
-from ledger.client import LedgerClient
-from ledger.localcluster import LocalCluster
+from jepsen.systems.clients import LogClient, QueueClient, RegisterClient, RegisterReplica
 
 #: bytes read from the end of a node's log to find its last line (a report, not a reader)
 LOG_TAIL_BYTES = 4096
@@ -326,19 +318,23 @@ class Backend(ABC):
     @abstractmethod
     def log_client(self) -> LogClient: ...
 
-    def register_client(self, replica: RegisterReplica) -> RegisterClient:
+    def register_replica(self) -> RegisterReplica:
+        """What one logical register client keeps across its reconnects (see ``clients``)."""
         raise Unsupported(f"{self.system} has no register workload")
 
-    def queue_client(self) -> Any:
+    def register_client(self, replica: Any) -> RegisterClient:
+        raise Unsupported(f"{self.system} has no register workload")
+
+    def queue_client(self, broker_name: str | None = None) -> QueueClient:
         """Producer/consumer adapter for a ``queue`` workload: a backend whose nodes are brokers
-        (not bare ledger nodes) provides it; see ``workloads`` for how the workload plugs in."""
+        (not bare ledger nodes) provides it; ``broker_name`` picks one group's queues where there are several."""
         raise Unsupported(f"{self.system} has no queue workload (it runs no brokers)")
 
     def client_spec(self) -> dict[str, Any]:
         """What a worker process needs to build this system's clients, as plain JSON.
 
         Workers are separate OS processes: they get addresses, never the backend itself
-        (``systems.endpoints_from_spec`` turns this back into a client source).
+        (``registry.endpoints_from_spec`` turns this back into a client source).
         """
         raise Unsupported(f"{self.system} cannot hand its clients to worker processes")
 
@@ -621,111 +617,3 @@ class ProcessBackend(Backend):
             raise ValueError(f"unknown lose-data variant {how!r}; choose from {', '.join(LOSE_DATA_WAYS)}")
         self._mark_log(nid)
         return info
-
-
-class LocalLedgerBackend(ProcessBackend):
-    """A 3-node ledger group of local processes (``ledger.localcluster``) behind link proxies."""
-
-    system = "ledger"
-    supports_corruption = True
-
-    def __init__(self, base_dir: Path, n: int = 3, settings: dict[str, Any] | None = None) -> None:
-        self.cluster = _ProxiedCluster(Path(base_dir), n, settings=settings)
-        super().__init__(base_dir, self.cluster)
-        self.nodes = list(self.cluster.ids)
-        self._status_client = self.loop_client(
-            lambda: LedgerClient(self.cluster.addresses, timeout=0.5, attempt_timeout=0.5)
-        )
-
-    def peer_addresses(self) -> dict[str, str]:
-        return {n: self.cluster.address(n) for n in self.nodes}
-
-    def launch(self) -> None:
-        self.cluster.proxy = self.proxy
-        self.cluster.start()
-
-    def spawn(self, nid: str) -> None:
-        self.cluster.start_node(nid)
-
-    @property
-    def direct(self) -> dict[str, str]:
-        """Proxy address -> the real address of the node behind it."""
-        assert self.proxy is not None
-        return {addr: self.cluster.address(dst) for (_, dst), addr in self.proxy.addresses.items()}
-
-    @property
-    def names(self) -> dict[str, str]:
-        """Any address a node can be reached or named by -> node id."""
-        assert self.proxy is not None
-        out = {self.cluster.address(n): n for n in self.nodes}
-        out.update({addr: dst for (_, dst), addr in self.proxy.addresses.items()})
-        return out
-
-    async def status(self, nid: str) -> dict[str, Any] | None:
-        st = await self._status_client.get().status(self.cluster.address(nid))
-        return {
-            "role": st.get("role"),
-            "term": st.get("term"),
-            "leader": st.get("leader"),
-            "ready": bool(st.get("leader_ready")),
-            "commit_index": st.get("commit_index"),
-        }
-
-    def ledger_dir(self, nid: str) -> Path | None:
-        return self.base_dir / nid / "data"
-
-    def forge_targets(self) -> dict[str, Any]:
-        return {
-            "ledger": {n: self.cluster.address(n) for n in self.nodes},
-            "secured": bool(
-                self.cluster.settings.get("cluster_secret")
-                or self.cluster.settings.get("cluster_secret_file")
-            ),
-            "admin": [],
-            "acl": False,
-        }
-
-    def log_client(self) -> LogClient:
-        return LedgerLogClient(self.cluster.addresses, self.direct, self.names, timeout=self.client_timeout)
-
-    def client_spec(self) -> dict[str, Any]:
-        return {
-            "system": self.system,
-            "addresses": list(self.cluster.addresses),
-            "direct": self.direct,
-            "names": self.names,
-            "timeout": self.client_timeout,
-        }
-
-    def register_client(self, replica: RegisterReplica) -> RegisterClient:
-        return LedgerRegisterClient(
-            self.cluster.addresses, self.direct, self.names, replica, timeout=self.client_timeout
-        )
-
-    def log_files(self) -> dict[str, Path]:
-        return {n: self.base_dir / n / "node.log" for n in self.nodes}
-
-    def cleanup_data(self) -> None:
-        for n in self.nodes:
-            shutil.rmtree(self.base_dir / n / "data", ignore_errors=True)
-
-
-class _ProxiedCluster(LocalCluster):
-    """A ``LocalCluster`` whose nodes reach each other through the link proxy."""
-
-    proxy: LinkProxy | None = None
-
-    def write_configs(self) -> None:
-        assert self.proxy is not None, "start the link proxy before writing configs"
-        for nid in self.ids:
-            d = self.base_dir / nid
-            d.mkdir(parents=True, exist_ok=True)
-            peers = [f"{p}={self.address(p) if p == nid else self.proxy.address(nid, p)}" for p in self.ids]
-            conf = {
-                "id": nid,
-                "listen": self.address(nid),
-                "peers": peers,
-                "data_dir": str(d / "data"),
-                **self.settings,
-            }
-            write_toml(self.config_path(nid), conf)

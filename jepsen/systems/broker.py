@@ -1,29 +1,22 @@
-"""The ``queue`` workload: producers and consumers through the broker clients, on a broker group.
+"""The broker as a system under test: nameservers and broker groups of local processes, and its client adapter.
 
 Two nameservers and three brokers run as local processes; the brokers' ledger links go
 through the harness's cuttable proxies, so partitions split the Raft group while clients
-still reach every broker. Each queue of the test topic is one history ``key``
-(``"<topic>/<queue id>"``) and its consume-queue offsets are the log offsets, so the
-``log`` checker judges it.
+still reach every broker. :class:`LocalBrokerGroupsBackend` runs several groups
+(``--groups``) behind the same nameservers; the topic then has its queues on every group.
 
-Sends use the project's Producer (not idempotent, so a duplicate can only come from the
-system, never from a retry of ours); an unknown outcome is recorded as ``info``. With
-``--send-batch N`` the sends that processes make to one queue at about the same time go
-out together as one batch request, which the broker stores as one ledger entry: each is
-still its own operation in the history, and they share one outcome. Polls
-ask the master only, with ``requireMaster``: a master confirms its leadership (ReadIndex)
-before answering, so a poll that comes back short really reached the committed end.
-
-``LocalBrokerGroupsBackend`` runs several groups (``--groups``) behind the same nameservers;
-the topic then has its queues on every group and a key names the group too
-(``"<topic>/<broker name>/<queue id>"``).
+The client adapter, :class:`BrokerQueueClient`, speaks through the project's Producer (not
+idempotent, so a duplicate can only come from the system, never from a retry of ours; an
+unknown outcome is ``info``) and pulls from the master only, with ``requireMaster``: a
+master confirms its leadership (ReadIndex) before answering, so a poll that comes back
+short really reached the committed end. With ``rocketmq`` it speaks only what any
+RocketMQ 4.x broker reads, which is how the ``rocketmq`` and ``rocketmq-rust`` systems and
+the docker group reach their brokers too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +39,19 @@ from client.route import MessageQueue
 from client.send_attempts import SendStatus
 from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
 from jepsen.net.proxy import Link, LinkProxy
-from jepsen.ports import PortPlan
+from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
 from jepsen.systems.base import ProcessBackend, Unsupported, write_cluster_secret
 from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair, decode_value
 from jepsen.systems.credentials import Credentials
 from jepsen.systems.rocketmq_compat import rocketmq_instance
-from jepsen.workloads.base import WORKLOADS, ClientSource, LogWorkload, RunContext, Workload
 from remoting import RemotingClient, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import Message
 
+SYSTEM = "broker"
+
 TOPIC = "JepsenQueue"
-#: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``QueueClient.poll``)
+#: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``BrokerQueueClient.poll``)
 MAX_PULLS_PER_POLL = 64
 #: pairs per poll of a drain: at RocketMQ's 32 messages a pull, all MAX_PULLS_PER_POLL pulls
 #: (a poll never stops short of its limit before the queue's end); at ledgermq's 1024, two
@@ -123,7 +117,7 @@ class _BrokerProcessBackend(ProcessBackend):
 class LocalBrokerBackend(_BrokerProcessBackend):
     """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
 
-    system = "broker"
+    system = SYSTEM
     client_timeout = 4.0
     topic = TOPIC
     supports_corruption = True
@@ -153,9 +147,11 @@ class LocalBrokerBackend(_BrokerProcessBackend):
             "the broker backend runs the queue workload (the log workload talks to bare ledger nodes)"
         )
 
-    def queue_client(self) -> QueueClient:
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
-        return QueueClient(self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout)
+        return BrokerQueueClient(
+            self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout, broker_name=broker_name
+        )
 
     def client_spec(self) -> dict[str, Any]:
         return queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
@@ -191,7 +187,7 @@ class LocalBrokerGroupsBackend(_BrokerProcessBackend):
     groups; a partition drawn across groups cuts each group along the line it draws.
     """
 
-    system = "broker"
+    system = SYSTEM
     client_timeout = 4.0
     topic = TOPIC
     supports_corruption = True
@@ -259,9 +255,9 @@ class LocalBrokerGroupsBackend(_BrokerProcessBackend):
     def log_client(self) -> LogClient:
         raise Unsupported("the broker backend runs the queue workload")
 
-    def queue_client(self, broker_name: str | None = None) -> QueueClient:
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
-        return QueueClient(
+        return BrokerQueueClient(
             self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout, broker_name=broker_name
         )
 
@@ -278,6 +274,23 @@ class LocalBrokerGroupsBackend(_BrokerProcessBackend):
     def cleanup_data(self) -> None:
         for n in self.nodes:
             shutil.rmtree(self.group.node_dir(n) / "data", ignore_errors=True)
+
+
+def local_broker_backend(
+    base_dir: Path,
+    *,
+    groups: int | None = 1,
+    host_base: str | None = None,
+    port_base: int | None = None,
+    **kw: Any,
+) -> ProcessBackend:
+    """The local broker backend for ``--groups``, ``--host-base`` and ``--port-base``: one group
+    where the OS picks the ports unless asked for more."""
+    groups = int(groups or 1)
+    if groups == 1 and host_base is None and port_base is None:
+        return LocalBrokerBackend(base_dir, **kw)
+    ports = PortPlan(host_base or DEFAULT_HOST_BASE, port_base)
+    return LocalBrokerGroupsBackend(base_dir, groups=groups, ports=ports, **kw)
 
 
 def queue_spec(
@@ -305,7 +318,7 @@ def queue_spec(
 class QueueEndpoints:
     """The clients of a broker group, built from :func:`queue_spec` in a worker process."""
 
-    system = "broker"
+    system = SYSTEM
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.namesrv = [str(a) for a in spec["namesrv"]]
@@ -322,8 +335,8 @@ class QueueEndpoints:
         cred = spec.get("credentials_file")
         self.credentials = Credentials.read(cred) if cred else None
 
-    def queue_client(self, broker_name: str | None = None) -> QueueClient:
-        return QueueClient(
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        return BrokerQueueClient(
             self.namesrv,
             self.names,
             self.topic,
@@ -336,11 +349,14 @@ class QueueEndpoints:
     def log_client(self) -> LogClient:
         raise Unsupported("a broker group runs the queue workload")
 
+    def register_replica(self) -> Any:
+        raise Unsupported("a broker group runs the queue workload")
+
     def register_client(self, replica: Any) -> Any:
         raise Unsupported("a broker group runs the queue workload")
 
 
-class QueueClient:
+class BrokerQueueClient:
     """Producer and master-only pulls for one harness process.
 
     ``broker_name`` pins every send and poll to that broker group's queues (a cluster with
@@ -411,6 +427,23 @@ class QueueClient:
             raise Indefinite(f"stored with status {r.status.value} by {r.broker_addr}")
         self.node = self.names.get(r.broker_addr, r.broker_addr)
         return r.queue_offset
+
+    async def send_batch(self, queue_id: int, values: list[int]) -> tuple[list[int], str | None]:
+        """``values`` as one batch request to ``queue_id``: their offsets in order and the node
+        that stored them, or one error for all of them."""
+        try:
+            await self._ensure()
+            msgs = [Message(self.topic, str(v).encode()) for v in values]
+            r = await self.producer.send_batch(msgs, **self.target(queue_id))
+        except SendOutcomeUnknownError as exc:
+            raise Indefinite(str(exc)) from None
+        except ClientError as exc:
+            raise Definite(str(exc)) from None
+        if len(r.offsets) != len(values):
+            raise Indefinite(f"batch of {len(values)} answered with {len(r.offsets)} offsets")
+        if r.status is not SendStatus.SEND_OK:  # stored, but neither flushed nor copied for sure
+            raise Indefinite(f"batch stored with status {r.status.value} by {r.broker_addr}")
+        return list(r.offsets), self.names.get(r.broker_addr, r.broker_addr)
 
     async def _master(self) -> tuple[str, str]:
         routes = self.consumer.instance.routes
@@ -493,202 +526,3 @@ class QueueClient:
             self._started = False
         if self._instance is not None:
             await self._instance.close()
-
-
-class SendCoalescer:
-    """Sends to one queue that arrive within ``linger_s`` of each other go as one batch.
-
-    Like a producer shared by many threads that batches their messages: each caller gets
-    its own offset, or the batch's error (a definite failure or an unknown outcome).
-    """
-
-    def __init__(self, client: QueueClient, queue_id: int, max_batch: int, linger_s: float = 0.01) -> None:
-        self.client = client
-        self.queue_id = queue_id
-        self.max_batch = max_batch
-        self.linger_s = linger_s
-        self._pending: list[tuple[int, asyncio.Future[tuple[int, str | None]]]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._sending: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.largest = 0
-        # the loop, looked up once: asyncio.get_running_loop() costs a getpid() system call
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def send(self, value: int) -> tuple[int, str | None]:
-        """(offset, node that stored it) once the batch holding ``value`` is acknowledged."""
-        loop = self._loop or self._bind_loop()
-        fut: asyncio.Future[tuple[int, str | None]] = loop.create_future()
-        self._pending.append((value, fut))
-        if len(self._pending) >= self.max_batch:
-            self._flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(self.linger_s, self._flush)
-        return await fut
-
-    def _bind_loop(self) -> asyncio.AbstractEventLoop:
-        self._loop = asyncio.get_running_loop()
-        return self._loop
-
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._pending = self._pending, []
-        if batch:
-            task = (self._loop or self._bind_loop()).create_task(self._send(batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _send(self, batch: list[tuple[int, asyncio.Future[tuple[int, str | None]]]]) -> None:
-        self.batches += 1
-        self.largest = max(self.largest, len(batch))
-        c = self.client
-        try:
-            await c._ensure()
-            msgs = [Message(c.topic, str(v).encode()) for v, _ in batch]
-            r = await c.producer.send_batch(msgs, **c.target(self.queue_id))
-            if len(r.offsets) != len(batch):
-                raise Indefinite(f"batch of {len(batch)} answered with {len(r.offsets)} offsets")
-            if r.status is not SendStatus.SEND_OK:  # stored, but neither flushed nor copied for sure
-                raise Indefinite(f"batch stored with status {r.status.value} by {r.broker_addr}")
-            node = c.names.get(r.broker_addr, r.broker_addr)
-            outcome: list[tuple[int, str | None]] | BaseException = [(off, node) for off in r.offsets]
-        except SendOutcomeUnknownError as exc:
-            outcome = Indefinite(str(exc))
-        except ClientError as exc:
-            outcome = Definite(str(exc))
-        except Exception as exc:  # noqa: BLE001 - anything else: we cannot know whether it was stored
-            outcome = Indefinite(f"{type(exc).__name__}: {exc}")
-        for i, (_, fut) in enumerate(batch):
-            if fut.done():
-                continue
-            if isinstance(outcome, BaseException):
-                fut.set_exception(outcome)
-            else:
-                fut.set_result(outcome[i])
-
-    async def close(self) -> None:
-        self._flush()
-        if self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
-        await self.client.close()
-
-
-class _QueueLog:
-    """One queue of a QueueClient, seen as the LogClient the log workload drives."""
-
-    def __init__(self, client: QueueClient, queue_id: int, coalescer: SendCoalescer | None = None) -> None:
-        self.client = client
-        self.queue_id = queue_id
-        self.coalescer = coalescer
-
-    @property
-    def node(self) -> str | None:
-        return self.client.node
-
-    async def send(self, value: int) -> int:
-        if self.coalescer is None:
-            return await self.client.send(self.queue_id, value)
-        offset, self.client.node = await self.coalescer.send(value)
-        return offset
-
-    async def poll(self, start: int, limit: int) -> list[Pair]:
-        return await self.client.poll(self.queue_id, start, limit)
-
-    async def drain(self) -> list[Pair]:
-        return await self.client.drain(self.queue_id)
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-class _QueuePart(LogWorkload):
-    """The log workload on one queue; values are drawn from a counter shared by all queues."""
-
-    def __init__(
-        self,
-        backend: ClientSource,
-        ctx: RunContext,
-        queue_id: int,
-        values: Iterator[int],
-        coalescer: SendCoalescer | None = None,
-        broker_name: str | None = None,
-    ) -> None:
-        super().__init__(backend, ctx)
-        self.queue_id = queue_id
-        self.broker_name = broker_name
-        self.key = queue_key(getattr(backend, "topic", TOPIC), broker_name, queue_id)
-        self._values = values
-        self.coalescer = coalescer
-
-    def client(self) -> LogClient:
-        qc = self.backend.queue_client(self.broker_name) if self.broker_name else self.backend.queue_client()
-        c: LogClient = _QueueLog(qc, self.queue_id, self.coalescer)
-        return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
-
-
-class QueueWorkload(Workload):
-    """Producers send unique integers to the queues of a topic; consumers poll them back."""
-
-    name = "queue"
-    checker = "log"
-
-    def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
-        super().__init__(backend, ctx)
-        queues = getattr(backend, "queues", None)
-        if not queues:
-            raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
-        values = ctx.values  # unique across the whole history, as HISTORY.md requires
-        # several broker groups: every group holds ``queues`` queues of the topic, one key each
-        groups: list[str | None] = list(getattr(backend, "broker_names", None) or [None])
-        slots = [(g, q) for g in groups for q in range(queues)]
-        self.coalescers = (
-            [
-                SendCoalescer(backend.queue_client(g) if g else backend.queue_client(), q, ctx.send_batch)
-                for g, q in slots
-            ]
-            if ctx.send_batch > 1
-            else []
-        )
-        self.parts = [
-            _QueuePart(
-                backend, ctx, q, values, self.coalescers[i] if self.coalescers else None, broker_name=g
-            )
-            for i, (g, q) in enumerate(slots)
-        ]
-
-    async def worker(self, w: int) -> None:
-        await self.parts[(w + self.ctx.client_offset) % len(self.parts)].worker(w)
-
-    async def final(self) -> None:
-        try:
-            await asyncio.gather(*(p.final() for p in self.parts))
-        finally:
-            await self.close()
-
-    async def close(self) -> None:
-        for c in self.coalescers:
-            await c.close()
-
-    def summary(self) -> dict[str, Any]:
-        drained = {p.key: p.summary().get("drained") for p in self.parts}
-        out: dict[str, Any] = {"drained": drained, "drained_total": sum(v or 0 for v in drained.values())}
-        if any(p.broker_name for p in self.parts):
-            by_group: dict[str, int] = {}
-            for p in self.parts:
-                by_group[str(p.broker_name)] = by_group.get(str(p.broker_name), 0) + (drained[p.key] or 0)
-            out["drained_by_group"] = by_group
-        if self.coalescers:
-            out["send_batches"] = sum(c.batches for c in self.coalescers)
-            out["largest_send_batch"] = max(c.largest for c in self.coalescers)
-        return out
-
-
-def queue_key(topic: str, broker_name: str | None, queue_id: int) -> str:
-    """A queue's history key: ``<topic>/<queue>``, or ``<topic>/<broker name>/<queue>`` when the
-    topic spans several broker groups (each has its own queue 0)."""
-    return f"{topic}/{broker_name}/{queue_id}" if broker_name else f"{topic}/{queue_id}"
-
-
-WORKLOADS["queue"] = QueueWorkload

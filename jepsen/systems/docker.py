@@ -41,7 +41,7 @@ from jepsen.docker.compose import (
 from jepsen.net import relay
 from jepsen.net.proxy import Link
 from jepsen.systems.base import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
-from jepsen.systems.broker import QueueClient, broker_status, queue_spec
+from jepsen.systems.broker import BrokerQueueClient, broker_status, queue_spec
 from jepsen.systems.clients import LogClient
 from jepsen.systems.credentials import Credentials
 
@@ -249,8 +249,8 @@ class DockerBrokerBackend(Backend):
     def _names(self) -> dict[str, str]:
         return {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
 
-    def queue_client(self, broker_name: str | None = None) -> QueueClient:
-        return QueueClient(
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        return BrokerQueueClient(
             self.group.namesrv_addrs,
             self._names(),
             self.topic,
@@ -272,3 +272,18 @@ class DockerBrokerBackend(Backend):
 
     def cleanup_data(self) -> None:
         """Nothing to do: ``down -v`` already removed the containers' volumes."""
+
+
+def docker_broker_backend(
+    base_dir: Path,
+    *,
+    groups: int | None = 1,
+    host_base: str | None = None,
+    port_base: int | None = None,
+    **kw: Any,
+) -> DockerBrokerBackend:
+    """The docker group for ``--backend docker``: ``groups`` broker groups; the group has its own
+    network and publishes free ports, so there is no host or port base to take (a run that
+    names one is refused before this)."""
+    del host_base, port_base
+    return DockerBrokerBackend(base_dir, groups=int(groups or 1), **kw)

@@ -38,7 +38,7 @@ from client.errors import ClientError
 from common.settings import ConfigError, parse_host_port
 from jepsen.net.proxy import Link
 from jepsen.systems.base import Backend, Unsupported
-from jepsen.systems.broker import QueueClient, queue_spec
+from jepsen.systems.broker import BrokerQueueClient, queue_spec
 from jepsen.systems.clients import LogClient
 from jepsen.systems.rocketmq_compat import rocketmq_instance
 from remoting.exceptions import RemotingError
@@ -433,9 +433,9 @@ class RocketMQBackend(Backend):
     def log_client(self) -> LogClient:
         raise Unsupported(f"--system {SYSTEM} runs the queue workload")
 
-    def queue_client(self) -> QueueClient:
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         names = {n.addr: n.name for n in self.external if n.addr}
-        return QueueClient(
+        return BrokerQueueClient(
             self.namesrv,
             names,
             self.topic,

@@ -54,7 +54,7 @@ from client.producer import Producer
 from common.process import ProcessSet, free_port, toml_value, write_toml
 from jepsen.localgroup import free_port_pair
 from jepsen.systems.base import ProcessBackend, Unsupported
-from jepsen.systems.broker import QueueClient
+from jepsen.systems.broker import BrokerQueueClient
 from jepsen.systems.clients import LogClient
 from jepsen.systems.rocketmq import ExternalNode, RocketMQBackend
 from jepsen.systems.rocketmq_compat import rocketmq_instance
@@ -366,7 +366,7 @@ class RocketMQRustBackend(ProcessBackend):
     def log_client(self) -> LogClient:
         raise Unsupported(f"--system {SYSTEM} runs the queue workload")
 
-    def queue_client(self) -> QueueClient:
+    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         self.view.client_timeout = self.client_timeout
         return self.view.queue_client()
 

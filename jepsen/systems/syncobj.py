@@ -18,9 +18,11 @@ from common.process import ProcessSet, free_port
 from jepsen.systems.base import ProcessBackend, Unsupported
 from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair
 
+SYSTEM = "pysyncobj"
+
 
 class LocalSyncObjBackend(ProcessBackend):
-    system = "pysyncobj"
+    system = SYSTEM
     directed_links = False
 
     def __init__(self, base_dir: Path, n: int = 3, python: str = sys.executable) -> None:
@@ -113,7 +115,7 @@ class LocalSyncObjBackend(ProcessBackend):
 class SyncObjEndpoints:
     """The clients of a pysyncobj group, built from its ``client_spec`` in a worker process."""
 
-    system = "pysyncobj"
+    system = SYSTEM
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.nodes = [str(n) for n in spec["nodes"]]
@@ -130,10 +132,13 @@ class SyncObjEndpoints:
     def log_client(self) -> LogClient:
         return SyncObjLogClient(self, timeout=self.client_timeout)
 
+    def register_replica(self) -> Any:
+        raise Unsupported("pysyncobj runs the log workload only")
+
     def register_client(self, replica: Any) -> Any:
         raise Unsupported("pysyncobj runs the log workload only")
 
-    def queue_client(self) -> Any:
+    def queue_client(self, broker_name: str | None = None) -> Any:
         raise Unsupported("pysyncobj runs the log workload only")
 
 

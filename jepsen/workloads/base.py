@@ -1,4 +1,4 @@
-"""Workloads: what clients do during a run, recorded as history operations.
+"""What every workload shares: the run context, one operation's outcome, and the ``Workload`` shape.
 
 A workload is one class (see :class:`Workload`): ``worker`` runs one logical client
 until the run's deadline, ``final`` runs once every fault is healed (drains, final
@@ -9,12 +9,8 @@ reads). Each operation is written as an invoke, then exactly one completion:
 * ``info`` — it raised anything else or timed out; the worker then continues under a
   fresh process id and a fresh client (connections reopened), as Jepsen does.
 
-Adding the ``queue`` workload (producers/consumers through the broker clients) is one
-class: subclass :class:`Workload` with ``name = "queue"`` and ``checker = "log"`` (a queue
-is a log per ``key``: record ``send``/``poll``/``drain`` per queue exactly as
-:class:`LogWorkload` does, with ``key`` = ``"<topic>/<queue id>"`` and offsets = consume
-queue offsets), take its client from a backend method such as ``queue_client()``, and add
-it to :data:`WORKLOADS`.
+A new workload is one module with its ``Workload`` subclass (its ``name``, the ``checker``
+model that judges it, the client interface it ``wraps``) and one line in ``registry``.
 """
 
 from __future__ import annotations
@@ -27,25 +23,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from jepsen.history import History
-from jepsen.systems.clients import Definite, LogClient, RegisterClient, RegisterReplica
+from jepsen.systems.clients import ClientSource, Definite, LogClient, RegisterClient
 from jepsen.workloads.op_deadlines import OpDeadlines
 
 T = TypeVar("T")
-
-
-class ClientSource(Protocol):
-    """Where a workload gets its clients: a backend, or (in a worker process) its endpoints."""
-
-    system: str
-
-    def log_client(self) -> LogClient: ...
-
-    def register_client(self, replica: RegisterReplica) -> RegisterClient: ...
-
-    def queue_client(self) -> Any: ...
 
 
 @dataclass
@@ -155,6 +139,11 @@ class Workload(ABC):
 
     name: str = "?"
     checker: str = "?"  # the checker's workload (model) name
+    #: the client interface the workload drives (``log`` or ``register``): a broken adapter
+    #: for the harness's self-test must wrap this one
+    wraps: str = "log"
+    #: whether ``--send-batch`` can coalesce its sends
+    batches_sends: bool = False
 
     def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
         self.backend = backend
@@ -174,169 +163,3 @@ class Workload(ABC):
 
     def summary(self) -> dict[str, Any]:
         return {}
-
-
-class LogWorkload(Workload):
-    """Unique integers appended to one log, with polls from each worker's own position."""
-
-    name = "log"
-    checker = "log"
-    key = "0"
-
-    def __init__(self, backend: ClientSource, ctx: RunContext) -> None:
-        super().__init__(backend, ctx)
-        self.send_ratio = ctx.send_ratio
-        self.poll_max = ctx.poll_max
-        self._values = ctx.values
-        self.drained: int | None = None  # pairs the final drain read (a count: the pairs are in the history)
-
-    def client(self) -> LogClient:
-        c = self.backend.log_client()
-        return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
-
-    async def worker(self, w: int) -> None:
-        h, ctx, key = self.ctx.history, self.ctx, self.key
-        proc = h.new_process()
-        client = self.client()
-        pos = 0
-        me = asyncio.current_task()  # once: attempt would look it up per operation
-        try:
-            while not ctx.done():
-                await ctx.pace(w)
-                if ctx.done():
-                    break
-                if ctx.rng.random() < self.send_ratio:
-                    v = next(self._values)
-                    h.invoke(proc, "send", v, key=key)
-                    typ, off, err = await attempt(ctx, client.send(v), task=me)
-                    h.complete(
-                        proc,
-                        typ,
-                        "send",
-                        v,
-                        key=key,
-                        offset=off if typ == "ok" else None,
-                        error=err,
-                        node=client.node,
-                    )
-                else:
-                    h.invoke(proc, "poll", {"from": pos, "max": self.poll_max}, key=key)
-                    typ, pairs, err = await attempt(
-                        ctx, client.poll(pos, self.poll_max), read_only=True, task=me
-                    )
-                    value = [[o, v] for o, v in pairs] if typ == "ok" and pairs is not None else None
-                    h.complete(proc, typ, "poll", value, key=key, error=err, node=client.node)
-                    if value:
-                        pos = value[-1][0] + 1
-                if typ == "info":
-                    proc = h.new_process()
-                    await client.close()
-                    client = self.client()
-        finally:
-            await client.close()
-
-    async def final(self) -> None:
-        """Drain the whole log once, retrying (as new operations) until one succeeds."""
-        h, key = self.ctx.history, self.key
-        proc = h.new_process()
-        client = self.client()
-        try:
-            for _ in range(10):
-                h.invoke(proc, "drain", {"from": 0, "max": None}, key=key)
-                typ, pairs, err = await attempt(
-                    self.ctx, client.drain(), read_only=True, timeout=self.ctx.drain_timeout
-                )
-                # (offset, value) tuples encode as the contract's [offset, value] pairs: no copy of a long drain
-                value = pairs if typ == "ok" and pairs is not None else None
-                h.complete(proc, typ, "drain", value, key=key, error=err, node=client.node)
-                if typ == "ok":
-                    self.drained = len(value or [])
-                    return
-                await asyncio.sleep(1.0)
-        finally:
-            await client.close()
-
-    def summary(self) -> dict[str, Any]:
-        return {"drained": self.drained}
-
-
-class RegisterWorkload(Workload):
-    """Read / write / compare-and-set on a few keys, checked for linearizability per key."""
-
-    name = "register"
-    checker = "register"
-
-    def __init__(self, backend: ClientSource, ctx: RunContext, keys: int = 3, values: int = 5) -> None:
-        super().__init__(backend, ctx)
-        self.keys = [f"r{i}" for i in range(keys)]
-        self.values = values
-        self.replicas: list[RegisterReplica] = []
-
-    def client(self, replica: RegisterReplica) -> RegisterClient:
-        c = self.backend.register_client(replica)
-        return self.ctx.wrap_register_client(c) if self.ctx.wrap_register_client else c
-
-    async def _one(self, proc: int, client: RegisterClient, f: str, key: str) -> str:
-        h, ctx, rng = self.ctx.history, self.ctx, self.ctx.rng
-        if f == "read":
-            h.invoke(proc, "read", None, key=key)
-            typ, val, err = await attempt(ctx, client.read(key))
-            h.complete(proc, typ, "read", val if typ == "ok" else None, key=key, error=err, node=client.node)
-        elif f == "write":
-            v = rng.randrange(self.values)
-            h.invoke(proc, "write", v, key=key)
-            typ, _, err = await attempt(ctx, client.write(key, v))
-            h.complete(proc, typ, "write", v, key=key, error=err, node=client.node)
-        else:
-            old, new = rng.randrange(self.values), rng.randrange(self.values)
-            h.invoke(proc, "cas", [old, new], key=key)
-            typ, applied, err = await attempt(ctx, client.cas(key, old, new))
-            if typ == "ok" and not applied:
-                typ, err = "fail", "current value differs from the expected one"
-            h.complete(proc, typ, "cas", [old, new], key=key, error=err, node=client.node)
-        return typ
-
-    async def worker(self, w: int) -> None:
-        h, ctx = self.ctx.history, self.ctx
-        replica = RegisterReplica()
-        self.replicas.append(replica)
-        proc = h.new_process()
-        client = self.client(replica)
-        try:
-            while not ctx.done():
-                await ctx.pace(w)
-                if ctx.done():
-                    break
-                f = ctx.rng.choices(("read", "write", "cas"), (0.4, 0.3, 0.3))[0]
-                typ = await self._one(proc, client, f, ctx.rng.choice(self.keys))
-                if typ == "info":
-                    proc = h.new_process()
-                    await client.close()
-                    client = self.client(replica)
-        finally:
-            await client.close()
-
-    async def final(self) -> None:
-        """One read per key once healed: the final state, linearized with everything else."""
-        replica = RegisterReplica()
-        self.replicas.append(replica)
-        client = self.client(replica)
-        try:
-            for key in self.keys:
-                for _ in range(5):
-                    proc = self.ctx.history.new_process()
-                    if await self._one(proc, client, "read", key) == "ok":
-                        break
-                    await asyncio.sleep(0.5)
-        finally:
-            await client.close()
-
-    def summary(self) -> dict[str, Any]:
-        mism = [m for r in self.replicas for m in r.ack_mismatches]
-        return {"ack_mismatches": len(mism), "ack_mismatch_examples": mism[:5]}
-
-
-WORKLOADS: dict[str, type[Workload]] = {
-    "log": LogWorkload,
-    "register": RegisterWorkload,
-}

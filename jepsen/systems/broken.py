@@ -1,0 +1,101 @@
+"""Deliberately broken client adapters: the harness's self-test of the checker.
+
+``jepsen run --broken-adapter NAME`` wraps every client of the run in one of these. Each
+breaks a promise a sound system keeps, so a run with it must come out invalid: a checker
+that calls it valid misses exactly that anomaly. Each adapter wraps one kind of client
+(``wraps``: the log interface, which the log and queue workloads drive, or the register
+interface).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jepsen.systems.clients import LogClient, Pair
+from jepsen.systems.ledger import LedgerRegisterClient
+
+
+class AckUnsentLogClient:
+    """A broken adapter for the harness's own tests: acknowledges some sends it never made.
+
+    Every ``every``-th send returns ``ok`` with a plausible offset without touching the
+    system, the way a client that acks before replicating would. A sound checker must find
+    those values missing from the final drain (``lost-write``).
+    """
+
+    def __init__(self, inner: LogClient, every: int = 5) -> None:
+        self.inner = inner
+        self.every = every
+        self.count = 0
+        self.last_offset = 1
+
+    @property
+    def node(self) -> str | None:
+        return self.inner.node
+
+    async def send(self, value: int) -> int:
+        self.count += 1
+        if self.count % self.every == 0:
+            return self.last_offset + 1
+        offset = await self.inner.send(value)
+        self.last_offset = max(self.last_offset, offset)
+        return offset
+
+    async def poll(self, start: int, limit: int) -> list[Pair]:
+        return await self.inner.poll(start, limit)
+
+    async def drain(self) -> list[Pair]:
+        return await self.inner.drain()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class LocalReadRegisterClient:
+    """A broken adapter for the harness's own tests: reads from the client's own replica.
+
+    Writes and cas go through the log, but a read returns whatever this client last
+    replayed, without ordering the read in the log: a stale read as soon as another
+    client wrote since. The linearizability checker must reject the history.
+    """
+
+    def __init__(self, inner: LedgerRegisterClient) -> None:
+        self.inner = inner
+
+    @property
+    def node(self) -> str | None:
+        return self.inner.node
+
+    async def read(self, key: str) -> Any:
+        return self.inner.replica.state.get(key)
+
+    async def write(self, key: str, value: Any) -> None:
+        await self.inner.write(key, value)
+
+    async def cas(self, key: str, old: Any, new: Any) -> bool:
+        return await self.inner.cas(key, old, new)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass(frozen=True)
+class BrokenAdapter:
+    """One broken adapter: the client interface it wraps (``log`` or ``register``) and how."""
+
+    wraps: str
+    wrap: Callable[[Any], Any]
+
+
+#: every broken adapter by its ``--broken-adapter`` name
+BROKEN_ADAPTERS: dict[str, BrokenAdapter] = {
+    "ack-unsent": BrokenAdapter("log", AckUnsentLogClient),
+    "local-reads": BrokenAdapter("register", LocalReadRegisterClient),
+}
+
+
+def adapters_for(wraps: str) -> dict[str, BrokenAdapter]:
+    """The broken adapters that wrap the ``wraps`` interface, by name."""
+    return {name: a for name, a in BROKEN_ADAPTERS.items() if a.wraps == wraps}
