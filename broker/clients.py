@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 CLIENT_EXPIRY_S: Final = 30.0  # a client without a heartbeat this long no longer counts in rebalancing
 ENTRY_OVERHEAD_BYTES: Final = 256  # what an entry costs beyond its subscriptions' text (ids, fields)
@@ -55,7 +55,8 @@ class ClientTable:
         self.max_bytes = max_bytes
         self.expiry_s = expiry_s
         self.consumers: dict[str, dict[str, ClientInfo]] = {}  # group -> client id -> info
-        self.producers: dict[str, dict[str, float]] = {}  # group -> client id -> last heartbeat
+        # group -> client id -> (last heartbeat, the connection it came on: transaction checks go there)
+        self.producers: dict[str, dict[str, tuple[float, Any]]] = {}
         # (kind, group, client id) -> last heartbeat, least recently seen first
         self._seen: OrderedDict[tuple[int, str, str], float] = OrderedDict()
         self.bytes = 0
@@ -90,8 +91,8 @@ class ClientTable:
         self._mark(key, info.seen)
         return True
 
-    def touch_producer(self, group: str, client_id: str, now: float) -> bool:
-        """Record a producer's heartbeat; False (nothing changed) when the table is full."""
+    def touch_producer(self, group: str, client_id: str, now: float, conn: Any = None) -> bool:
+        """Record a producer's heartbeat (and its connection); False (nothing changed) when full."""
         key = (PRODUCER, group, client_id)
         clients = self.producers.get(group)
         new = clients is None or client_id not in clients
@@ -99,7 +100,7 @@ class ClientTable:
             return False
         if new:
             self.bytes += ENTRY_OVERHEAD_BYTES
-        self.producers.setdefault(group, {})[client_id] = now
+        self.producers.setdefault(group, {})[client_id] = (now, conn)
         self._mark(key, now)
         return True
 
@@ -115,11 +116,15 @@ class ClientTable:
             if now - info.seen <= self.expiry_s:
                 yield cid, info
 
-    def live_producers(self, group: str, now: float) -> list[str]:
-        """Client ids of the group's producers heard from within the expiry, newest first."""
+    def live_producer_connections(self, group: str, now: float) -> list[Any]:
+        """Open connections of the group's producers heard from within the expiry, newest first."""
         clients = self.producers.get(group, {})
-        live = [(at, cid) for cid, at in clients.items() if now - at <= self.expiry_s]
-        return [cid for _, cid in sorted(live, reverse=True)]
+        live = [
+            (at, i, conn)
+            for i, (at, conn) in enumerate(clients.values())
+            if now - at <= self.expiry_s and conn is not None and not getattr(conn, "closing", True)
+        ]
+        return [conn for _, _, conn in sorted(live, reverse=True)]
 
     # ------------------------------------------------------------------ internals
 

@@ -20,6 +20,8 @@ from remoting.config import RemotingConfig
 from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
+from .system_topics import DEFAULT_DELAY_LEVELS, parse_delay_levels
+
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*?(\d+)$")
 
 
@@ -75,6 +77,20 @@ class BrokerConfig:
     max_heartbeat_bytes: int = 1 << 20  # one heartbeat's body
     max_subscriptions_per_client: int = 1024  # topics one consumer entry may subscribe to
     max_topics: int = 65_536  # topics a broker group holds; an auto-created topic past it is refused
+    message_delay_level: str = DEFAULT_DELAY_LEVELS  # RocketMQ's messageDelayLevel (units ms, s, m, h, d)
+    max_timer_delay_s: float = 3 * 86400.0  # the furthest a RocketMQ 5 delivery time may lie ahead
+    max_scheduled_messages: int = 1_000_000  # delayed messages held at once; past it a send is SYSTEM_BUSY
+    max_reconsume_times: int = (
+        16  # a group's retries before a message goes to %DLQ% (if the client names none)
+    )
+    transaction_timeout_s: float = 6.0  # a half message younger than this is not checked
+    transaction_check_interval_s: float = 60.0  # how often unresolved half messages are checked
+    transaction_check_max: int = 15  # checks before an unresolved half message is discarded
+    max_half_messages: int = (
+        100_000  # half messages held at once; past it a transactional send is SYSTEM_BUSY
+    )
+    lock_max_live_s: float = 60.0  # a consumer's queue lock lasts this long unless renewed (RocketMQ: 60 s)
+    enable_property_filter: bool = True  # SQL92 subscriptions (RocketMQ's enablePropertyFilter)
     max_suspended_pulls: int = 10_000  # long polls held at once; over it a pull is answered at once
     acl_enable: bool = False  # every request must be signed by an account of acl_file (RocketMQ ACL)
     acl_file: str = ""  # TOML accounts file (remoting/acl.py)
@@ -95,6 +111,7 @@ class BrokerConfig:
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
     secret: bytes = field(init=False, default=b"", repr=False, compare=False)
+    delay_levels_ms: tuple[int, ...] = field(init=False, default=(), repr=False, compare=False)
 
     def validate(self) -> None:
         if not self.broker_name or not re.fullmatch(r"[A-Za-z0-9_.-]+", self.broker_name):
@@ -157,7 +174,30 @@ class BrokerConfig:
             raise ConfigError(
                 "keys 'max_heartbeat_clients' (>= 1) and 'max_suspended_pulls' (>= 0) out of range"
             )
+        try:
+            self.delay_levels_ms = parse_delay_levels(self.message_delay_level)
+        except ValueError as exc:
+            raise ConfigError(f"key 'message_delay_level': {exc}") from None
+        for key in (
+            "transaction_timeout_s",
+            "transaction_check_interval_s",
+            "lock_max_live_s",
+            "max_timer_delay_s",
+        ):
+            if not 0 < getattr(self, key) <= 30 * 86400:
+                raise ConfigError(f"key '{key}' must be in (0, 30 days], got {getattr(self, key)}")
+        longest_s = max(max(self.delay_levels_ms) / 1000, self.max_timer_delay_s)
+        if self.retention_hours and self.retention_hours * 3600 < 2 * longest_s:
+            # a held message must outlive its delay in the log, or retention removes it first
+            raise ConfigError(
+                f"key 'retention_hours' ({self.retention_hours}) must keep the log at least twice the "
+                f"longest delay ({longest_s:.0f} s: message_delay_level, max_timer_delay_s)"
+            )
         for key, least in (
+            ("max_scheduled_messages", 1),
+            ("max_half_messages", 1),
+            ("max_reconsume_times", 0),
+            ("transaction_check_max", 1),
             ("max_heartbeat_table_bytes", 1 << 16),
             ("max_heartbeat_bytes", 1 << 12),
             ("max_subscriptions_per_client", 1),

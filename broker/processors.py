@@ -7,30 +7,23 @@ carries a response code and a remark that says what was wrong and where.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ledger.embed import AppendFailed, BarrierTimeout, EmbedError, LedgerBusy, NotLeaderError
+from ledger.embed import BarrierTimeout, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
-from remoting.dispatcher import Deferred
 from remoting.exceptions import RemotingCommandError
 from remoting.headers import spelled_out_send_headers, uses_send_v2_names
-from remoting.jsonbody import loads_bounded
 from remoting.message import (
-    STORED_STORE_HOST_AT,
     SYSFLAG_COMPRESSED,
     MessageFormatError,
     decode_message_batch,
-    host_to_bytes,
     inflate_body,
     java_string_hash,
-    offset_msg_id,
     parse_offset_msg_id,
     properties_from_bytes,
     serve_records,
@@ -40,16 +33,15 @@ from remoting.topic import PERM_READ, PERM_WRITE, topic_name_error
 
 from . import codec
 from .admin_stats import AdminStats
-from .clients import ClientInfo, ClientTable, subscriptions_size
 from .context import Broker
+from .heartbeats import Heartbeats
 from .message_store import Stored
 from .meta import offset_op, topic_op
+from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext, Response, host_bytes
 
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
 
-
-Response = RemotingCommand | asyncio.Future[RemotingCommand] | Deferred | None
 
 FILTER_SCAN_LIMIT = 16_000  # consume-queue entries one filtered pull looks at (RocketMQ's default)
 MAX_PULL_BYTES = 4 << 20  # message bytes one pull answers with (at least one message)
@@ -57,21 +49,11 @@ DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic: clients send to its broke
 PERM_INHERIT = 1
 log = logging.getLogger("broker.processors")
 
-MAX_NAME_CHARS = 255  # a group, client id or topic name in a heartbeat
-MAX_EXPRESSION_CHARS = 4096  # a subscription expression (tags or SQL92)
-MAX_GROUPS_PER_HEARTBEAT = 256  # consumer groups (and producer groups) one heartbeat may name
-MAX_TOPICS_BEING_CREATED = 1000  # auto-created topics whose config is not applied yet
-RETRY_TOPIC_PREFIX = "%RETRY%"  # a consumer group's retry topic, created on its first heartbeat
 
 # PULL_MESSAGE sysFlag bits (RocketMQ's PullSysFlag)
 PULL_COMMIT_OFFSET = 0x1
 PULL_SUSPEND = 0x2
 PULL_SUBSCRIPTION = 0x4
-
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1  # a Java int, as a record stores flag and sysFlag
-MAX_TIMESTAMP_MS = (1 << 63) - 1  # a Java long
-
-_ZERO_HOST = b"\x00" * 8
 
 
 def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
@@ -88,42 +70,6 @@ def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
     return frozenset(java_string_hash(t) & 0xFFFFFFFF for t in tags)
 
 
-def _subscription_data(topic: str, expr: str) -> dict[str, Any]:
-    """RocketMQ's SubscriptionData of a tag expression ("*" for all: no tags, no codes)."""
-    tags = sorted({t.strip() for t in expr.split("||")} - {""})
-    if not tags or "*" in tags:
-        tags = []
-    return {
-        "classFilterMode": False,
-        "topic": topic,
-        "subString": expr or "*",
-        "tagsSet": tags,
-        "codeSet": sorted({java_string_hash(t) for t in tags}),
-        "subVersion": 0,
-        "expressionType": "TAG",
-    }
-
-
-_HOST_CACHE: dict[str, bytes] = {}
-_HOST_CACHE_MAX = 4096  # peers' addresses: a bounded cache, cleared when full
-
-
-def _host_bytes(addr: str) -> bytes:
-    """``ip:port`` -> the 8-byte socket address a record stores (zeros for one it cannot hold)."""
-    raw = _HOST_CACHE.get(addr)
-    if raw is None:
-        try:
-            raw = host_to_bytes(addr)
-        except MessageFormatError:
-            raw = _ZERO_HOST
-        if len(raw) != 8:
-            raw = _ZERO_HOST  # records keep IPv4 socket addresses
-        if len(_HOST_CACHE) >= _HOST_CACHE_MAX:
-            _HOST_CACHE.clear()
-        _HOST_CACHE[addr] = raw
-    return raw
-
-
 def _send_headers(req: RemotingCommand) -> RemotingCommand:
     """The request with SEND_MESSAGE_V2's one-letter header names spelled out; the layout is
     decided by ``remoting.headers.uses_send_v2_names``, as the ACL decides it."""
@@ -133,15 +79,17 @@ def _send_headers(req: RemotingCommand) -> RemotingCommand:
 
 
 class Processors:
+    """Sends, pulls, offsets, topics and queries; heartbeats and admin statistics beside them."""
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.store = broker.store
         self.config = broker.config
-        self.clients = ClientTable(self.config.max_heartbeat_clients, self.config.max_heartbeat_table_bytes)
-        # topics being auto-created -> (queue count, when proposed); bounded, stale ones retried
-        self._creating: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        self._store_host = _host_bytes(self.config.broker_addr)
-        self._store_host_hex = self._store_host.hex().upper()  # the first 16 digits of our message ids
+        self.ctx = ctx = RequestContext(broker)
+        self.clients = ctx.clients
+        self.heartbeats = Heartbeats(ctx)
+        self._not_master, self._check_topic, self._append = ctx.not_master, ctx.check_topic, ctx.append
+        self._msg_id, self._begin_creation, self._created = ctx.msg_id, ctx.begin_creation, ctx.created
         self.suspended_pulls = 0  # long polls being held (at most max_suspended_pulls)
         # one for both listeners (each registers its handlers; they share the rate samples)
         self.admin_stats = AdminStats(broker, self.clients, lambda: self.suspended_pulls)
@@ -161,10 +109,10 @@ class Processors:
             RequestCode.GET_EARLIEST_MSG_STORETIME: self.earliest_store_time,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_by_id,
             RequestCode.QUERY_MESSAGE: self.query_by_key,
-            RequestCode.HEART_BEAT: self.heartbeat,
-            RequestCode.UNREGISTER_CLIENT: self.unregister_client,
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
-            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.consumer_connections,
+            RequestCode.HEART_BEAT: self.heartbeats.heartbeat,
+            RequestCode.UNREGISTER_CLIENT: self.heartbeats.unregister_client,
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.heartbeats.consumer_list,
+            RequestCode.GET_CONSUMER_CONNECTION_LIST: self.heartbeats.consumer_connections,
         }
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
@@ -173,76 +121,6 @@ class Processors:
             server.register_processor(code, fn)
 
     # ------------------------------------------------------------------ helpers
-
-    def _not_master(self, req: RemotingCommand) -> RemotingCommand:
-        master = self.broker.master_address()
-        remark = f"broker {self.config.broker_addr} is not the master of {self.config.broker_name}; " + (
-            f"the master is {master}" if master else "no master is elected yet"
-        )
-        code = (
-            ResponseCode.NOT_MASTER
-            if master or self.broker.leader_known
-            else ResponseCode.SERVICE_NOT_AVAILABLE
-        )
-        return req.make_response(code, remark, {"masterAddr": master} if master else None)
-
-    def _check_topic(
-        self, req: RemotingCommand, topic: str, queue_id: int, perm: int, pending_nums: int = 0
-    ) -> RemotingCommand | None:
-        problem = topic_name_error(topic)
-        if problem:
-            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"topic {topic!r}: {problem}")
-        tc = self.store.topics.get(topic)
-        if tc is None and pending_nums:
-            nums, topic_perm = pending_nums, PERM_READ | PERM_WRITE
-        elif tc is None:
-            return req.make_response(
-                ResponseCode.TOPIC_NOT_EXIST,
-                f"topic {topic!r} does not exist on broker {self.config.broker_name}",
-            )
-        else:
-            topic_perm = tc.perm
-            nums = tc.write_queue_nums if perm == PERM_WRITE else tc.read_queue_nums
-        if not topic_perm & perm:
-            return req.make_response(
-                ResponseCode.NO_PERMISSION, f"topic {topic!r} does not allow this (perm {topic_perm})"
-            )
-        if not 0 <= queue_id < max(nums, 1):
-            return req.make_response(
-                ResponseCode.MESSAGE_ILLEGAL,
-                f"queue id {queue_id} is outside 0..{nums - 1} of topic {topic!r}",
-            )
-        return None
-
-    def _append(
-        self,
-        req: RemotingCommand,
-        payloads: list[bytes],
-        reply: Callable[[list[Stored]], RemotingCommand],
-        hint: tuple[bytes, int] | None = None,
-    ) -> Response:
-        """Append and answer from the commit callback (a Deferred: no future or loop turn per send)."""
-        later = Deferred()
-
-        def done(results: list[Stored] | None, exc: EmbedError | None) -> None:
-            if later.answered:
-                return
-            if exc is None:
-                later.answer(reply(results or []))
-            elif isinstance(exc, NotLeaderError):  # leadership lost before the append was proposed
-                later.answer(self._not_master(req))
-            elif isinstance(exc, AppendFailed):
-                later.answer(req.make_response(ResponseCode.SYSTEM_ERROR, f"not stored: {exc}"))
-            elif isinstance(exc, LedgerBusy):  # back-pressure: certainly not stored
-                later.answer(req.make_response(ResponseCode.SYSTEM_BUSY, f"not stored: {exc}"))
-            else:
-                later.answer(req.make_response(ResponseCode.REPLICATION_TIMEOUT, f"outcome unknown: {exc}"))
-
-        try:
-            self.store.append(payloads, done, hint)
-        except NotLeaderError:
-            return self._not_master(req)
-        return later
 
     # ------------------------------------------------------------------ sends
 
@@ -263,7 +141,7 @@ class Processors:
             if problem:
                 return req.make_response(ResponseCode.MESSAGE_ILLEGAL, f"topic {topic!r}: {problem}")
             now = time.monotonic()
-            pending, proposed_at = self._creating.get(topic, (0, 0.0))
+            pending, proposed_at = self.ctx.creating.get(topic, (0, 0.0))
             if not pending or now - proposed_at > self.config.send_timeout_s:
                 # First send of a new topic (or the proposal of its config was lost): its config
                 # goes into the same proposal, ahead of the message.
@@ -280,47 +158,6 @@ class Processors:
             queue_id = random.randrange(tc.write_queue_nums if tc else max(pending, 1))
         bad = self._check_topic(req, topic, queue_id, PERM_WRITE, pending)
         return bad or (topic, queue_id, before)
-
-    def _msg_id(self, stored: Stored) -> str:
-        """The offset message id of a stored message: the host in its record (a duplicate's
-        original may have been stored by an earlier master) and its position."""
-        if stored.duplicate:
-            host = self._store_host
-            found = self.store.record_at(stored.position)
-            if found is not None:
-                host = bytes(found[1][STORED_STORE_HOST_AT : STORED_STORE_HOST_AT + 8])
-            return offset_msg_id(host, stored.position)
-        # offset_msg_id(self._store_host, position), without re-encoding the host per message
-        return f"{self._store_host_hex}{stored.position:016X}"
-
-    def _begin_creation(self, topic: str, nums: int, now: float) -> tuple[int, str] | None:
-        """Note that ``topic``'s config is being proposed now; the refusal (code, remark) when
-        the group holds ``max_topics`` or MAX_TOPICS_BEING_CREATED are on their way. O(1)
-        amortised: proposals are kept oldest first and only expired ones are looked at."""
-        creating = self._creating
-        if topic not in creating:
-            if len(self.store.topics) + len(creating) >= self.config.max_topics:
-                return (
-                    ResponseCode.TOPIC_NOT_EXIST,
-                    f"topic {topic!r} not created: broker group {self.config.broker_name} holds "
-                    f"max_topics={self.config.max_topics} topics",
-                )
-            if len(creating) >= MAX_TOPICS_BEING_CREATED:
-                horizon = now - self.config.send_timeout_s
-                while creating and next(iter(creating.values()))[1] < horizon:
-                    creating.popitem(last=False)
-                if len(creating) >= MAX_TOPICS_BEING_CREATED:
-                    return (
-                        ResponseCode.SYSTEM_BUSY,
-                        f"{MAX_TOPICS_BEING_CREATED} topics are being created; try again shortly",
-                    )
-        creating[topic] = (nums, now)
-        creating.move_to_end(topic)
-        return None
-
-    def _created(self, topic: str) -> None:
-        if topic in self.store.topics:
-            self._creating.pop(topic, None)
 
     def send(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
         """SEND_MESSAGE (10) and SEND_MESSAGE_V2 (310): one message, stored as RocketMQ stores it;
@@ -360,9 +197,9 @@ class Processors:
                 flag,
                 sys_flag,
                 born,
-                _host_bytes(conn.remote_addr),
+                host_bytes(conn.remote_addr),
                 int(time.time() * 1000),
-                self._store_host,
+                self.ctx.store_host,
                 reconsume,
             )
         except MessageFormatError as exc:
@@ -414,9 +251,9 @@ class Processors:
             return target
         topic, queue_id, before = target
         topic_raw = topic.encode()
-        born_host = _host_bytes(conn.remote_addr)
+        born_host = host_bytes(conn.remote_addr)
         build = codec.build_stored_record
-        host = self._store_host
+        host = self.ctx.store_host
         records = [
             build(topic_raw, queue_id, mbody, props, flag, sys_flag, born, born_host, now, host)
             for flag, mbody, props in items
@@ -448,14 +285,6 @@ class Processors:
 
     # ------------------------------------------------------------------ pulls
 
-    def _group_subscription(self, group: str, topic: str) -> str:
-        """The expression the group's consumers subscribed with (from their heartbeats), '*' if none."""
-        for info in self.clients.consumers.get(group, {}).values():
-            expr = info.subscriptions.get(topic)
-            if expr:
-                return expr
-        return "*"
-
     async def pull(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         """PULL_MESSAGE with RocketMQ's sysFlag: commit the offset only with the commit bit (and
         never backwards), hold the pull only with the suspend bit, filter by the request's
@@ -481,7 +310,7 @@ class Processors:
         if sys_flag & PULL_SUBSCRIPTION:
             expr = req.header_str("subscription", "*")
         else:
-            expr = self._group_subscription(group, topic)
+            expr = self.heartbeats.group_subscription(group, topic)
         wanted = subscription_tag_hashes(expr)
         if not self.broker.is_master and (
             not self.config.slave_read_enable or req.header_bool("requireMaster", False)
@@ -682,157 +511,3 @@ class Processors:
             "indexLastUpdatePhyoffset": out[-1][1],
         }
         return req.make_response(headers=headers, body=serve_records(out))
-
-    def heartbeat(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        """RocketMQ's HeartbeatData: consumerDataSet[].groupName with subscriptionDataSet, and
-        producerDataSet[].groupName. Bounded like everything from the network: the body's
-        size and nesting, the groups and subscriptions one heartbeat may carry, and the
-        table's entries and bytes (over them SYSTEM_BUSY, nothing kept)."""
-        cfg = self.config
-        if len(req.body) > cfg.max_heartbeat_bytes:
-            raise RemotingCommandError(
-                f"HEART_BEAT body of {len(req.body)} bytes exceeds max_heartbeat_bytes={cfg.max_heartbeat_bytes}"
-            )
-        doc = loads_bounded(bytes(req.body) or b"{}", "HEART_BEAT body")
-        if not isinstance(doc, dict):
-            raise RemotingCommandError("HEART_BEAT body must be a JSON object")
-        client_id = doc.get("clientID") or conn.remote_addr
-        if not isinstance(client_id, str) or len(client_id) > MAX_NAME_CHARS:
-            raise RemotingCommandError(
-                f"HEART_BEAT clientID must be a string of at most {MAX_NAME_CHARS} characters"
-            )
-        consumers = _bounded_list(doc.get("consumerDataSet"), "consumerDataSet", MAX_GROUPS_PER_HEARTBEAT)
-        producers = _bounded_list(doc.get("producerDataSet"), "producerDataSet", MAX_GROUPS_PER_HEARTBEAT)
-        now = time.monotonic()
-        for i, consumer in enumerate(consumers):
-            group = consumer.get("groupName") if isinstance(consumer, dict) else None
-            if not isinstance(group, str) or not 0 < len(group) <= MAX_NAME_CHARS:
-                raise RemotingCommandError(f"HEART_BEAT consumerDataSet[{i}].groupName must be a group name")
-            subs = self._subscriptions(consumer.get("subscriptionDataSet"), i)
-            info = ClientInfo(
-                now,
-                subs,
-                conn.remote_addr,
-                req.language,
-                req.version,
-                _short_text(consumer.get("consumeType")),
-                _short_text(consumer.get("messageModel")),
-                _short_text(consumer.get("consumeFromWhere")),
-                subscriptions_size(subs),
-            )
-            if not self.clients.touch_consumer(group, client_id, info):
-                return self._clients_full(req)
-            self._ensure_retry_topic(group, now)
-        for producer in producers:
-            group = producer.get("groupName") if isinstance(producer, dict) else None
-            if isinstance(group, str) and 0 < len(group) <= MAX_NAME_CHARS:
-                if not self.clients.touch_producer(group, client_id, now):
-                    return self._clients_full(req)
-        return req.make_response()
-
-    def _subscriptions(self, raw: Any, i: int) -> dict[str, str]:
-        """A consumer's topic -> expression, each checked against the heartbeat's bounds."""
-        subs: dict[str, str] = {}
-        limit = self.config.max_subscriptions_per_client
-        for j, sub in enumerate(_bounded_list(raw, f"consumerDataSet[{i}].subscriptionDataSet", limit)):
-            if not isinstance(sub, dict) or not isinstance(sub.get("topic"), str):
-                continue
-            topic, expr = sub["topic"], sub.get("subString") or "*"
-            if not isinstance(expr, str) or len(expr) > MAX_EXPRESSION_CHARS or len(topic) > MAX_NAME_CHARS:
-                raise RemotingCommandError(
-                    f"HEART_BEAT consumerDataSet[{i}].subscriptionDataSet[{j}]: a topic of at most "
-                    f"{MAX_NAME_CHARS} and an expression of at most {MAX_EXPRESSION_CHARS} characters"
-                )
-            subs[topic] = expr
-        return subs
-
-    def _ensure_retry_topic(self, group: str, now: float) -> None:
-        """Create the group's retry topic ``%RETRY%<group>`` (1 queue) on its first heartbeat, as
-        RocketMQ's broker does: admin tools (``mqadmin consumerProgress``) look it up first.
-        Only a master proposes it; the bound on topics being created applies."""
-        topic = RETRY_TOPIC_PREFIX + group
-        if topic in self.store.topics or not self.broker.is_master or topic_name_error(topic):
-            return
-        pending = self._creating.get(topic)
-        if pending is not None and now - pending[1] <= self.config.send_timeout_s:
-            return  # proposed a moment ago
-        if self._begin_creation(topic, 1, now) is not None:
-            return  # (the next heartbeat tries again)
-
-        def done(results: list[Stored] | None, exc: EmbedError | None) -> None:
-            if exc is not None:
-                log.warning("retry topic not created", extra={"topic": topic, "error": str(exc)})
-            self._created(topic)
-
-        try:
-            self.store.append([topic_op(topic, 1, 1, PERM_READ | PERM_WRITE)], done)
-        except EmbedError as exc:  # leadership lost since the check
-            self._creating.pop(topic, None)
-            log.info("retry topic not created", extra={"topic": topic, "error": str(exc)})
-
-    def _clients_full(self, req: RemotingCommand) -> RemotingCommand:
-        return req.make_response(
-            ResponseCode.SYSTEM_BUSY,
-            f"[REJECTREQUEST]heartbeat table full: {self.config.max_heartbeat_clients} clients "
-            f"(max_heartbeat_clients) or {self.config.max_heartbeat_table_bytes} bytes "
-            "(max_heartbeat_table_bytes); try again later",
-        )
-
-    def unregister_client(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        """UNREGISTER_CLIENT (35): the client left its groups; the others rebalance at once."""
-        client_id = req.header_str("clientID")
-        group = req.header_str("consumerGroup", "")
-        if group:
-            self.clients.remove_consumer(group, client_id)
-        producer_group = req.header_str("producerGroup", "")
-        if producer_group:
-            self.clients.remove_producer(producer_group, client_id)
-        return req.make_response()
-
-    def consumer_connections(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        """GET_CONSUMER_CONNECTION_LIST (203): the group's live clients and their subscriptions
-        (RocketMQ's ConsumerConnection; ``mqadmin consumerConnection``); CONSUMER_NOT_ONLINE
-        when none has sent a heartbeat lately, as RocketMQ answers."""
-        group = req.header_str("consumerGroup")
-        now = time.monotonic()
-        live = list(self.clients.live_consumers(group, now))
-        if not live:
-            return req.make_response(
-                ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group!r} is not online"
-            )
-        subscriptions: dict[str, str] = {}
-        for _, info in live:
-            subscriptions.update(info.subscriptions)
-        newest = max(live, key=lambda item: item[1].seen)[1]
-        doc = {
-            "connectionSet": [
-                {"clientId": cid, "clientAddr": info.addr, "language": info.language, "version": info.version}
-                for cid, info in sorted(live)
-            ],
-            "subscriptionTable": {
-                topic: _subscription_data(topic, expr) for topic, expr in sorted(subscriptions.items())
-            },
-            "consumeType": newest.consume_type,
-            "messageModel": newest.message_model,
-            "consumeFromWhere": newest.consume_from_where,
-        }
-        return req.make_response(body=json.dumps(doc, separators=(",", ":")).encode())
-
-    def consumer_list(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
-        group = req.header_str("consumerGroup")
-        live = sorted(cid for cid, _ in self.clients.live_consumers(group, time.monotonic()))
-        return req.make_response(body=json.dumps({"consumerIdList": live}).encode())
-
-
-def _bounded_list(value: Any, what: str, limit: int) -> list[Any]:
-    """A JSON list from a request of at most ``limit`` items ([] for none); refused otherwise."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > limit:
-        raise RemotingCommandError(f"HEART_BEAT {what} must be a list of at most {limit} items")
-    return value
-
-
-def _short_text(value: Any) -> str:
-    """A descriptive field of a heartbeat (consumeType, ...), kept short whatever was sent."""
-    return value[:MAX_NAME_CHARS] if isinstance(value, str) else ""
