@@ -30,12 +30,20 @@ from client.errors import (
     SendOutcomeUnknownError,
 )
 from client.instance import ClientInstance
+from client.message_props import (
+    ExpressionType,
+    dlq_topic,
+    retry_topic,
+    set_delay_level,
+    set_deliver_time_ms,
+)
 from client.namesrv_client import NamesrvClient, parse_namesrv_addrs
 from client.producer import Producer
 from client.push_consumer import ConsumeFromWhere, ConsumeStatus, MessageListener, PushConsumer
 from client.rebalance import allocate_average
 from client.route import MessageQueue, RouteTable, TopicPublishInfo
 from client.send_attempts import BatchSendResult, SendCallback, SendResult, SendStatus
+from client.transaction import LocalTransactionState, TransactionProducer, TransactionSendResult
 from remoting.message import Message
 
 __all__ = [
@@ -47,6 +55,8 @@ __all__ = [
     "ClientStateError",
     "ConsumeFromWhere",
     "ConsumeStatus",
+    "ExpressionType",
+    "LocalTransactionState",
     "Message",
     "MessageInvalidError",
     "MessageListener",
@@ -71,6 +81,12 @@ __all__ = [
     "SendStatus",
     "TopicPublishInfo",
     "TopicUpdateResult",
+    "TransactionProducer",
+    "TransactionSendResult",
     "allocate_average",
+    "dlq_topic",
     "parse_namesrv_addrs",
+    "retry_topic",
+    "set_delay_level",
+    "set_deliver_time_ms",
 ]

@@ -68,6 +68,25 @@ TOPIC_SYS_FLAG = "topicSysFlag"
 ORDER = "order"
 SINGLE_TAG = "SINGLE_TAG"
 """RocketMQ's TopicFilterType for every topic a 4.x client creates."""
+MAX_RECONSUME_TIMES = "maxReconsumeTimes"
+TRANSACTION_ID = "transactionId"
+# CONSUMER_SEND_MSG_BACK (36): ConsumerSendMsgBackRequestHeader
+GROUP = "group"
+DELAY_LEVEL = "delayLevel"
+ORIGIN_MSG_ID = "originMsgId"
+ORIGIN_TOPIC = "originTopic"
+# END_TRANSACTION (37): EndTransactionRequestHeader; CHECK_TRANSACTION_STATE (39) shares the offsets
+TRAN_STATE_TABLE_OFFSET = "tranStateTableOffset"
+COMMIT_LOG_OFFSET = "commitLogOffset"
+COMMIT_OR_ROLLBACK = "commitOrRollback"
+FROM_TRANSACTION_CHECK = "fromTransactionCheck"
+OFFSET_MSG_ID = "offsetMsgId"
+# EndTransactionRequestHeader.commitOrRollback (MessageSysFlag's transaction types)
+TRANSACTION_NOT_TYPE = 0
+TRANSACTION_COMMIT_TYPE = 0x2 << 2
+TRANSACTION_ROLLBACK_TYPE = 0x3 << 2
+TRANSACTION_PREPARED_TYPE = 0x1 << 2
+"""The sysFlag bit a producer sets on a half message (MessageSysFlag.TRANSACTION_PREPARED_TYPE)."""
 
 # SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320): SendMessageRequestHeaderV2's one-letter
 # names, what a Java 4.9 producer sends and an Apache broker reads for these codes.
@@ -83,6 +102,7 @@ V2_PROPERTIES = SEND_V2_NAMES[PROPERTIES]
 V2_RECONSUME_TIMES = SEND_V2_NAMES[RECONSUME_TIMES]
 V2_UNIT_MODE = SEND_V2_NAMES[UNIT_MODE]
 V2_BATCH = SEND_V2_NAMES[BATCH]
+V2_MAX_RECONSUME_TIMES = SEND_V2_NAMES[MAX_RECONSUME_TIMES]
 V2_CODES = frozenset((int(RequestCode.SEND_MESSAGE_V2), int(RequestCode.SEND_BATCH_MESSAGE)))
 """Request codes whose headers use the V2 names."""
 JAVA_FALSE = "false"
@@ -103,6 +123,7 @@ PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
 """The subscription header is the filter to use (else the one from the group's heartbeat)."""
 EXPRESSION_TAG = "TAG"
+EXPRESSION_SQL92 = "SQL92"
 
 
 class NotSentError(Exception):
@@ -202,6 +223,7 @@ def pull_request(
     suspend_ms: int,
     commit_offset: int | None = None,
     subscription: str | None = None,
+    expression_type: str = EXPRESSION_TAG,
 ) -> RemotingCommand:
     """A RocketMQ PULL_MESSAGE request; ``sysFlag`` says which of the optional parts count.
 
@@ -209,7 +231,8 @@ def pull_request(
     does): PullMessageRequestHeader requires them, so an Apache broker refuses a pull without.
     The subscription is always sent too ("*" when None), with its sysFlag bit, as RocketMQ's
     pull consumer does: a RocketMQ broker refuses a pull without one from a group whose
-    consumers never sent it a heartbeat (SUBSCRIPTION_NOT_EXIST).
+    consumers never sent it a heartbeat (SUBSCRIPTION_NOT_EXIST). ``expression_type`` says
+    how the broker reads it (TAG, or SQL92 for a property filter).
     """
     sys_flag = 0
     headers: dict[str, HeaderValue] = {
@@ -229,7 +252,7 @@ def pull_request(
     headers[SUBSCRIPTION] = (
         subscription if subscription and subscription.strip() else "*"
     )  # other tags skipped
-    headers[EXPRESSION_TYPE] = EXPRESSION_TAG
+    headers[EXPRESSION_TYPE] = expression_type
     sys_flag |= PULL_FLAG_SUBSCRIPTION
     headers[SYS_FLAG] = sys_flag
     return RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
@@ -298,6 +321,56 @@ def json_body(response: RemotingCommand, addr: str, what: str) -> Any:
         raise BrokerError(response.code, f"malformed body: {exc}", addr, what) from None
 
 
+def subscription_data(
+    topic: str, expression: str = "*", expression_type: str = EXPRESSION_TAG
+) -> dict[str, Any]:
+    """RocketMQ's SubscriptionData as ``FilterAPI.build`` makes it: for TAG the tags and their
+    Java hash codes (the broker's consume queue filter), for SQL92 the expression alone."""
+    if expression_type == EXPRESSION_TAG:
+        sub = expression if expression and expression.strip() else "*"
+        tags = [] if sub.strip() == "*" else [t.strip() for t in sub.split("||") if t.strip()]
+    else:
+        sub, tags = expression, []
+    return {
+        "classFilterMode": False,
+        "topic": topic,
+        "subString": sub,
+        "tagsSet": tags,
+        "codeSet": [java_string_hash(t) for t in tags],
+        "subVersion": 0,
+        "expressionType": expression_type,
+    }
+
+
+def consumer_data(
+    group: str,
+    subscriptions: list[dict[str, Any]],
+    *,
+    consume_type: str = "CONSUME_PASSIVELY",
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET",
+) -> dict[str, Any]:
+    """One ``consumerDataSet`` entry of a heartbeat (CONSUME_PASSIVELY is RocketMQ's push consumer)."""
+    return {
+        "groupName": group,
+        "consumeType": consume_type,
+        "messageModel": "CLUSTERING",
+        "consumeFromWhere": consume_from_where,
+        "subscriptionDataSet": subscriptions,
+        "unitMode": False,
+    }
+
+
+def heartbeat_doc(client_id: str, consumers: list[dict[str, Any]], producer_groups: list[str]) -> bytes:
+    """RocketMQ's HeartbeatData: the client id, its consumers' data and its producers' groups (a
+    broker sends CHECK_TRANSACTION_STATE to a connection that named the half message's group)."""
+    doc: dict[str, Any] = {
+        "clientID": client_id,
+        "producerDataSet": [{"groupName": g} for g in producer_groups],
+        "consumerDataSet": consumers,
+    }
+    return dump_body(doc)
+
+
 def heartbeat_body(
     client_id: str,
     consumer_group: str | None,
@@ -308,35 +381,95 @@ def heartbeat_body(
     consume_type: str = "CONSUME_PASSIVELY",
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET",
 ) -> bytes:
-    """RocketMQ's HeartbeatData: ``consumerDataSet[].groupName`` with its subscriptions, and
-    ``producerDataSet[].groupName`` (CONSUME_PASSIVELY is RocketMQ's push consumer)."""
-    tags = [] if subscription.strip() == "*" else [t.strip() for t in subscription.split("||") if t.strip()]
+    """A heartbeat of at most one consumer group (``topics`` each with the same TAG
+    ``subscription``) and one producer group."""
     consumers = []
     if consumer_group:
+        subs = [subscription_data(topic, subscription) for topic in topics]
         consumers.append(
-            {
-                "groupName": consumer_group,
-                "consumeType": consume_type,
-                "messageModel": "CLUSTERING",
-                "consumeFromWhere": consume_from_where,
-                "subscriptionDataSet": [
-                    {
-                        "classFilterMode": False,
-                        "topic": topic,
-                        "subString": subscription,
-                        "tagsSet": tags,
-                        "codeSet": [java_string_hash(t) for t in tags],
-                        "subVersion": 0,
-                        "expressionType": EXPRESSION_TAG,
-                    }
-                    for topic in topics
-                ],
-                "unitMode": False,
-            }
+            consumer_data(
+                consumer_group, subs, consume_type=consume_type, consume_from_where=consume_from_where
+            )
         )
-    producers = [{"groupName": producer_group}] if producer_group else []
-    doc: dict[str, Any] = {"clientID": client_id, "producerDataSet": producers, "consumerDataSet": consumers}
-    return dump_body(doc)
+    return heartbeat_doc(client_id, consumers, [producer_group] if producer_group else [])
+
+
+# --- retries, transactions, queue locks -----------------------------------------------------------
+def send_back_headers(
+    msg: Message, group: str, delay_level: int, max_reconsume_times: int, origin_msg_id: str
+) -> dict[str, HeaderValue]:
+    """CONSUMER_SEND_MSG_BACK's ConsumerSendMsgBackRequestHeader as MQClientAPIImpl fills it:
+    the message's commit-log (physical) offset, so the broker copies its stored record."""
+    return {
+        OFFSET: msg.physical_offset,
+        GROUP: group,
+        DELAY_LEVEL: delay_level,
+        ORIGIN_MSG_ID: origin_msg_id,
+        ORIGIN_TOPIC: msg.topic,
+        UNIT_MODE: JAVA_FALSE,
+        MAX_RECONSUME_TIMES: max_reconsume_times,
+    }
+
+
+def end_transaction_headers(
+    producer_group: str,
+    queue_offset: int,
+    commit_log_offset: int,
+    commit_or_rollback: int,
+    msg_id: str,
+    transaction_id: str | None,
+    *,
+    from_check: bool,
+) -> dict[str, HeaderValue]:
+    """END_TRANSACTION's EndTransactionRequestHeader (DefaultMQProducerImpl.endTransaction, or
+    the answer to a check): the half message's queue offset and physical offset, and the verdict."""
+    headers: dict[str, HeaderValue] = {
+        PRODUCER_GROUP: producer_group,
+        TRAN_STATE_TABLE_OFFSET: queue_offset,
+        COMMIT_LOG_OFFSET: commit_log_offset,
+        COMMIT_OR_ROLLBACK: commit_or_rollback,
+        FROM_TRANSACTION_CHECK: JAVA_TRUE if from_check else JAVA_FALSE,
+        MSG_ID: msg_id,
+    }
+    if transaction_id:
+        headers[TRANSACTION_ID] = transaction_id
+    return headers
+
+
+def mq_json(queue: Any) -> dict[str, Any]:
+    """A MessageQueue as RocketMQ's JSON bodies carry it."""
+    return {"topic": queue.topic, "brokerName": queue.broker_name, "queueId": queue.queue_id}
+
+
+def lock_batch_body(group: str, client_id: str, queues: list[Any]) -> bytes:
+    """LOCK_BATCH_MQ's and UNLOCK_BATCH_MQ's body (LockBatchRequestBody / UnlockBatchRequestBody)."""
+    return dump_body(
+        {
+            "consumerGroup": group,
+            "clientId": client_id,
+            "onlyThisBroker": False,
+            "mqSet": [mq_json(q) for q in sorted(queues)],
+        }
+    )
+
+
+def parse_locked_queues(response: RemotingCommand, addr: str) -> list[tuple[str, str, int]]:
+    """LockBatchResponseBody's ``lockOKMQSet`` as (topic, broker name, queue id)."""
+    what = "lock batch answer"
+    try:
+        doc = Fields(load_body(response.body or b"{}", what), what)
+        out = []
+        for i, item in enumerate(doc.get_list("lockOKMQSet", [])):
+            f = Fields(item, f"{what}.lockOKMQSet[{i}]")
+            out.append((f.get_str("topic"), f.get_str("brokerName"), f.get_int("queueId")))
+    except RemotingCommandError as exc:
+        raise BrokerError(response.code, f"malformed {what}: {exc}", addr, what) from None
+    return out
+
+
+def check_client_body(client_id: str, group: str, subscription: dict[str, Any]) -> bytes:
+    """CHECK_CLIENT_CONFIG's CheckClientRequestBody (the broker compiles the subscription)."""
+    return dump_body({"clientId": client_id, "group": group, "subscriptionData": subscription})
 
 
 def parse_consumer_ids(response: RemotingCommand, addr: str) -> list[str]:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 
 import client.broker_api as B
 from client.broker_api import PullResult, PullStatus, call, parse_pull_response, pull_request
-from client.errors import BrokerError, ClientStateError, NoBrokerAvailableError
+from client.errors import BrokerError, ClientError, ClientStateError, NoBrokerAvailableError
 from client.instance import ClientInstance
+from client.message_props import DEFAULT_MAX_RECONSUME_TIMES, client_message_id
 from client.route import MessageQueue
 from remoting.codes import RequestCode, ResponseCode
 from remoting.exceptions import RemotingCommandError, RemotingError
+from remoting.message import Message
 from remoting.protocol import HeaderValue, RemotingCommand
 
 log = logging.getLogger("client.consumer")
@@ -28,6 +30,8 @@ DEFAULT_CALL_TIMEOUT_S = 3.0
 LONG_POLL_MARGIN_S = 3.0
 """A long-poll call waits this much longer than the broker may hold it."""
 MAX_MASTER_REDIRECTS = 3
+SEND_BACK_TIMEOUT_S = 5.0
+"""RocketMQ's consumer waits 5 s for a CONSUMER_SEND_MSG_BACK answer."""
 
 
 class ConsumerBase:
@@ -108,11 +112,13 @@ class ConsumerBase:
         *,
         commit_offset: int | None = None,
         subscription: str | None = None,
+        expression_type: str = B.EXPRESSION_TAG,
     ) -> PullResult:
         """Messages of ``queue`` from ``offset`` on. With ``suspend_ms`` the broker holds the pull
         until a message arrives or that time passes (long polling). ``subscription``
         ("TagA || TagB") makes the broker skip messages with other tags; it filters by tag
-        hash, so a collision can let an unwanted tag through."""
+        hash, so a collision can let an unwanted tag through. With ``expression_type`` SQL92
+        the subscription is a property filter (``a > 5 AND TAGS IN ('x')``) the broker applies."""
         if offset < 0 or max_nums < 1 or suspend_ms < 0:
             raise ValueError("offset and suspend_ms must be >= 0, max_nums >= 1")
         timeout_s = self.call_timeout_s + (suspend_ms / 1000.0 + LONG_POLL_MARGIN_S if suspend_ms else 0.0)
@@ -128,6 +134,7 @@ class ConsumerBase:
                 suspend_ms,
                 commit_offset if is_master else None,
                 subscription,
+                expression_type,
             )
 
         addr, response = await self._read(queue, make, timeout_s, "pull")
@@ -170,7 +177,12 @@ class ConsumerBase:
 
     # --- writes: the master ----------------------------------------------------------------------
     async def _master_call(
-        self, queue: MessageQueue, make_request: Callable[[], RemotingCommand], what: str
+        self,
+        queue: MessageQueue,
+        make_request: Callable[[], RemotingCommand],
+        what: str,
+        *,
+        timeout_s: float | None = None,
     ) -> RemotingCommand:
         """Send to the group's master, following NOT_MASTER hints and re-reading the route."""
         routes = self.instance.routes
@@ -185,7 +197,9 @@ class ConsumerBase:
                     f"{what}: broker group {queue.broker_name} has no master at the moment"
                 )
             try:
-                response = await self.instance.remoting.invoke_sync(addr, make_request(), self.call_timeout_s)
+                response = await self.instance.remoting.invoke_sync(
+                    addr, make_request(), self.call_timeout_s if timeout_s is None else timeout_s
+                )
             except RemotingError as exc:
                 routes.forget_master(queue.broker_name, addr)
                 last = f"{addr}: {exc}"
@@ -217,6 +231,103 @@ class ConsumerBase:
             queue,
             lambda: RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, headers),
             f"commit offset {offset}",
+        )
+
+    # --- retries, queue locks, filters (all on a group's master) --------------------------------
+    async def send_message_back(
+        self,
+        msg: Message,
+        broker_name: str,
+        *,
+        delay_level: int = 0,
+        max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES,
+        timeout_s: float = SEND_BACK_TIMEOUT_S,
+    ) -> None:
+        """CONSUMER_SEND_MSG_BACK: ask the master of ``broker_name`` (the group the message was
+        pulled from) to copy the stored message into ``%RETRY%<group>`` for a later try, or into
+        ``%DLQ%<group>`` once it was tried ``max_reconsume_times`` times (or ``delay_level`` < 0).
+        ``delay_level`` 0 lets the broker pick 3 + the times it was tried. Raises BrokerError for
+        a refusal and NoBrokerAvailableError when the master could not be reached."""
+        if msg.physical_offset < 0:
+            raise ClientError(f"message {msg.msg_id or '?'} has no commit-log offset: it was not pulled")
+        headers = B.send_back_headers(
+            msg, self.group, delay_level, max_reconsume_times, client_message_id(msg)
+        )
+        queue = MessageQueue(msg.topic, broker_name, max(msg.queue_id, 0))
+        await self._master_call(
+            queue,
+            lambda: RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, headers),
+            f"send back message {msg.msg_id}",
+            timeout_s=timeout_s,
+        )
+
+    async def lock_queues(
+        self, broker_name: str, queues: Sequence[MessageQueue], client_id: str
+    ) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ: lock ``queues`` (all of group ``broker_name``) for ``client_id`` on that
+        group's master; returns the ones it holds now (another member may hold the rest)."""
+        if not queues:
+            return set()
+        body = B.lock_batch_body(self.group, client_id, list(queues))
+        response = await self._master_call(
+            queues[0],
+            lambda: RemotingCommand.request(RequestCode.LOCK_BATCH_MQ, None, body),
+            f"lock {len(queues)} queue(s) of {broker_name}",
+        )
+        wanted = set(queues)
+        locked = {MessageQueue(t, b, q) for t, b, q in B.parse_locked_queues(response, broker_name)}
+        return locked & wanted
+
+    async def unlock_queues(
+        self, broker_name: str, queues: Sequence[MessageQueue], client_id: str, *, oneway: bool = False
+    ) -> None:
+        """UNLOCK_BATCH_MQ: give up the locks on ``queues`` (all of group ``broker_name``), so
+        another member may take them at once instead of after the broker's lock expiry.
+        ``oneway`` sends it without waiting (as RocketMQ's rebalance does)."""
+        if not queues:
+            return
+        body = B.lock_batch_body(self.group, client_id, list(queues))
+        if oneway:
+            addr = self.instance.routes.master_addr(broker_name)
+            if addr is None:
+                raise NoBrokerAvailableError(
+                    f"unlock: broker group {broker_name} has no master at the moment"
+                )
+            request = RemotingCommand.request(RequestCode.UNLOCK_BATCH_MQ, None, body, oneway=True)
+            await self.instance.remoting.invoke_oneway(addr, request, self.call_timeout_s)
+            return
+        await self._master_call(
+            queues[0],
+            lambda: RemotingCommand.request(RequestCode.UNLOCK_BATCH_MQ, None, body),
+            f"unlock {len(queues)} queue(s) of {broker_name}",
+        )
+
+    async def check_client_config(self, topic: str, subscription: dict[str, object], client_id: str) -> None:
+        """CHECK_CLIENT_CONFIG: ask a broker serving ``topic`` whether it takes the subscription
+        (a SQL92 expression it must compile). Raises BrokerError (SUBSCRIPTION_PARSE_FAILED for an
+        expression it cannot parse); NoBrokerAvailableError when no member answered."""
+        routes = self.instance.routes
+        queues = await routes.subscribe_queues(topic)
+        names = sorted({q.broker_name for q in queues})
+        body = B.check_client_body(client_id, self.group, dict(subscription))
+        errors: list[str] = []
+        for name in names:
+            for addr in routes.broker_addrs(name):
+                try:
+                    await call(
+                        self.instance.remoting,
+                        addr,
+                        RequestCode.CHECK_CLIENT_CONFIG,
+                        None,
+                        body,
+                        timeout_s=self.call_timeout_s,
+                        what=f"check subscription of {topic}",
+                    )
+                    return
+                except RemotingError as exc:
+                    errors.append(f"{addr}: {exc}")
+        raise NoBrokerAvailableError(
+            f"check subscription of {topic}: no broker answered ({'; '.join(errors) or 'no broker serves it'})"
         )
 
     async def consumer_ids(self, topic: str, broker_names: Sequence[str] = ()) -> list[str]:
@@ -276,10 +387,17 @@ class PullConsumer(ConsumerBase):
         *,
         commit_offset: int | None = None,
         subscription: str | None = None,
+        expression_type: str = B.EXPRESSION_TAG,
     ) -> PullResult:
         self._check_running()
         return await super().pull(
-            queue, offset, max_nums, suspend_ms, commit_offset=commit_offset, subscription=subscription
+            queue,
+            offset,
+            max_nums,
+            suspend_ms,
+            commit_offset=commit_offset,
+            subscription=subscription,
+            expression_type=expression_type,
         )
 
 

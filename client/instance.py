@@ -23,7 +23,8 @@ from remoting.acl import RequestSigner
 from remoting.client import RemotingClient
 from remoting.codes import RequestCode
 from remoting.config import RemotingConfig
-from remoting.message import MAX_PULL_FRAME_BYTES
+from remoting.connection import RemotingConnection
+from remoting.message import MAX_PULL_FRAME_BYTES, Message, MessageFormatError, decode_stored_messages
 from remoting.protocol import RemotingCommand
 from remoting.tls import client_ssl
 
@@ -39,6 +40,11 @@ def make_client_id() -> str:
     """
     return f"{socket.gethostname()}@{os.getpid()}#{next(_instance_counter)}-{uuid.uuid4().hex[:8]}"
 
+
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+"""The half message property naming its producer group (client.message_props has them all)."""
+TransactionChecker = Callable[[RemotingConnection, RemotingCommand, Message], None]
+"""Takes a broker's CHECK_TRANSACTION_STATE for one half message (and answers it later)."""
 
 ACCESS_KEY_ENV = "LEDGERMQ_ACCESS_KEY"
 SECRET_KEY_ENV = "LEDGERMQ_SECRET_KEY"
@@ -127,6 +133,47 @@ class ClientInstance:
         # Brokers tell clients when a group's membership changes so they rebalance at once
         # instead of at the next periodic round (RocketMQ's NOTIFY_CONSUMER_IDS_CHANGED).
         self.remoting.register_processor(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+        # A broker asks a transaction producer how a half message's transaction ended
+        # (RocketMQ's ClientRemotingProcessor.checkTransactionState): by the PGROUP it carries.
+        self._tx_checkers: dict[str, TransactionChecker] = {}
+        self.remoting.register_processor(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction)
+
+    def register_transaction_checker(self, group: str, checker: TransactionChecker) -> Callable[[], None]:
+        """Route CHECK_TRANSACTION_STATE for half messages of producer ``group`` to ``checker``
+        (one per group and process, as RocketMQ's producer table); returns the unregister function."""
+        if group in self._tx_checkers:
+            raise ValueError(
+                f"producer group {group} already answers transaction checks in this client instance"
+            )
+        self._tx_checkers[group] = checker
+
+        def unregister() -> None:
+            if self._tx_checkers.get(group) is checker:
+                del self._tx_checkers[group]
+
+        return unregister
+
+    def _on_check_transaction(self, conn: RemotingConnection, request: RemotingCommand) -> None:
+        """Hand the half message to its group's checker; never answered (the broker sends it oneway)."""
+        try:
+            msgs = decode_stored_messages(request.body, max_messages=1)
+        except MessageFormatError as exc:
+            log.warning("transaction check with an undecodable message ignored", extra={"error": str(exc)})
+            return None
+        if not msgs:
+            log.warning("transaction check without a message ignored", extra={"peer": conn.remote_addr})
+            return None
+        msg = msgs[0]
+        group = msg.properties.get(PROPERTY_PRODUCER_GROUP, "")
+        checker = self._tx_checkers.get(group)
+        if checker is None:
+            log.debug("transaction check for a producer group not here", extra={"group": group})
+            return None
+        try:
+            checker(conn, request, msg)
+        except Exception:
+            log.exception("transaction checker raised", extra={"group": group})
+        return None
 
     def watch_consumer_ids(self, group: str, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` when a broker says ``group`` changed; returns the function that stops it."""

@@ -6,7 +6,9 @@ master choice, retries, backoff, what each failure means) is ``client.send_attem
 send tries ``1 + retries`` times within ``send_timeout_s`` in total.
 
 Hot-path notes: no task per message (async sends complete from the response callback and
-only a retry spawns a task), one header dict per request.
+only a retry spawns a task), one header dict per request. Heartbeats (every 30 s to each
+master the route cache knows, as RocketMQ's MQClientInstance sends them) run in their own task
+and add nothing to a send.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import client.broker_api as B
-from client.errors import ClientStateError, MessageInvalidError
+from client.errors import BrokerError, ClientStateError, MessageInvalidError
 from client.instance import ClientInstance
+from client.message_props import PROPERTY_DELAY, PROPERTY_TIMER_DELIVER_MS
 from client.route import MessageQueue
 from client.send_attempts import (
     BatchSendResult,
@@ -33,6 +36,7 @@ from client.send_attempts import (
     message_result,
 )
 from remoting.codes import RequestCode
+from remoting.exceptions import RemotingError
 from remoting.message import (
     PROPERTY_UNIQ_KEY,
     Message,
@@ -52,6 +56,9 @@ DEFAULT_RETRIES = 2
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 MAX_CHECKED_TOPICS = 1024
 """Valid topic names a producer remembers having checked (cleared when full)."""
+DEFAULT_HEARTBEAT_INTERVAL_S = 30.0
+"""RocketMQ's heartbeatBrokerInterval; the first heartbeat goes 1 s after start."""
+UNREGISTER_TIMEOUT_S = 1.0
 _SEND_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SEND_BATCH = int(RequestCode.SEND_BATCH_MESSAGE)
 _DEFAULT_TOPIC_QUEUES = str(B.DEFAULT_TOPIC_QUEUES)
@@ -60,6 +67,8 @@ _BATCH_PROPERTIES = "WAIT\x01true\x02"
 
 
 _UNIQ = PROPERTY_UNIQ_KEY
+_DELAY = PROPERTY_DELAY
+_TIMER = PROPERTY_TIMER_DELIVER_MS
 
 
 class Producer:
@@ -85,12 +94,17 @@ class Producer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_async_in_flight: int = 20_000,
         producer_id: str | None = None,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         instance: ClientInstance | None = None,
     ) -> None:
+        """``heartbeat_interval_s``: how often the producer names its group to every master it
+        knows (a broker sends CHECK_TRANSACTION_STATE only to a connection that did)."""
         if not group or not isinstance(group, str):
             raise ValueError("producer group must be a non-empty string")
-        if retries < 0 or send_timeout_s <= 0 or max_async_in_flight < 1:
-            raise ValueError("retries must be >= 0, send_timeout_s > 0 and max_async_in_flight >= 1")
+        if retries < 0 or send_timeout_s <= 0 or max_async_in_flight < 1 or heartbeat_interval_s <= 0:
+            raise ValueError(
+                "retries must be >= 0, send_timeout_s and heartbeat_interval_s > 0, max_async_in_flight >= 1"
+            )
         self.group = group
         self.idempotent = idempotent
         self.send_timeout_s = send_timeout_s
@@ -111,6 +125,9 @@ class Producer:
         self._async_idle: asyncio.Event | None = None
         self._retry_tasks: set[asyncio.Task[Any]] = set()
         self._checked_topics: set[str] = set()  # valid topic names seen (checked once, not per message)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeated: set[str] = set()  # masters that took a heartbeat (told at shutdown)
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -120,6 +137,10 @@ class Producer:
         self._async_idle = asyncio.Event()
         self._async_idle.set()
         self._running = True
+        if self._heartbeat_task is None:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(
+                self._heartbeat_loop(), name=f"producer-heartbeat-{self.group}"
+            )
 
     async def shutdown(self, grace_s: float = 3.0) -> None:
         """Stop accepting sends, give async sends ``grace_s`` to complete, close connections we own."""
@@ -135,6 +156,11 @@ class Producer:
             task.cancel()
         if self._retry_tasks:
             await asyncio.gather(*self._retry_tasks, return_exceptions=True)
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            await asyncio.gather(self._heartbeat_task, return_exceptions=True)
+            self._heartbeat_task = None
+        await self._unregister()
         if self._own_instance:
             await self.instance.close()
 
@@ -148,6 +174,68 @@ class Producer:
     def _check_running(self) -> None:
         if not self._running:
             raise ClientStateError(f"producer {self.group} is not running; call start() first")
+
+    # --- heartbeats ------------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        await asyncio.sleep(min(1.0, self.heartbeat_interval_s))
+        while self._running:
+            try:
+                await self.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a heartbeat must never end the loop
+                log.warning("producer heartbeat failed", extra={"group": self.group, "error": str(exc)})
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    def _master_addrs(self) -> list[str]:
+        routes = self.instance.routes
+        return sorted({a for name in routes.broker_names() if (a := routes.master_addr(name))})
+
+    async def heartbeat(self, addrs: Sequence[str] | None = None) -> list[str]:
+        """Name this producer group to ``addrs`` (default: every master the route cache knows);
+        returns the addresses that took it. Failures are logged, not raised."""
+        targets = self._master_addrs() if addrs is None else list(addrs)
+        if not targets:
+            return []
+        body = B.heartbeat_doc(self.instance.client_id, [], [self.group])
+
+        async def one(addr: str) -> str | None:
+            try:
+                await B.call(
+                    self.instance.remoting,
+                    addr,
+                    RequestCode.HEART_BEAT,
+                    body=body,
+                    timeout_s=self.send_timeout_s,
+                    what="producer heartbeat",
+                )
+            except (RemotingError, BrokerError) as exc:
+                log.debug("producer heartbeat failed", extra={"broker": addr, "error": str(exc)})
+                return None
+            self._heartbeated.add(addr)
+            return addr
+
+        return [a for a in await asyncio.gather(*(one(a) for a in targets)) if a is not None]
+
+    async def _unregister(self) -> None:
+        """UNREGISTER_CLIENT with this producer group to the masters that took its heartbeats
+        (RocketMQ's unregisterProducer), so they stop choosing this connection for checks."""
+        addrs, self._heartbeated = sorted(self._heartbeated), set()
+        if not addrs or self.instance.closed:
+            return
+        headers: dict[str, HeaderValue] = {B.CLIENT_ID: self.instance.client_id, B.PRODUCER_GROUP: self.group}
+
+        async def one(addr: str) -> None:
+            try:
+                await self.instance.remoting.invoke_sync(
+                    addr,
+                    RemotingCommand.request(RequestCode.UNREGISTER_CLIENT, headers),
+                    UNREGISTER_TIMEOUT_S,
+                )
+            except RemotingError:
+                pass
+
+        await asyncio.gather(*(one(a) for a in addrs))
 
     async def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
         """The writable queues of ``topic`` (refreshing the route), e.g. to pick queues per key."""
@@ -281,6 +369,21 @@ class Producer:
         parse = message_result(msg, self.idempotent)
         return await self._attempts(msg.topic, request, parse, timeout_s, self.retries, queue, queue_id).run()
 
+    async def send_retry_copy(
+        self, msg: Message, reconsume_times: int, max_reconsume_times: int, *, timeout_s: float | None = None
+    ) -> SendResult:
+        """Send ``msg`` (a copy addressed to ``%RETRY%<group>``) with the send header's
+        reconsumeTimes and maxReconsumeTimes, as RocketMQ's producer sends a retry topic's message
+        (it moves RECONSUME_TIME and MAX_RECONSUME_TIMES from the properties into the header):
+        the broker stores it in the dead-letter topic once ``reconsume_times`` reaches the maximum.
+        What a consumer falls back to when CONSUMER_SEND_MSG_BACK fails."""
+        self._check_running()
+        request = self._message_request(msg)
+        request.headers[B.V2_RECONSUME_TIMES] = str(reconsume_times)
+        request.headers[B.V2_MAX_RECONSUME_TIMES] = str(max_reconsume_times)
+        parse = message_result(msg, self.idempotent)
+        return await self._attempts(msg.topic, request, parse, timeout_s, self.retries, None, None).run()
+
     # --- batch -------------------------------------------------------------------------------------------
     async def send_batch(
         self,
@@ -333,6 +436,11 @@ class Producer:
                 mp[_UNIQ] = key
                 append((m.flag, body, b"UNIQ_KEY\x01" + key.encode() + b"\x02"))
                 continue
+            if _DELAY in mp or _TIMER in mp:  # (the common message above never gets here)
+                raise MessageInvalidError(
+                    f"batch message {len(items)} asks for a delayed delivery ({_DELAY} or {_TIMER}): "
+                    "RocketMQ does not delay messages of a batch; send it on its own"
+                )
             if key is not None:
                 m.born_ms = now_ms
                 mp[_UNIQ] = key

@@ -283,6 +283,10 @@ class RouteTable:
             if any(q.broker_name == broker_name for q in entry.publish.queues):
                 self.invalidate(topic)
 
+    def broker_names(self) -> list[str]:
+        """Names of every broker group a route named so far."""
+        return list(self._brokers)
+
     def known_brokers(self) -> dict[str, BrokerData]:
         return {name: bd.copy() for name, bd in self._brokers.items()}
 
