@@ -26,6 +26,7 @@ from client.instance import (
     TLS_KEY_FILE_ENV,
     ClientInstance,
 )
+from client.message_props import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC
 from client.namesrv_client import NAMESRV_ADDR_ENV, parse_namesrv_addrs
 from client.producer import Producer
 from client.route import MessageQueue
@@ -552,6 +553,100 @@ def consumer_progress(ctx: _Ctx, group: str, topic: str | None) -> None:
     )
     click.echo(f"Consume TPS: {stats.consume_tps:.2f}")
     click.echo(f"Diff Total: {stats.diff_total}")
+
+
+# --- retries, delays, transactions ---------------------------------------------------------------------
+def _masters_work(
+    cluster: str | None, broker_addr: str | None, fetch: Callable[[AdminClient, str], Awaitable[T]]
+) -> Callable[[AdminClient], Awaitable[list[tuple[str, T | str]]]]:
+    """Ask every master (of ``cluster``, or the one broker) with ``fetch``; errors per broker as text."""
+    if cluster and broker_addr:
+        raise click.UsageError("give -c/--cluster or -b/--broker-addr, not both")
+
+    async def work(a: AdminClient) -> list[tuple[str, T | str]]:
+        masters = await a.master_addrs(cluster, broker_addr)
+
+        async def one(name: str, addr: str) -> tuple[str, T | str]:
+            try:
+                return name, await fetch(a, addr)
+            except (ClientError, RemotingError) as exc:
+                return name, f"ERROR: {exc}"
+
+        return list(await asyncio.gather(*(one(n, x) for n, x in sorted(masters.items()))))
+
+    return work
+
+
+@main.command("retry-messages")
+@click.option("-g", "--group", required=True, help="Consumer group.")
+@click.option("--dlq", is_flag=True, help="The dead-letter topic %DLQ%<group> instead of %RETRY%<group>.")
+@click.option("-c", "--count", type=click.IntRange(1, 100_000), default=128, show_default=True)
+@pass_ctx
+def retry_messages(ctx: _Ctx, group: str, dlq: bool, count: int) -> None:
+    """Messages a consumer group sent back: waiting for a retry, or dead (--dlq); nothing is committed."""
+    msgs = ctx.run(lambda a: a.group_messages(group, dead=dlq, max_num=count))
+    _table(
+        ("#Broker Offset", "#QID", "#MsgId", "#Topic", "#Reconsume", "#Origin MsgId", "#Body"),
+        [
+            (
+                m.queue_offset,
+                m.queue_id,
+                m.msg_id,
+                m.properties.get(PROPERTY_RETRY_TOPIC, "-"),
+                m.reconsume_times,
+                m.properties.get(PROPERTY_ORIGIN_MESSAGE_ID, "-"),
+                _body(m.body)[:60],
+            )
+            for m in msgs
+        ],
+    )
+    click.echo(f"{len(msgs)} message(s)", err=True)
+
+
+@main.command("delay-offsets")
+@click.option("-c", "--cluster", help="Every master of this cluster (default: every master).")
+@click.option("-b", "--broker-addr", help="This broker only (host:port).")
+@pass_ctx
+def delay_offsets(ctx: _Ctx, cluster: str | None, broker_addr: str | None) -> None:
+    """The delay schedule's progress per broker and level: delivered offset (GET_ALL_DELAY_OFFSET),
+    the schedule queue's max offset and what is still waiting."""
+    results = ctx.run(_masters_work(cluster, broker_addr, lambda a, addr: a.schedule_progress(addr)))
+    rows: list[tuple[Any, ...]] = []
+    for name, progress in results:
+        if isinstance(progress, str):
+            rows.append((name, "-", "-", "-", "-", progress))
+            continue
+        for p in progress:
+            rows.append(
+                (
+                    name,
+                    p.level,
+                    p.delivered,
+                    "-" if p.max_offset is None else p.max_offset,
+                    "-" if p.pending is None else p.pending,
+                    "",
+                )
+            )
+    _table(("#Broker", "#Level", "#Delivered", "#Max Offset", "#Pending", "#Error"), rows)
+
+
+@main.command("transaction-status")
+@click.option("-c", "--cluster", help="Every master of this cluster (default: every master).")
+@click.option("-b", "--broker-addr", help="This broker only (host:port).")
+@pass_ctx
+def transaction_status(ctx: _Ctx, cluster: str | None, broker_addr: str | None) -> None:
+    """Half (transactional) messages not yet committed or rolled back, and scheduled (delayed)
+    messages, per broker master, as its runtime info reports them."""
+    results = ctx.run(_masters_work(cluster, broker_addr, lambda a, addr: a.transaction_status(addr)))
+    for i, (name, status) in enumerate(results):
+        click.echo(("\n" if i else "") + f"== {name}")
+        if isinstance(status, str):
+            click.echo(status)
+        elif not status:
+            click.echo("(the broker reports no transaction or schedule figures)")
+        else:
+            for key, value in _flatten(status):
+                click.echo(f"{key:<36}: {value}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,7 @@ from client.broker_api import call, json_body
 from client.consumer import ConsumerBase
 from client.errors import BrokerError, ClientError, NoBrokerAvailableError
 from client.instance import ClientInstance
+from client.message_props import dlq_topic, retry_topic
 from client.route import MessageQueue
 from remoting.codes import RequestCode, ResponseCode, response_code_name
 from remoting.exceptions import RemotingCommandError, RemotingError
@@ -32,6 +33,23 @@ class TopicUpdateResult:
     addr: str
     ok: bool
     error: str = ""
+
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+"""Where RocketMQ's broker keeps delayed messages, queue ``level - 1`` per delay level."""
+
+
+@dataclass(slots=True)
+class DelayLevelProgress:
+    """One delay level of a broker: delivered up to ``delivered``, queued up to ``max_offset``."""
+
+    level: int
+    delivered: int
+    max_offset: int | None
+
+    @property
+    def pending(self) -> int | None:
+        return None if self.max_offset is None else max(self.max_offset - self.delivered, 0)
 
 
 @dataclass(slots=True)
@@ -241,6 +259,95 @@ class AdminClient(ConsumerBase):
             why = "; ".join(remarks) or "no broker group is known"
             raise ClientError(f"consumer group {group} has no consume stats on any broker: {why}")
         return merged
+
+    async def master_addrs(
+        self, cluster: str | None = None, broker_addr: str | None = None
+    ) -> dict[str, str]:
+        """Broker name -> master address (one broker when ``broker_addr`` is given, named by
+        its address), for the commands that ask every master."""
+        if broker_addr:
+            return {broker_addr: broker_addr}
+        groups = await self.broker_groups(cluster)
+        return {
+            name: bd.broker_addrs[MASTER_ID] for name, bd in groups.items() if MASTER_ID in bd.broker_addrs
+        }
+
+    async def delay_offsets(self, addr: str) -> dict[int, int]:
+        """GET_ALL_DELAY_OFFSET: per delay level, the offset up to which the broker has delivered
+        that level's schedule queue (RocketMQ's delayOffset.json, ``{"offsetTable":{"1":N,...}}``)."""
+        response = await call(
+            self.instance.remoting,
+            addr,
+            RequestCode.GET_ALL_DELAY_OFFSET,
+            timeout_s=self.call_timeout_s,
+            what="delay offsets",
+        )
+        doc = json_body(response, addr, "delay offsets")
+        table = doc.get("offsetTable") if isinstance(doc, dict) else None
+        if not isinstance(table, dict):
+            raise BrokerError(response.code, "delay offsets: no offsetTable object", addr, "delay offsets")
+        out: dict[int, int] = {}
+        for level, offset in table.items():
+            try:
+                out[int(level)] = int(offset)
+            except (TypeError, ValueError):
+                raise BrokerError(
+                    response.code, f"delay offsets: level {level!r} -> {offset!r}", addr, "delay offsets"
+                ) from None
+        return dict(sorted(out.items()))
+
+    async def schedule_progress(self, addr: str) -> list[DelayLevelProgress]:
+        """Per delay level: delivered offset (GET_ALL_DELAY_OFFSET) and the schedule queue's max
+        offset (queue ``level - 1`` of SCHEDULE_TOPIC_XXXX), when the broker tells it."""
+        delivered = await self.delay_offsets(addr)
+
+        async def one(level: int, offset: int) -> DelayLevelProgress:
+            headers: dict[str, HeaderValue] = {B.TOPIC: SCHEDULE_TOPIC, B.QUEUE_ID: level - 1}
+            try:
+                response = await call(
+                    self.instance.remoting,
+                    addr,
+                    RequestCode.GET_MAX_OFFSET,
+                    headers,
+                    timeout_s=self.call_timeout_s,
+                    what="schedule queue max offset",
+                )
+                return DelayLevelProgress(level, offset, response.header_int(B.OFFSET))
+            except (ClientError, RemotingError, RemotingCommandError):
+                return DelayLevelProgress(level, offset, None)
+
+        return list(await asyncio.gather(*(one(lv, off) for lv, off in delivered.items())))
+
+    async def transaction_status(self, addr: str) -> dict[str, Any]:
+        """Half (transactional) and scheduled message counts of a broker, from its runtime info:
+        its ``transactions`` section if it has one, else the store's ``pending_half_messages``
+        and ``scheduled_messages``; {} when it reports neither."""
+        info = await self.broker_runtime_info(addr)
+        out: dict[str, Any] = {}
+        section = info.get("transactions")
+        if isinstance(section, dict):
+            out.update(section)
+        store = info.get("store")
+        if isinstance(store, dict):
+            for key in ("pending_half_messages", "scheduled_messages"):
+                if key in store and key not in out:
+                    out[key] = store[key]
+        return out
+
+    async def group_messages(self, group: str, *, dead: bool = False, max_num: int = 128) -> list[Message]:
+        """Messages waiting in ``%RETRY%<group>`` (or ``%DLQ%<group>``), oldest first per queue,
+        at most ``max_num``; pulled from each queue's start, nothing committed."""
+        topic = dlq_topic(group) if dead else retry_topic(group)
+        out: list[Message] = []
+        for q in await self.fetch_queues(topic):
+            offset = await self.min_offset(q)
+            while len(out) < max_num:
+                result = await self.pull(q, offset, min(32, max_num - len(out)), 0)
+                if not result.messages:
+                    break
+                out.extend(result.messages)
+                offset = result.next_begin_offset
+        return out[:max_num]
 
     async def all_topic_config(self, addr: str) -> Any:
         response = await call(

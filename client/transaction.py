@@ -295,7 +295,7 @@ class TransactionProducer(Producer):
             msg.queue_id = int(qid) if qid.isdigit() else msg.queue_id
         self._checking.add(commit_log_offset)
         task = asyncio.get_running_loop().create_task(
-            self._check(conn, request, msg, commit_log_offset, queue_offset),
+            self._answer_check(conn, request, msg, commit_log_offset, queue_offset),
             name=f"transaction-check-{self.group}",
         )
         self._check_tasks.add(task)
@@ -306,7 +306,7 @@ class TransactionProducer(Producer):
 
         task.add_done_callback(done)
 
-    async def _check(
+    async def _answer_check(
         self,
         conn: RemotingConnection,
         request: RemotingCommand,

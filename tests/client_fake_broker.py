@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from broker.registration import BrokerIdentity, BrokerOuterAPI
+from broker.sql_filter import SqlFilterError, compile_filter
 from namesrv.config import NamesrvConfig
 from namesrv.controller import NamesrvController
 from remoting import RemotingCommand, RemotingServer, RequestCode, ResponseCode
@@ -29,6 +30,8 @@ from remoting.message import (
     PROPERTY_UNIQ_KEY,
     build_stored_record,
     decode_message_batch,
+    decode_stored_messages,
+    encode_stored_message,
     host_to_bytes,
     offset_msg_id,
     parse_offset_msg_id,
@@ -73,6 +76,14 @@ class Stored:
     index: int
     record: bytes
     keys: list[str]
+    props: dict[str, str] = field(default_factory=dict)
+    topic: str = ""
+    queue_id: int = 0
+    queue_offset: int = 0
+
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+RETRY_PREFIX, DLQ_PREFIX = "%RETRY%", "%DLQ%"
 
 
 @dataclass
@@ -87,6 +98,14 @@ class GroupState:
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
     consumers: dict[str, dict[str, float]] = field(default_factory=dict)
     version: DataVersion = field(default_factory=DataVersion)
+    # producer group -> client id -> (connection, node): where CHECK_TRANSACTION_STATE goes
+    producers: dict[str, dict[str, tuple[Any, FakeNode]]] = field(default_factory=dict)
+    halves: dict[int, str] = field(
+        default_factory=dict
+    )  # half message index -> "pending"/"commit"/"rollback"
+    locks: dict[tuple[str, str, str, int], tuple[str, float]] = field(default_factory=dict)
+    delay_offsets: dict[int, int] = field(default_factory=dict)
+    store_stats: dict[str, Any] = field(default_factory=dict)
 
 
 class FakeNode:
@@ -98,6 +117,8 @@ class FakeNode:
         self.server = RemotingServer("127.0.0.1", 0, name=f"{group.name}-{index}")
         self.outer = BrokerOuterAPI(group.namesrv_addrs)
         self.script: list[str] = []
+        self.back_script: list[str] = []  # CONSUMER_SEND_MSG_BACK: "refuse" answers SYSTEM_ERROR
+        self.end_script: list[str] = []  # END_TRANSACTION: "not_master" / "refuse"
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.alive = False
         for code, handler in {
@@ -117,6 +138,12 @@ class FakeNode:
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
             RequestCode.QUERY_MESSAGE: self.query_message,
+            RequestCode.CONSUMER_SEND_MSG_BACK: self.send_back,
+            RequestCode.END_TRANSACTION: self.end_transaction,
+            RequestCode.LOCK_BATCH_MQ: self.lock_batch,
+            RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
+            RequestCode.GET_ALL_DELAY_OFFSET: self.delay_offsets,
+            RequestCode.CHECK_CLIENT_CONFIG: self.check_client_config,
         }.items():
             self.server.register_processor(code, handler)
 
@@ -166,11 +193,19 @@ class FakeNode:
         return req.make_response(ResponseCode.NOT_MASTER, f"{self.addr} is not master{where}", headers)
 
     def _store(
-        self, topic: str, qid: int, flag: int, born: int, props: bytes, body: bytes
+        self,
+        topic: str,
+        qid: int,
+        flag: int,
+        born: int,
+        props: bytes | dict[str, str],
+        body: bytes,
+        sys_flag: int = 0,
+        reconsume_times: int = 0,
     ) -> tuple[int, int, bool]:
         """Store a RocketMQ record; its UNIQ_KEY property is the de-duplication key."""
         st = self.state
-        p = properties_from_bytes(props)
+        p = dict(props) if isinstance(props, dict) else properties_from_bytes(props)
         uniq = p.get(PROPERTY_UNIQ_KEY)
         if uniq:
             hit = st.dedup.get(uniq)
@@ -185,14 +220,15 @@ class FakeNode:
             body,
             properties_to_bytes(p),
             flag,
-            0,
+            sys_flag,
             born,
             host,
             int(time.time() * 1000),
             host,
+            reconsume_times,
         )
         entries = st.queues.setdefault((topic, qid), [])
-        stored = Stored(index, rec, p.get(PROPERTY_KEYS, "").split())
+        stored = Stored(index, rec, p.get(PROPERTY_KEYS, "").split(), p, topic, qid, len(entries))
         entries.append(stored)
         st.by_index[index] = stored
         offset = len(entries) - 1
@@ -256,14 +292,30 @@ class FakeNode:
         bad = self._check_queue(req, topic, qid)
         if bad is not None:
             return bad
+        props = properties_from_bytes(req.header_str("properties", "").encode())
+        sys_flag = req.header_int("sysFlag", 0)
+        reconsume = req.header_int("reconsumeTimes", 0)
+        if topic.startswith(RETRY_PREFIX) and reconsume >= req.header_int("maxReconsumeTimes", 16):
+            # RocketMQ's handleRetryAndDLQ: a retry copy tried often enough goes to the DLQ
+            topic, qid = DLQ_PREFIX + topic[len(RETRY_PREFIX) :], 0
+            await self.group.ensure_topic(topic)
+            props.pop("DELAY", None)
+        half = bool(sys_flag & 0x4)
+        if half:  # RocketMQ's half message: kept aside under its real topic and queue
+            props["REAL_TOPIC"], props["REAL_QID"] = topic, str(qid)
+            topic, qid = HALF_TOPIC, 0
         offset, index, dup = self._store(
             topic,
             qid,
             req.header_int("flag", 0),
             req.header_int("bornTimestamp"),
-            req.header_str("properties", "").encode(),
+            props,
             bytes(req.body),
+            sys_flag,
+            reconsume,
         )
+        if half:
+            self.state.halves.setdefault(index, "pending")
         return self._after_store(
             req,
             action,
@@ -352,7 +404,11 @@ class FakeNode:
                 )
             if offset < hi:
                 entries = self.state.queues[(topic, qid)][offset : offset + max_nums]
-                body = serve_records([(offset + i, e.index, e.record) for i, e in enumerate(entries)])
+                found = [(offset + i, e) for i, e in enumerate(entries)]
+                if req.header_str("expressionType", "TAG") == "SQL92":
+                    f = compile_filter(req.header_str("subscription"))
+                    found = [(o, e) for o, e in found if f.matches(e.props)]
+                body = serve_records([(o, e.index, e.record) for o, e in found])
                 return req.make_response(
                     headers={**headers, "nextBeginOffset": offset + len(entries)}, body=body
                 )
@@ -385,10 +441,15 @@ class FakeNode:
     def min_offset(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
         return req.make_response(headers={"offset": 0})
 
-    def heartbeat(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    async def heartbeat(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
         hb = load_body(req.body, "heartbeat")
+        self.requests.append(("HEARTBEAT", hb))
+        for producer in hb.get("producerDataSet") or []:
+            self.state.producers.setdefault(producer["groupName"], {})[hb["clientID"]] = (conn, self)
         for consumer in hb.get("consumerDataSet") or []:
             group = consumer["groupName"]
+            if self.is_master and self.group.create_retry_topics:
+                await self.group.ensure_topic(RETRY_PREFIX + group)
             members = self.state.consumers.setdefault(group, {})
             new = hb["clientID"] not in members
             members[hb["clientID"]] = time.monotonic()
@@ -404,7 +465,10 @@ class FakeNode:
         return req.make_response()
 
     def unregister(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
-        self.state.consumers.get(req.header_str("consumerGroup"), {}).pop(req.header_str("clientID"), None)
+        self.requests.append(("UNREGISTER", dict(req.headers)))
+        client = req.header_str("clientID")
+        self.state.consumers.get(req.header_str("consumerGroup", ""), {}).pop(client, None)
+        self.state.producers.get(req.header_str("producerGroup", ""), {}).pop(client, None)
         return req.make_response()
 
     def consumer_list(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
@@ -437,6 +501,8 @@ class FakeNode:
             "ledger": {"term": 1, "commitIndex": self.state.next_index - 1},
             "topics": sorted(self.state.topics),
         }
+        if self.state.store_stats:
+            info["store"] = dict(self.state.store_stats)
         return req.make_response(body=dump_body(info))
 
     def view_message(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
@@ -464,6 +530,143 @@ class FakeNode:
             return req.make_response(ResponseCode.QUERY_NOT_FOUND, "no message with that key")
         return req.make_response(body=serve_records(found[:max_num]))
 
+    # --- retries, transactions, locks, delay offsets, client checks --------------------------------------
+    def _record(self, index: int) -> Any:
+        stored = self.state.by_index.get(index)
+        if stored is None:
+            return None, None
+        return stored, decode_stored_messages(serve_records([(stored.queue_offset, index, stored.record)]))[0]
+
+    async def send_back(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        """RocketMQ's consumerSendMsgBack: copy the stored message into %RETRY% or %DLQ%."""
+        self.requests.append(("SEND_BACK", dict(req.headers)))
+        if not self.is_master:
+            return self._not_master(req)
+        action = self.back_script.pop(0) if self.back_script else None
+        if action == "refuse":
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "scripted send-back refusal")
+        group = req.header_str("group")
+        stored, msg = self._record(req.header_int("offset"))
+        if stored is None:
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "look message by offset failed")
+        props = dict(stored.props)
+        props.setdefault("RETRY_TOPIC", msg.topic)
+        props.setdefault("ORIGIN_MESSAGE_ID", props.get(PROPERTY_UNIQ_KEY) or msg.msg_id)
+        props.pop(PROPERTY_UNIQ_KEY, None)  # a new message: keep it out of the de-dup table
+        max_times = req.header_int("maxReconsumeTimes", 16)
+        delay = req.header_int("delayLevel")
+        if msg.reconsume_times >= max_times or delay < 0:
+            topic = DLQ_PREFIX + group
+        else:
+            topic = RETRY_PREFIX + group
+            props["DELAY"] = str(delay or 3 + msg.reconsume_times)
+        await self.group.ensure_topic(topic)
+        self._store(topic, 0, msg.flag, msg.born_ms, props, msg.body, 0, msg.reconsume_times + 1)
+        return req.make_response()
+
+    def end_transaction(self, conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+        self.requests.append(("END_TX", {**req.headers, "_remark": req.remark, "_oneway": req.is_oneway}))
+        action = self.end_script.pop(0) if self.end_script else None
+        if action == "not_master" or not self.is_master:
+            return self._not_master(req)
+        if action == "refuse":
+            return req.make_response(ResponseCode.SYSTEM_ERROR, "scripted end refusal")
+        index = req.header_int("commitLogOffset")
+        verdict = req.header_int("commitOrRollback")
+        if verdict == 0 or self.state.halves.get(index) != "pending":
+            return None  # as RocketMQ: no answer for UNKNOW
+        stored, msg = self._record(index)
+        if verdict == 8:
+            props = dict(stored.props)
+            topic, qid = props.pop("REAL_TOPIC"), int(props.pop("REAL_QID"))
+            props.pop("TRAN_MSG", None)
+            props[PROPERTY_UNIQ_KEY] = props[PROPERTY_UNIQ_KEY] + "-commit"  # its own de-dup key here
+            self._store(topic, qid, msg.flag, msg.born_ms, props, msg.body, 8)
+            self.state.halves[index] = "commit"
+        else:
+            self.state.halves[index] = "rollback"
+        return req.make_response()
+
+    async def check_transaction(self, producer_group: str, index: int) -> bool:
+        """Send CHECK_TRANSACTION_STATE for half message ``index`` to a producer of the group
+        (as RocketMQ's broker: oneway, the half with its real topic as the body)."""
+        conns = [c for c, node in self.state.producers.get(producer_group, {}).values() if node is self]
+        stored, msg = self._record(index)
+        if not conns or stored is None:
+            return False
+        props = dict(stored.props)
+        body = encode_stored_message(
+            topic=props["REAL_TOPIC"],
+            body=msg.body,
+            properties=properties_to_bytes(props),
+            queue_id=int(props["REAL_QID"]),
+            queue_offset=stored.queue_offset,
+            physical_offset=index,
+            sys_flag=msg.sys_flag,
+            born_ms=msg.born_ms,
+            store_host=host_to_bytes(self.addr),
+        )
+        headers = {
+            "tranStateTableOffset": stored.queue_offset,
+            "commitLogOffset": index,
+            "msgId": props.get(PROPERTY_UNIQ_KEY, ""),
+            "transactionId": props.get(PROPERTY_UNIQ_KEY, ""),
+            "offsetMsgId": self._msg_id(index),
+        }
+        conns[-1].invoke_oneway(
+            RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, headers, body, oneway=True)
+        )
+        return True
+
+    def lock_batch(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        doc = load_body(req.body, "lock body")
+        self.requests.append(("LOCK", doc))
+        if not self.is_master:
+            return self._not_master(req)
+        now = time.monotonic()
+        ok = []
+        for mq in doc["mqSet"]:
+            key = (doc["consumerGroup"], mq["topic"], mq["brokerName"], mq["queueId"])
+            held = self.state.locks.get(key)
+            if held is None or held[0] == doc["clientId"] or now - held[1] > self.group.lock_expiry_s:
+                self.state.locks[key] = (doc["clientId"], now)
+                ok.append(mq)
+        return req.make_response(body=dump_body({"lockOKMQSet": ok}))
+
+    def unlock_batch(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        doc = load_body(req.body, "unlock body")
+        self.requests.append(("UNLOCK", {**doc, "_oneway": req.is_oneway}))
+        for mq in doc["mqSet"]:
+            key = (doc["consumerGroup"], mq["topic"], mq["brokerName"], mq["queueId"])
+            if self.state.locks.get(key, ("",))[0] == doc["clientId"]:
+                del self.state.locks[key]
+        return req.make_response()
+
+    def delay_offsets(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        # fastjson writes the Integer keys of DelayOffsetSerializeWrapper's table unquoted
+        table = ",".join(f"{level}:{off}" for level, off in sorted(self.state.delay_offsets.items()))
+        return req.make_response(body=('{"offsetTable":{' + table + "}}").encode())
+
+    def check_client_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        doc = load_body(req.body, "check client body")
+        self.requests.append(("CHECK_CLIENT", {**doc, "_headers": dict(req.headers)}))
+        sub = doc["subscriptionData"]
+        if sub.get("expressionType", "TAG") != "TAG":
+            if self.group.sql92_parse_fails:
+                return req.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, "scripted parse failure")
+            if not self.group.sql92:
+                return req.make_response(
+                    ResponseCode.SYSTEM_ERROR,
+                    "The broker does not support consumer to filter message by SQL92",
+                )
+            try:
+                compile_filter(sub["subString"])
+            except SqlFilterError as exc:
+                return req.make_response(
+                    ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"Parameters is invalid: {exc}"
+                )
+        return req.make_response()
+
 
 class FakeGroup:
     """A broker group of ``size`` nodes sharing one store; node ``master`` answers writes."""
@@ -479,6 +682,10 @@ class FakeGroup:
         self.hints = True
         self.consumer_expiry_s = 30.0
         self.notify_ids_changed = True
+        self.create_retry_topics = True
+        self.lock_expiry_s = 60.0  # RocketMQ's broker-side REBALANCE_LOCK_MAX_LIVE_TIME
+        self.sql92 = True
+        self.sql92_parse_fails = False
         self.nodes = [FakeNode(self, i) for i in range(size)]
         self._new = asyncio.Event()
 
@@ -503,6 +710,11 @@ class FakeGroup:
 
     async def register_all(self) -> None:
         await asyncio.gather(*(n.register() for n in self.nodes if n.alive))
+
+    async def ensure_topic(self, topic: str, queues: int = 1) -> None:
+        """Create a system topic (retry, DLQ) on first use and register it, as a broker does."""
+        if topic not in self.state.topics:
+            await self.add_topic(topic, queues)
 
     async def add_topic(self, topic: str, queues: int = 4, perm: int = 6) -> None:
         self.state.topics[topic] = TopicConfig(topic, queues, queues, perm)

@@ -106,3 +106,51 @@ def test_errors_are_one_line_and_exit_1(cluster: FakeCluster) -> None:
     assert r.exit_code == 1
     r = cli(cluster, "query-msg-by-id", "-i", "not-an-id")
     assert r.exit_code == 1 and "expected 32 or 56 hex digits" in r.output
+
+
+def test_retry_dlq_delay_and_transaction_commands(cluster: FakeCluster) -> None:
+    g = cluster.groups["broker-x"]
+    master = g.nodes[0].addr
+
+    async def prepare() -> None:
+        await g.ensure_topic("%RETRY%adm-g")
+        await g.ensure_topic("%DLQ%adm-g")
+        node = g.nodes[0]
+        props = {"RETRY_TOPIC": "Orders", "ORIGIN_MESSAGE_ID": "ORIG1", "UNIQ_KEY": "R1"}
+        node._store("%RETRY%adm-g", 0, 0, 1, props, b"try-again", 0, 2)
+        node._store("%DLQ%adm-g", 0, 0, 1, {**props, "UNIQ_KEY": "D1"}, b"dead", 0, 16)
+        g.state.delay_offsets = {1: 5, 3: 7}
+        g.state.store_stats = {"pending_half_messages": 2, "scheduled_messages": 9}
+
+    cluster.call(prepare())
+    try:
+        r = cli(cluster, "retry-messages", "-g", "adm-g")
+        assert r.exit_code == 0, r.output
+        row = r.output.splitlines()[1].split()
+        assert row[3:6] == ["Orders", "2", "ORIG1"] and row[-1] == "try-again"
+        r = cli(cluster, "retry-messages", "-g", "adm-g", "--dlq")
+        assert r.exit_code == 0 and "dead" in r.output and " 16 " in r.output
+
+        r = cli(cluster, "delay-offsets", "-c", "FakeCluster")
+        assert r.exit_code == 0, r.output
+        lines = r.output.splitlines()
+        assert lines[0].split() == ["#Broker", "#Level", "#Delivered", "#Max", "Offset", "#Pending", "#Error"]
+        assert lines[1].split()[:3] == ["broker-x", "1", "5"] and lines[2].split()[:3] == [
+            "broker-x",
+            "3",
+            "7",
+        ]
+        r = cli(cluster, "delay-offsets", "-b", master)
+        assert r.exit_code == 0 and master in r.output
+
+        r = cli(cluster, "transaction-status")
+        assert r.exit_code == 0, r.output
+        assert re.search(r"^pending_half_messages\s+: 2$", r.output, re.M)
+        assert re.search(r"^scheduled_messages\s+: 9$", r.output, re.M)
+        g.state.store_stats = {}
+        r = cli(cluster, "transaction-status", "-b", master)
+        assert r.exit_code == 0 and "reports no transaction" in r.output
+        r = cli(cluster, "transaction-status", "-b", master, "-c", "FakeCluster")
+        assert r.exit_code == 2
+    finally:
+        g.state.delay_offsets, g.state.store_stats = {}, {}

@@ -219,7 +219,7 @@ def test_push_consumers_share_queues_and_commit(cluster: FakeCluster, topic: str
     assert all(g.state.offsets[("g-push", topic, qid)] == 20 for qid in range(4))
 
 
-def test_push_redelivers_until_consumed_and_filters_tags(cluster: FakeCluster, topic: str) -> None:
+def test_orderly_push_redelivers_until_consumed_and_filters_tags(cluster: FakeCluster, topic: str) -> None:
     calls: list[list[int]] = []
 
     def on(msgs: list[Message], q: MessageQueue) -> ConsumeStatus:
@@ -237,12 +237,13 @@ def test_push_redelivers_until_consumed_and_filters_tags(cluster: FakeCluster, t
             [Message(topic, f"{i}".encode(), tags="even" if i % 2 == 0 else "odd") for i in range(6)], 0
         )
         await p.shutdown()
-        c = PushConsumer(
+        c = PushConsumer(  # orderly: a failed batch is retried here (concurrent sends it back)
             "g-redeliver",
             cluster.namesrv_addr,
             topic,
             on,
             subscription="even",
+            orderly=True,
             suspend_ms=200,
             reconsume_delay_s=0.05,
         )
