@@ -38,6 +38,7 @@ class ClientInfo:
     message_model: str = ""
     consume_from_where: str = ""
     size: int = ENTRY_OVERHEAD_BYTES
+    sql_topics: frozenset[str] = frozenset()  # topics whose expression is SQL92 (the rest: tags)
 
 
 def subscriptions_size(subscriptions: Mapping[str, str]) -> int:

@@ -28,10 +28,12 @@ from remoting.cluster_auth import ClusterSigner, chain_hooks
 from remoting.topic import PERM_READ, PERM_WRITE
 
 from .config import BrokerConfig
+from .delivery import ScheduledDelivery, TransactionChecker
 from .message_store import MessageStore
 from .meta import topic_op
 from .processors import DEFAULT_TOPIC, PERM_INHERIT, Processors
 from .registration import BrokerIdentity, BrokerOuterAPI, PeriodicRegistration
+from .system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 
 log = logging.getLogger("broker")
 
@@ -61,6 +63,7 @@ class BrokerController:
         self._stopped = asyncio.Event()
         self._bootstrap_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._master_tasks: list[asyncio.Task[None]] = []
         self.loop_lag = LoopLagMonitor()  # how late the event loop runs: what floods would cost
 
     # ------------------------------------------------------------------ life cycle
@@ -76,6 +79,9 @@ class BrokerController:
         self.ledger.on_leader_ready(self._on_leader_ready)
         self._store.topic_listeners.append(lambda: self.trigger_register())
         self.processors = Processors(self)
+        # what only a master does: deliver scheduled messages when due, check transactions
+        self.delivery = ScheduledDelivery(self._store, cfg, self.processors.ctx.store_host)
+        self.transaction_checks = TransactionChecker(self._store, cfg, self.processors.clients)
         rcfg = cfg.remoting_config()
         main = RemotingServer(cfg.listen_host, cfg.listen_port, rcfg, name="broker")
         fast = RemotingServer(cfg.listen_host, cfg.fast_port, rcfg, name="broker-fast")
@@ -87,7 +93,10 @@ class BrokerController:
             validator = AccessValidator(
                 accounts,
                 require_signature=True,
-                topic_resolvers={RequestCode.VIEW_MESSAGE_BY_ID: self.processors.viewed_topic},
+                topic_resolvers={
+                    RequestCode.VIEW_MESSAGE_BY_ID: self.processors.viewed_topic,
+                    **self.processors.held.topic_resolvers(),
+                },
             )
             for server in self.servers:
                 server.set_request_gate(validator)
@@ -149,7 +158,7 @@ class BrokerController:
     async def shutdown(self) -> None:
         if self._stopped.is_set():
             return
-        for t in self._tasks:
+        for t in [*self._tasks, *self._master_tasks]:
             t.cancel()
         self.loop_lag.stop()
         if self.registration is not None:  # None: start failed before the broker registered
@@ -177,6 +186,9 @@ class BrokerController:
             self._leader_term = change.term
             return
         self._leader_term = None
+        for task in self._master_tasks:
+            task.cancel()  # (they stop by themselves too, once they see the role change)
+        self._master_tasks = []
         if self.is_master or self.broker_id != self.config.slave_id:
             log.info("switching to slave", extra={"term": change.term, "leader": change.leader_id})
         self.is_master = False
@@ -200,7 +212,16 @@ class BrokerController:
         self.switch_times_ms.append(switch_ms)
         log.info("switched to master", extra={"term": term, "switch_ms": round(switch_ms, 2)})
         self.trigger_register()
-        self._bootstrap_task = asyncio.get_running_loop().create_task(self._create_configured_topics())
+        loop = asyncio.get_running_loop()
+        self._bootstrap_task = loop.create_task(self._create_configured_topics())
+
+        def still_master() -> bool:
+            return self.is_master and self._leader_term == term
+
+        self._master_tasks = [
+            loop.create_task(self.delivery.run(still_master), name="scheduled-delivery"),
+            loop.create_task(self.transaction_checks.run(still_master), name="transaction-checks"),
+        ]
 
     async def _create_configured_topics(self) -> None:
         """The first master creates the topics named in the config (through the ledger), and
@@ -212,6 +233,12 @@ class BrokerController:
         ]
         if self.config.auto_create_topic_enable:
             specs.append((DEFAULT_TOPIC, "", PERM_INHERIT | PERM_READ | PERM_WRITE))
+        # the broker's own (clients cannot send to them), as RocketMQ creates them
+        specs += [
+            (SCHEDULE_TOPIC, str(len(self.config.delay_levels_ms)), PERM_READ | PERM_WRITE),
+            (TIMER_TOPIC, "1", PERM_READ | PERM_WRITE),
+            (HALF_TOPIC, "1", PERM_READ | PERM_WRITE),
+        ]
         for name, q, perm in specs:
             nums = int(q) if q else self.config.default_queue_nums
             if name in self.store.topics:
@@ -292,4 +319,6 @@ class BrokerController:
             "ledger": self.ledger.status(),
             "store": self.store.stats(),
             "loopLag": self.loop_lag.summary(lag_since),
+            "delivery": self.delivery.stats(),
+            "transactions": self.transaction_checks.stats(),
         }

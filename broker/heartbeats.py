@@ -21,14 +21,15 @@ from .system_topics import retry_topic
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
 
+TAG, SQL92 = "TAG", "SQL92"  # RocketMQ's expression types
 MAX_NAME_CHARS = 255  # a group, client id or topic name in a heartbeat
 MAX_EXPRESSION_CHARS = 4096  # a subscription expression (tags or SQL92)
 MAX_GROUPS_PER_HEARTBEAT = 256  # consumer groups (and producer groups) one heartbeat may name
 
 
-def _subscription_data(topic: str, expr: str) -> dict[str, Any]:
-    """RocketMQ's SubscriptionData of a tag expression ("*" for all: no tags, no codes)."""
-    tags = sorted({t.strip() for t in expr.split("||")} - {""})
+def _subscription_data(topic: str, expr: str, kind: str = TAG) -> dict[str, Any]:
+    """RocketMQ's SubscriptionData of an expression (tags: "*" for all, no tags, no codes)."""
+    tags = sorted({t.strip() for t in expr.split("||")} - {""}) if kind == TAG else []
     if not tags or "*" in tags:
         tags = []
     return {
@@ -38,7 +39,7 @@ def _subscription_data(topic: str, expr: str) -> dict[str, Any]:
         "tagsSet": tags,
         "codeSet": sorted({java_string_hash(t) for t in tags}),
         "subVersion": 0,
-        "expressionType": "TAG",
+        "expressionType": kind,
     }
 
 
@@ -75,7 +76,7 @@ class Heartbeats:
             group = consumer.get("groupName") if isinstance(consumer, dict) else None
             if not isinstance(group, str) or not 0 < len(group) <= MAX_NAME_CHARS:
                 raise RemotingCommandError(f"HEART_BEAT consumerDataSet[{i}].groupName must be a group name")
-            subs = self._subscriptions(consumer.get("subscriptionDataSet"), i)
+            subs, sql_topics = self._subscriptions(consumer.get("subscriptionDataSet"), i)
             info = ClientInfo(
                 now,
                 subs,
@@ -86,6 +87,7 @@ class Heartbeats:
                 _short_text(consumer.get("messageModel")),
                 _short_text(consumer.get("consumeFromWhere")),
                 subscriptions_size(subs),
+                sql_topics,
             )
             if not self.clients.touch_consumer(group, client_id, info):
                 return self._clients_full(req)
@@ -97,9 +99,11 @@ class Heartbeats:
                     return self._clients_full(req)
         return req.make_response()
 
-    def _subscriptions(self, raw: Any, i: int) -> dict[str, str]:
-        """A consumer's topic -> expression, each checked against the heartbeat's bounds."""
+    def _subscriptions(self, raw: Any, i: int) -> tuple[dict[str, str], frozenset[str]]:
+        """A consumer's topic -> expression, each checked against the heartbeat's bounds, and
+        the topics whose expression is SQL92."""
         subs: dict[str, str] = {}
+        sql: set[str] = set()
         limit = self.config.max_subscriptions_per_client
         for j, sub in enumerate(_bounded_list(raw, f"consumerDataSet[{i}].subscriptionDataSet", limit)):
             if not isinstance(sub, dict) or not isinstance(sub.get("topic"), str):
@@ -111,7 +115,9 @@ class Heartbeats:
                     f"{MAX_NAME_CHARS} and an expression of at most {MAX_EXPRESSION_CHARS} characters"
                 )
             subs[topic] = expr
-        return subs
+            if str(sub.get("expressionType") or TAG).upper() == SQL92:
+                sql.add(topic)
+        return subs, frozenset(sql)
 
     def _clients_full(self, req: RemotingCommand) -> RemotingCommand:
         return req.make_response(
@@ -143,9 +149,10 @@ class Heartbeats:
             return req.make_response(
                 ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group {group!r} is not online"
             )
-        subscriptions: dict[str, str] = {}
+        subscriptions: dict[str, tuple[str, str]] = {}
         for _, info in live:
-            subscriptions.update(info.subscriptions)
+            for topic, expr in info.subscriptions.items():
+                subscriptions[topic] = (expr, SQL92 if topic in info.sql_topics else TAG)
         newest = max(live, key=lambda item: item[1].seen)[1]
         doc = {
             "connectionSet": [
@@ -153,7 +160,7 @@ class Heartbeats:
                 for cid, info in sorted(live)
             ],
             "subscriptionTable": {
-                topic: _subscription_data(topic, expr) for topic, expr in sorted(subscriptions.items())
+                topic: _subscription_data(topic, *sub) for topic, sub in sorted(subscriptions.items())
             },
             "consumeType": newest.consume_type,
             "messageModel": newest.message_model,
@@ -166,13 +173,14 @@ class Heartbeats:
         live = sorted(cid for cid, _ in self.clients.live_consumers(group, time.monotonic()))
         return req.make_response(body=json.dumps({"consumerIdList": live}).encode())
 
-    def group_subscription(self, group: str, topic: str) -> str:
-        """The expression the group's consumers subscribed with (from their heartbeats), '*' if none."""
+    def group_subscription(self, group: str, topic: str) -> tuple[str, str]:
+        """(expression, type) the group's consumers subscribed with (from their heartbeats);
+        ('*', TAG) if none did."""
         for info in self.clients.consumers.get(group, {}).values():
             expr = info.subscriptions.get(topic)
             if expr:
-                return expr
-        return "*"
+                return expr, SQL92 if topic in info.sql_topics else TAG
+        return "*", TAG
 
 
 def _bounded_list(value: Any, what: str, limit: int) -> list[Any]:

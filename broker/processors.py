@@ -26,23 +26,32 @@ from remoting.message import (
     java_string_hash,
     parse_offset_msg_id,
     properties_from_bytes,
+    properties_to_bytes,
     serve_records,
+    stored_record_fields,
 )
 from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ, PERM_WRITE, topic_name_error
 
-from . import codec
+from . import codec, derive
 from .admin_stats import AdminStats
+from .consume_queue import ConsumeQueue
 from .context import Broker
-from .heartbeats import Heartbeats
+from .derive import might_be_held
+from .heartbeats import SQL92, TAG, Heartbeats
+from .held_processors import HeldMessageProcessors
 from .message_store import Stored
 from .meta import offset_op, topic_op
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext, Response, host_bytes
+from .sql_filter import Filter as SqlFilter
+from .sql_filter import SqlFilterError, compile_filter
+from .system_topics import NOT_SENDABLE
 
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
 
 
+SQL_SCAN_CHUNK = 256  # records read at a time while evaluating a SQL92 subscription
 FILTER_SCAN_LIMIT = 16_000  # consume-queue entries one filtered pull looks at (RocketMQ's default)
 MAX_PULL_BYTES = 4 << 20  # message bytes one pull answers with (at least one message)
 DEFAULT_TOPIC = "TBW102"  # RocketMQ's template topic: clients send to its brokers to auto-create topics
@@ -70,6 +79,21 @@ def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
     return frozenset(java_string_hash(t) & 0xFFFFFFFF for t in tags)
 
 
+def _refuse_held_in_batch(items: list[tuple[int, Any, Any]]) -> None:
+    """RocketMQ refuses delayed and transactional messages in a batch: they cannot share an
+    entry's fate with the others (each is held on its own)."""
+    for i, (_, _, props) in enumerate(items):
+        if might_be_held(bytes(props)):
+            fields = properties_from_bytes(bytes(props), f"batch message {i}: properties")
+            if (
+                derive.is_transactional(fields)
+                or derive.schedule("t", 0, fields, 0, (1,), 1 << 62) is not None
+            ):
+                raise MessageFormatError(
+                    f"batch message {i}: delayed or transactional messages cannot be sent in a batch"
+                )
+
+
 def _send_headers(req: RemotingCommand) -> RemotingCommand:
     """The request with SEND_MESSAGE_V2's one-letter header names spelled out; the layout is
     decided by ``remoting.headers.uses_send_v2_names``, as the ACL decides it."""
@@ -88,6 +112,7 @@ class Processors:
         self.ctx = ctx = RequestContext(broker)
         self.clients = ctx.clients
         self.heartbeats = Heartbeats(ctx)
+        self.held = HeldMessageProcessors(ctx)
         self._not_master, self._check_topic, self._append = ctx.not_master, ctx.check_topic, ctx.append
         self._msg_id, self._begin_creation, self._created = ctx.msg_id, ctx.begin_creation, ctx.created
         self.suspended_pulls = 0  # long polls being held (at most max_suspended_pulls)
@@ -116,6 +141,7 @@ class Processors:
         }
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
+        table.update(self.held.handlers())  # send-backs, transactions, locks, delay offsets
         table.update(self.admin_stats.handlers())  # topic/consume stats, runtime info with KVTable
         for code, fn in table.items():
             server.register_processor(code, fn)
@@ -133,6 +159,10 @@ class Processors:
         if not self.broker.is_master:
             return self._not_master(req)
         topic = h.header_str("topic")
+        if topic in NOT_SENDABLE:
+            return req.make_response(
+                ResponseCode.NO_PERMISSION, f"topic {topic!r} is the broker's own: clients cannot send to it"
+            )
         queue_id = h.header_int("queueId", min_value=INT32_MIN, max_value=INT32_MAX)
         before: list[bytes] = []
         pending = 0
@@ -187,18 +217,30 @@ class Processors:
         if isinstance(target, RemotingCommand):
             return target
         topic, queue_id, before = target
-        topic_raw = topic.encode()
+        now_ms = int(time.time() * 1000)
+        stored_topic, stored_qid = topic, queue_id
+        if might_be_held(props):  # delayed or transactional: stored where it waits
+            held = self._held_placement(req, h, topic, queue_id, props, now_ms)
+            if isinstance(held, RemotingCommand):
+                return held
+            if held is not None:
+                stored_topic, stored_qid, props = (
+                    held.topic,
+                    held.queue_id,
+                    properties_to_bytes(held.properties),
+                )
+        topic_raw = stored_topic.encode()
         try:
             record = codec.build_stored_record(
                 topic_raw,
-                queue_id,
+                stored_qid,
                 body,
                 props,
                 flag,
                 sys_flag,
                 born,
                 host_bytes(conn.remote_addr),
-                int(time.time() * 1000),
+                now_ms,
                 self.ctx.store_host,
                 reconsume,
             )
@@ -219,7 +261,38 @@ class Processors:
                 }
             )
 
-        return self._append(req, [*before, record], reply, (topic_raw, queue_id))
+        return self._append(req, [*before, record], reply, (topic_raw, stored_qid))
+
+    def _held_placement(
+        self, req: RemotingCommand, h: RemotingCommand, topic: str, queue_id: int, props: bytes, now_ms: int
+    ) -> derive.Placement | RemotingCommand | None:
+        """Where a message that may have to wait is stored (None: at once, in its topic), or
+        the refusal: a malformed delay, or a full schedule or half-message table."""
+        try:
+            fields = properties_from_bytes(props, "header 'properties'")
+            if derive.is_transactional(fields):
+                if len(self.store.state.halves) >= self.config.max_half_messages:
+                    return req.make_response(
+                        ResponseCode.SYSTEM_BUSY,
+                        f"{self.config.max_half_messages} half messages pending (max_half_messages); try later",
+                    )
+                return derive.half(topic, queue_id, fields, h.header_str("producerGroup", ""))
+            held = derive.schedule(
+                topic,
+                queue_id,
+                fields,
+                now_ms,
+                self.config.delay_levels_ms,
+                int(self.config.max_timer_delay_s * 1000),
+            )
+        except (MessageFormatError, derive.PlacementError) as exc:
+            return req.make_response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+        if held is not None and len(self.store.state.schedule) >= self.config.max_scheduled_messages:
+            return req.make_response(
+                ResponseCode.SYSTEM_BUSY,
+                f"{self.config.max_scheduled_messages} delayed messages pending (max_scheduled_messages); try later",
+            )
+        return held
 
     def send_batch(self, conn: RemotingConnection, req: RemotingCommand) -> Response:
         """SEND_BATCH_MESSAGE (320): RocketMQ's encoded messages; the batch is one ledger entry
@@ -236,6 +309,8 @@ class Processors:
             born = h.header_int("bornTimestamp", now, min_value=0, max_value=MAX_TIMESTAMP_MS)
             sys_flag = h.header_int("sysFlag", 0, min_value=0, max_value=INT32_MAX)
             items = decode_message_batch(body, self.config.max_message_bytes)
+            if might_be_held(body):  # (cheap on the whole body; exact per message below)
+                _refuse_held_in_batch(items)
             if sys_flag & SYSFLAG_COMPRESSED:
                 for i, (_, mbody, _) in enumerate(items):
                     try:
@@ -308,10 +383,18 @@ class Processors:
         if bad is not None:
             return bad
         if sys_flag & PULL_SUBSCRIPTION:
-            expr = req.header_str("subscription", "*")
+            expr, kind = req.header_str("subscription", "*"), req.header_str("expressionType", TAG).upper()
         else:
-            expr = self.heartbeats.group_subscription(group, topic)
-        wanted = subscription_tag_hashes(expr)
+            expr, kind = self.heartbeats.group_subscription(group, topic)
+        sql: SqlFilter | None = None
+        wanted: frozenset[int] | None = None
+        if kind == SQL92:
+            refused = self._sql_refusal(req, expr)
+            if isinstance(refused, RemotingCommand):
+                return refused
+            sql = refused
+        else:
+            wanted = subscription_tag_hashes(expr)
         if not self.broker.is_master and (
             not self.config.slave_read_enable or req.header_bool("requireMaster", False)
         ):
@@ -350,7 +433,9 @@ class Processors:
             if offset < hi:
                 cq = self.store.queue(topic, queue_id)
                 assert cq is not None
-                if wanted is None:
+                if sql is not None:
+                    hits, scanned_to = self._sql_scan(cq, offset, max_nums, sql)
+                elif wanted is None:
                     hits, scanned_to = cq.slice(offset, max_nums), hi
                 else:
                     hits, scanned_to = cq.scan(offset, max_nums, wanted, FILTER_SCAN_LIMIT)
@@ -358,7 +443,7 @@ class Processors:
                     found = self.store.read_records(hits, MAX_PULL_BYTES)
                     if not found:
                         headers["nextBeginOffset"] = offset
-                    elif wanted is not None and len(found) == len(hits):
+                    elif (wanted is not None or sql is not None) and len(found) == len(hits):
                         headers["nextBeginOffset"] = scanned_to  # past the filtered-out tail too
                     else:
                         headers["nextBeginOffset"] = found[-1][0] + 1
@@ -386,6 +471,43 @@ class Processors:
                 await self.store.wait_for_message(topic, queue_id, remaining)
             finally:
                 self.suspended_pulls -= 1
+
+    def _sql_refusal(self, req: RemotingCommand, expr: str) -> SqlFilter | RemotingCommand:
+        """The compiled SQL92 subscription, or the refusal: filtering off, or a malformed one."""
+        if not self.config.enable_property_filter:
+            return req.make_response(
+                ResponseCode.SYSTEM_ERROR,
+                f"broker {self.config.broker_name} does not filter by SQL92 (enable_property_filter is off)",
+            )
+        try:
+            return compile_filter(expr)
+        except SqlFilterError as exc:
+            return req.make_response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"SQL92 subscription: {exc}")
+
+    def _sql_scan(
+        self, cq: ConsumeQueue, offset: int, max_nums: int, sql: SqlFilter
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """Like ``ConsumeQueue.scan`` for a SQL92 subscription: each message's properties are
+        read from its record (the consume queue keeps only tag hashes), FILTER_SCAN_LIMIT at most."""
+        out: list[tuple[int, int, int]] = []
+        end = min(cq.max_offset, offset + FILTER_SCAN_LIMIT)
+        at = max(offset, cq.min_offset)
+        while at < end:
+            chunk = cq.slice(at, min(SQL_SCAN_CHUNK, end - at))
+            read = self.store.read_records(chunk, 1 << 62)
+            for hit, (_, _, rec) in zip(chunk, read, strict=False):
+                at = hit[0] + 1
+                try:
+                    props = properties_from_bytes(bytes(stored_record_fields(rec)[4]))
+                except (MessageFormatError, ValueError):
+                    continue  # (an undecodable record matches nothing)
+                if sql.matches(props):
+                    out.append(hit)
+                    if len(out) >= max_nums:
+                        return out, at
+            if len(read) < len(chunk):
+                break  # removed by retention meanwhile
+        return out, at
 
     # ------------------------------------------------------------------ offsets and topics
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from common.settings import ConfigError
-from remoting.codes import RequestCode, ResponseCode, request_code_name
+from remoting.codes import POP_REQUEST_NAMES, RequestCode, ResponseCode, request_code_name
 from remoting.headers import send_topic
 from remoting.protocol import HeaderValue, RemotingCommand
 
@@ -302,6 +302,48 @@ def server_accounts(
 
 
 TopicOf = Callable[[RemotingCommand], object]
+Need = tuple[bool, str, int]  # (is a group, name, permission)
+BodyNeeds = Callable[[dict[str, Any]], list[Need]]
+
+
+def _heartbeat_needs(doc: dict[str, Any]) -> list[Need]:
+    needs: list[Need] = []
+    consumers = doc.get("consumerDataSet")
+    for consumer in consumers if isinstance(consumers, list) else []:
+        if not isinstance(consumer, dict):
+            continue
+        if isinstance(consumer.get("groupName"), str):
+            needs.append((True, consumer["groupName"], SUB))
+        subs = consumer.get("subscriptionDataSet")
+        for sub in subs if isinstance(subs, list) else []:
+            topic = sub.get("topic") if isinstance(sub, dict) else None
+            if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
+                needs.append((False, topic, SUB))
+    return needs
+
+
+def _lock_needs(doc: dict[str, Any]) -> list[Need]:
+    """LOCK_BATCH_MQ / UNLOCK_BATCH_MQ: SUB on the group and on every topic locked."""
+    needs: list[Need] = []
+    if isinstance(doc.get("consumerGroup"), str):
+        needs.append((True, doc["consumerGroup"], SUB))
+    mqs = doc.get("mqSet")
+    for mq in mqs if isinstance(mqs, list) else []:
+        topic = mq.get("topic") if isinstance(mq, dict) else None
+        if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
+            needs.append((False, topic, SUB))
+    return needs
+
+
+def _client_config_needs(doc: dict[str, Any]) -> list[Need]:
+    needs: list[Need] = []
+    if isinstance(doc.get("group"), str):
+        needs.append((True, doc["group"], SUB))
+    sub = doc.get("subscriptionData")
+    topic = sub.get("topic") if isinstance(sub, dict) else None
+    if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
+        needs.append((False, topic, SUB))
+    return needs
 
 
 def _header(name: str) -> TopicOf:
@@ -326,7 +368,7 @@ class Rule:
     topic_perm: int = DENY
     group_header: str = ""
     group_perm: int = DENY
-    heartbeat: bool = False  # groups and topics are in the JSON body
+    body: BodyNeeds | None = None  # the groups and topics are in the JSON body
     by_record: bool = False
 
 
@@ -374,7 +416,16 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.GET_CONSUMER_LIST_BY_GROUP: _GROUP,
     RequestCode.GET_CONSUMER_CONNECTION_LIST: _GROUP,
     RequestCode.UNREGISTER_CLIENT: _GROUP,
-    RequestCode.HEART_BEAT: Rule(heartbeat=True),
+    RequestCode.HEART_BEAT: Rule(body=_heartbeat_needs),
+    RequestCode.LOCK_BATCH_MQ: Rule(body=_lock_needs),
+    RequestCode.UNLOCK_BATCH_MQ: Rule(body=_lock_needs),
+    RequestCode.CHECK_CLIENT_CONFIG: Rule(body=_client_config_needs),
+    # a send-back copies the message into the group's retry topic: SUB on both
+    RequestCode.CONSUMER_SEND_MSG_BACK: Rule(
+        topic_perm=SUB, group_header="group", group_perm=SUB, by_record=True
+    ),
+    # a commit stores the half message in its real topic: PUB there
+    RequestCode.END_TRANSACTION: Rule(topic_perm=PUB, by_record=True),
 }
 
 #: Codes any signed account may use, each because it reads no topic's messages or a
@@ -393,6 +444,8 @@ OPEN_CODES: Final = frozenset(
         RequestCode.GET_TOPICS_BY_CLUSTER,
         RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
         RequestCode.GET_NAMESRV_CONFIG,
+        RequestCode.GET_ALL_DELAY_OFFSET,  # the delay schedule's progress: counts only
+        *POP_REQUEST_NAMES,  # refused by name by every broker: nothing to protect
     )
 )
 
@@ -461,7 +514,7 @@ class AccessValidator:
                 request,
                 f"{request_code_name(request.code)} is an admin operation; AccessKey {ak!r} is not an admin account",
             )
-        if rule.heartbeat or rule.by_record:  # resources in the body or the store: not cached
+        if rule.body is not None or rule.by_record:  # resources in the body or the store: not cached
             denied = self._denied(account, request, rule)
         else:
             decisions = self._decisions
@@ -499,22 +552,12 @@ class AccessValidator:
             group = headers.get(rule.group_header)
             if isinstance(group, str) and group:
                 needs.append((True, group, rule.group_perm))
-        if rule.heartbeat:
+        if rule.body is not None:
             try:
                 doc = json.loads(bytes(request.body) or b"{}")
             except (ValueError, RecursionError):
-                return None  # the processor answers a malformed heartbeat
-            consumers = doc.get("consumerDataSet") if isinstance(doc, dict) else None
-            for consumer in consumers if isinstance(consumers, list) else []:
-                if not isinstance(consumer, dict):
-                    continue
-                if isinstance(consumer.get("groupName"), str):
-                    needs.append((True, consumer["groupName"], SUB))
-                subs = consumer.get("subscriptionDataSet")
-                for sub in subs if isinstance(subs, list) else []:
-                    topic = sub.get("topic") if isinstance(sub, dict) else None
-                    if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
-                        needs.append((False, topic, SUB))
+                return None  # the processor answers a malformed body
+            needs += rule.body(doc if isinstance(doc, dict) else {})
         for is_group, name, perm in needs:
             owned = account.group_perm(name) if is_group else account.topic_perm(name)
             if owned & perm != perm:

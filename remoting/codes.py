@@ -138,7 +138,17 @@ class ResponseCode(IntEnum):
     """The ledger did not commit the entry within the timeout; the outcome is unknown, not failed."""
 
 
-_REQUEST_NAMES = {c.value: c.name for c in RequestCode}
+POP_REQUEST_NAMES = {
+    200050: "POP_MESSAGE",
+    200051: "ACK_MESSAGE",
+    200052: "PEEK_MESSAGE",
+    200053: "CHANGE_MESSAGE_INVISIBLETIME",
+    200054: "NOTIFICATION",
+    200055: "POLLING_INFO",
+}
+"""RocketMQ 5's POP consumption codes, which ledgermq brokers refuse by name."""
+
+_REQUEST_NAMES = {c.value: c.name for c in RequestCode} | POP_REQUEST_NAMES
 _RESPONSE_NAMES = {c.value: c.name for c in ResponseCode}
 
 
