@@ -16,9 +16,10 @@ limit would otherwise decide, and that depends on the caller's stack). Anything 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
+
+from remoting.jsonbody import json_depth_exceeds
 
 RECORD_META = 2
 
@@ -27,8 +28,6 @@ MAX_NAME_CHARS = 1024  # a topic or group name in a metadata record (topics allo
 MAX_QUEUE_NUMS = 1024  # read/write queues of one topic (UPDATE_AND_CREATE_TOPIC's bound)
 _MAX_OFFSET = (1 << 63) - 1
 _MAX_QUEUE_ID = (1 << 31) - 1
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
 
 
 class MetaError(ValueError):
@@ -93,22 +92,10 @@ def _refuse_constant(name: str) -> Any:
     raise MetaError(f"non-finite number {name} in a metadata record")
 
 
-def _nesting(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects in a JSON text, strings skipped."""
-    depth = deepest = 0
-    for bracket in _BRACKETS.findall(_STRINGS.sub(b'""', raw)):
-        if bracket in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
 def decode_meta(data: bytes | memoryview) -> dict[str, Any]:
     """The JSON document of a metadata record, its depth bounded; MetaError if it is not one."""
     raw = bytes(data[1:])
-    if raw.count(b"[") + raw.count(b"{") > MAX_META_DEPTH and _nesting(raw) > MAX_META_DEPTH:
+    if json_depth_exceeds(raw, MAX_META_DEPTH):
         raise MetaError(f"metadata record nested deeper than {MAX_META_DEPTH} levels")
     try:
         doc = json.loads(raw, parse_constant=_refuse_constant)
