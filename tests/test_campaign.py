@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from jepsen.cli import main as jepsen_main
-from jepsen.faults.schedule import FAULTS
+from jepsen.faults.registry import FAULTS
 from jepsen.run.campaign import CAMPAIGN_NEMESES, CAMPAIGN_WORKLOADS, plan
 from jepsen.run.run_cli import run as run_command
 

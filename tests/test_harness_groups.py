@@ -316,7 +316,7 @@ def test_partition_across_groups_cuts_only_links_within_groups() -> None:
     backend, rec = _Groups(), _Recorder()
     nem = Nemesis(backend, rec, ["partition-random-halves"], 1.0, random.Random(4), fault_scope="all")  # type: ignore[arg-type]
     for seed in range(10):
-        nem.rng = random.Random(seed)
+        nem.ctx.rng = random.Random(seed)
         asyncio.run(nem.start_fault("partition-random-halves"))
         assert all(node_group(a) == node_group(b) for a, b in backend.cut)
     with pytest.raises(ValueError, match="fault scope"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from jepsen.faults.schedule import FAULTS
+from jepsen.faults.registry import FAULTS
 from jepsen.history import read_history, validate_history
 from jepsen.net.proxy import LinkProxy
 from jepsen.run.runner import RunConfig, RunResult, run

@@ -9,7 +9,9 @@ import threading
 
 import pytest
 
-from jepsen.faults.schedule import bridge, cut_between, majorities_ring
+from jepsen.checker.recovery import HEALS
+from jepsen.faults.partition import bridge, cut_between, majorities_ring
+from jepsen.faults.registry import FAULTS
 from jepsen.history import History, HistoryMisuse, read_history, validate_history
 from jepsen.net.proxy import LinkProxy
 
@@ -266,3 +268,17 @@ def test_a_backend_status_client_is_kept_per_loop_and_closed_in_its_own() -> Non
     assert same and len(before) == 1 and after == []
     asyncio.run(serve_and_poll(held))  # a new loop gets a new client
     assert len(made) == 2 and made[0] is not made[1]
+
+
+def test_every_fault_records_what_the_checker_reads_as_a_fault() -> None:
+    """The checker knows a fault only from its history operations: each fault's breaking
+    operation must be one the checker opens a fault window on, healed by the operation the
+    fault records to stop it (a fault that heals nothing is its own window)."""
+    for name, fault in FAULTS.items():
+        d = fault.describe()
+        assert d.name == name and d.summary, name
+        if d.heals is None:
+            assert d.breaks not in HEALS, name
+        else:
+            assert d.heals in HEALS.get(d.breaks, ()), (name, d)
+

@@ -1,5 +1,5 @@
-"""The ``forge-peer`` nemesis's attacks: an outsider that tries to join a ledger group and to
-run broker admin operations without credentials.
+"""The ``forge-peer`` fault: an outsider that tries to join a ledger group and to run broker
+admin operations without credentials.
 
 Each attempt is one real connection to a node's real address (not through the link
 proxies) and ends in an outcome: ``refused`` (the node hung up, or answered with a
@@ -23,7 +23,10 @@ import time
 from typing import Any
 
 import client.broker_api as B
+from jepsen.faults.base import Fault, FaultContext, Scope
+from jepsen.systems.base import Backend, Unsupported
 from ledger.auth import PROOF, Handshake, PeerAuth
+from ledger.client import LedgerClient
 from ledger.codec import Entry
 from ledger.messages import AppendRequest, encode_message
 from remoting import RemotingClient, ResponseCode
@@ -90,7 +93,7 @@ def _outcome(refused: bool) -> str:
     return "refused" if refused else "accepted"
 
 
-async def _old_hello(address: str, claim: str, forged: bytes) -> str:
+async def old_hello(address: str, claim: str, forged: bytes) -> str:
     c = await RawConn.open(address)
     try:
         c.send(b"P" + claim.encode(), forged)
@@ -99,7 +102,7 @@ async def _old_hello(address: str, claim: str, forged: bytes) -> str:
         c.close()
 
 
-async def _wrong_secret(address: str, claim: str, target: str, forged: bytes) -> str:
+async def wrong_secret(address: str, claim: str, target: str, forged: bytes) -> str:
     wrong = PeerAuth(WRONG_SECRET)
     hello, nonce = wrong.hello(claim, target, 0)
     c = await RawConn.open(address)
@@ -123,8 +126,8 @@ async def attack_ledger(
     forged = forged_append(term, target, claim, *last)
     out: list[dict[str, Any]] = []
     for name, attempt in (
-        ("old-hello", lambda: _old_hello(address, claim, forged)),
-        ("wrong-secret", lambda: _wrong_secret(address, claim, target, forged)),
+        ("old-hello", lambda: old_hello(address, claim, forged)),
+        ("wrong-secret", lambda: wrong_secret(address, claim, target, forged)),
     ):
         try:
             outcome = await attempt()
@@ -151,3 +154,65 @@ async def attack_admin(address: str) -> dict[str, Any]:
     finally:
         await rc.close()
     return {"attempt": "admin-no-credentials", "target": address, "outcome": outcome, "detail": detail}
+
+
+class ForgePeer(Fault):
+    """Attack one group as an outsider: a forged peer on a ledger node, unsigned admin requests to brokers with ACL on.
+
+    Its one operation (``forge-peer``) records each attempt and whether it was refused; it
+    breaks nothing that needs healing.
+    """
+
+    name = "forge-peer"
+    breaks = "forge-peer"
+    heals = None
+    single_group = True
+
+    @classmethod
+    def refusal(cls, backend: Backend) -> str | None:
+        try:
+            backend.forge_targets()
+        except Unsupported as exc:  # nothing to attack on this backend
+            return str(exc)
+        return None
+
+    async def start(self, ctx: FaultContext, scope: Scope) -> None:
+        nodes = scope.nodes
+        leader = await ctx.leader(nodes)
+        value = {"fault": self.name, "nodes": sorted(nodes), "leader": leader, **scope.info}
+        await ctx.op(self.name, value, lambda: asyncio.run(self._forge(ctx, leader)))
+
+    async def stop(self, ctx: FaultContext) -> None:
+        return None
+
+    async def _forge(self, ctx: FaultContext, leader: str | None) -> dict[str, Any]:
+        """Every forge attempt against this group (run in a thread, on its own event loop)."""
+        t = ctx.backend.forge_targets()
+        attempts: list[dict[str, Any]] = []
+        ledger = t.get("ledger") or {}
+        claim = leader or ctx.rng.choice(sorted(ledger))
+        targets = [n for n in sorted(ledger) if n != claim] or sorted(ledger)
+        target = ctx.rng.choice(targets)
+        term, last = 1, (0, 0)
+        try:  # the real term and last entry make the forged append as plausible as possible
+            async with LedgerClient(list(ledger.values()), timeout=1.0, attempt_timeout=1.0) as lc:
+                st = await lc.status(ledger[target])
+                term, last = (
+                    int(st.get("term") or 1),
+                    (int(st.get("last_index") or 0), int(st.get("term") or 0)),
+                )
+        except Exception:  # noqa: BLE001 - a forged append with made-up numbers is still a probe
+            pass
+        attempts += await attack_ledger(target, ledger[target], claim, term, last)
+        if t.get("acl"):
+            for addr in t.get("admin") or []:
+                attempts.append(await attack_admin(addr))
+        return {
+            "fault": self.name,
+            "nodes": [target],
+            "secured": bool(t.get("secured")),
+            "acl": bool(t.get("acl")),
+            "attempts": attempts,
+            "refused": sum(a["outcome"] == "refused" for a in attempts),
+            "accepted": sum(a["outcome"] == "accepted" for a in attempts),
+        }

@@ -48,7 +48,7 @@ from typing import Any
 import click
 
 from common.settings import ConfigError
-from jepsen.faults.forge import _old_hello, _wrong_secret, forged_append  # the attacks themselves
+from jepsen.faults.forge import forged_append, old_hello, wrong_secret  # the attacks themselves
 from jepsen.localgroup import LocalBrokerGroup
 from ledger.auth import PeerAuth
 from ledger.client import LedgerClient
@@ -457,8 +457,8 @@ async def probe_peer_hello(t: Target, limits: Limits) -> list[Row]:
     expected = "refused: hung up, term unchanged by the forged append (term + 100)"
     rows = []
     attacks: dict[str, Callable[[str, str, bytes], Awaitable[str]]] = {
-        "peer-old-hello": lambda claim, _target, forged: _old_hello(t.addr, claim, forged),
-        "peer-wrong-secret": lambda claim, target, forged: _wrong_secret(t.addr, claim, target, forged),
+        "peer-old-hello": lambda claim, _target, forged: old_hello(t.addr, claim, forged),
+        "peer-wrong-secret": lambda claim, target, forged: wrong_secret(t.addr, claim, target, forged),
     }
     for name, attack in attacks.items():
         try:

@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from broker.localcluster import MAX_GROUPS
-from jepsen.faults.schedule import FAULT_SCOPES, FAULTS
+from jepsen.faults.base import FAULT_SCOPES
+from jepsen.faults.registry import FAULTS
 from jepsen.net.proxy import ProxyError
 from jepsen.ports import (
     DEFAULT_HOST_BASE,
