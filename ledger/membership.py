@@ -48,15 +48,24 @@ Safety argument (Ongaro's thesis, section 4.1, single-server changes):
    configuration at its base) still knows its members. Only a log with no configuration
    entry at all falls back to the node's config file (``peers``).
 
-Disruption. A node that is not a member (removed, or never added) cannot disturb the
-group: members ignore its vote requests (they never answer, so its term never reaches
-them), and once it has appended the configuration that removed it, it no longer
-campaigns. The leader keeps sending to a removed node until it holds its removal, so it
-learns it is out instead of campaigning against a group that ignores it. Votes are still
-*granted* regardless of the granting node's own configuration (a learner may be asked by a
-candidate whose newer configuration already made it a voter, and refusing would leave that
-configuration unable to elect anyone), but a candidate counts only the votes of voters in
-its own configuration.
+Disruption. A removed node cannot disturb the group: members that hold its removal ignore
+its vote requests (they never answer, so its term never reaches them). A configuration
+names the ids removed from the group (``removed``, the latest ``MAX_REMOVED`` of them, an id
+added back leaves the list), so this holds however far the log was trimmed since. Once a
+removed node holds its removal itself it no longer campaigns once the removal is committed. The leader keeps
+sending to a removed node until it holds its removal, so it learns it is out instead of
+campaigning against a group that ignores it. A node that holds its own removal while it
+is not yet committed still stands for election, pre-vote first (it may hold the longest
+log: a leader that removed itself and lost leadership before the change committed; the
+voters still on the previous configuration would refuse everyone else), counting only the
+votes of the new configuration's voters.
+
+Votes are *granted* regardless of the granting node's own configuration, and requests from
+ids a node has never heard of are answered: a lagging voter or learner may be asked by a
+candidate added by a configuration it does not hold yet, and ignoring it could leave that
+configuration unable to elect anyone. A candidate counts only the votes of the voters in
+its own configuration. (Safety never depended on who may stand: one vote per voter per
+term, and majorities of adjacent configurations overlap.)
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "ADD",
@@ -87,6 +97,8 @@ MAX_MEMBER_ID_BYTES = 64
 MAX_ADDRESS_CHARS = 255
 #: The largest encoded configuration accepted from the log, the wire or a client.
 MAX_CONFIG_BYTES = 64 << 10
+#: How many removed ids a configuration remembers (members ignore their vote requests).
+MAX_REMOVED = 64
 
 ADD, PROMOTE, REMOVE = "add", "promote", "remove"
 OPS = (ADD, PROMOTE, REMOVE)
@@ -132,9 +144,14 @@ class Membership:
     node walks its peers in the same order and a simulation replays exactly.
     """
 
-    __slots__ = ("voters", "learners", "_ids")
+    __slots__ = ("voters", "learners", "removed", "_ids")
 
-    def __init__(self, voters: Mapping[str, str], learners: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        voters: Mapping[str, str],
+        learners: Mapping[str, str] | None = None,
+        removed: Iterable[str] = (),
+    ) -> None:
         self.voters: dict[str, str] = dict(voters)
         self.learners: dict[str, str] = dict(learners or {})
         both = self.voters.keys() & self.learners.keys()
@@ -143,6 +160,9 @@ class Membership:
         if len(self.voters) + len(self.learners) > MAX_MEMBERS:
             raise MembershipError(f"a group holds at most {MAX_MEMBERS} members (MAX_MEMBERS)")
         self._ids = (*self.voters, *self.learners)
+        # Ids removed from the group, oldest first (members ignore their vote requests).
+        gone = [r for r in removed if r not in self.voters and r not in self.learners]
+        self.removed: tuple[str, ...] = tuple(gone[-MAX_REMOVED:])
 
     @classmethod
     def of_ids(cls, voters: Iterable[str]) -> Membership:
@@ -167,17 +187,19 @@ class Membership:
     def addresses(self) -> dict[str, str]:
         return {**self.voters, **self.learners}
 
-    def to_json(self) -> dict[str, dict[str, str]]:
-        return {"voters": dict(self.voters), "learners": dict(self.learners)}
+    def to_json(self) -> dict[str, Any]:
+        return {"voters": dict(self.voters), "learners": dict(self.learners), "removed": list(self.removed)}
 
     # ------------------------------------------------------------------ encoding
 
     def encode(self) -> bytes:
         """The payload of a configuration entry: compact JSON, order preserved."""
-        doc = {
+        doc: dict[str, Any] = {
             "voters": [[k, v] for k, v in self.voters.items()],
             "learners": [[k, v] for k, v in self.learners.items()],
         }
+        if self.removed:
+            doc["removed"] = list(self.removed)
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -205,14 +227,19 @@ class Membership:
                     raise MembershipError(f"member {node_id!r} listed twice")
                 out[node_id] = _check_address(node_id, pair[1])
             maps.append(out)
-        return cls(maps[0], maps[1])
+        removed = doc.get("removed", [])
+        if not isinstance(removed, list) or len(removed) > MAX_REMOVED:
+            raise MembershipError(
+                f"configuration field 'removed' must be a list of at most {MAX_REMOVED} ids"
+            )
+        return cls(maps[0], maps[1], [check_member_id(r) for r in removed])
 
     @classmethod
     def from_json(cls, doc: object) -> Membership:
         """The inverse of ``to_json`` (a node's status), checked as strictly as ``decode``."""
         if not isinstance(doc, dict):
             raise MembershipError("a membership must be a JSON object")
-        pairs = {}
+        pairs: dict[str, Any] = {"removed": doc.get("removed", [])}
         for key in ("voters", "learners"):
             members = doc.get(key, {})
             if not isinstance(members, dict):
@@ -223,14 +250,17 @@ class Membership:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Membership):
             return NotImplemented
-        return list(self.voters.items()) == list(other.voters.items()) and list(
-            self.learners.items()
-        ) == list(other.learners.items())
+        return (
+            list(self.voters.items()) == list(other.voters.items())
+            and list(self.learners.items()) == list(other.learners.items())
+            and self.removed == other.removed
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Membership(voters={list(self.voters)}, learners={list(self.learners)})"
+        removed = f", removed={list(self.removed)}" if self.removed else ""
+        return f"Membership(voters={list(self.voters)}, learners={list(self.learners)}{removed})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +290,7 @@ class MembershipChange:
             taken = [k for k, v in m.addresses().items() if v and v == self.address]
             if taken:
                 raise MembershipError(f"address {self.address} already belongs to member {taken[0]!r}")
-            return Membership(m.voters, {**m.learners, nid: self.address})
+            return Membership(m.voters, {**m.learners, nid: self.address}, m.removed)
         if self.op == PROMOTE:
             if nid in m.voters:
                 raise MembershipError(f"{nid!r} is already a voter")
@@ -268,14 +298,15 @@ class MembershipChange:
                 raise MembershipError(f"{nid!r} is not a learner of the group; add it first")
             learners = dict(m.learners)
             address = learners.pop(nid)
-            return Membership({**m.voters, nid: address}, learners)
+            return Membership({**m.voters, nid: address}, learners, m.removed)
+        removed = (*(r for r in m.removed if r != nid), nid)
         if nid in m.learners:
-            return Membership(m.voters, {k: v for k, v in m.learners.items() if k != nid})
+            return Membership(m.voters, {k: v for k, v in m.learners.items() if k != nid}, removed)
         if nid not in m.voters:
             raise MembershipError(f"{nid!r} is not a member of the group")
         if len(m.voters) == 1:
             raise MembershipError(f"{nid!r} is the group's last voter; add and promote another first")
-        return Membership({k: v for k, v in m.voters.items() if k != nid}, m.learners)
+        return Membership({k: v for k, v in m.voters.items() if k != nid}, m.learners, removed)
 
     def describe(self) -> str:
         return f"{self.op} {self.node_id}" + (f"={self.address}" if self.address else "")

@@ -37,7 +37,9 @@ class MemoryLog:
         self._writes = 0
         self.durable_index = 0
         self.truncations = 0
+        self.rewrites = 0  # entries removed or replaced (truncation, reset, crash): never decremented
         self.base_config: ConfigRecord | None = None  # the configuration in effect at the base
+        self._configs: list[int] = []  # indexes of the configuration entries held, ascending
 
     @property
     def first_index(self) -> int:
@@ -68,6 +70,8 @@ class MemoryLog:
         if lo < self.first_index:
             raise IndexError(f"index {lo} is before the first retained index {self.first_index}")
         hi = min(hi, self.last_index)
+        if max_bytes is None:
+            return self._entries[lo - self.base_index - 1 : hi - self.base_index]
         out: list[Entry] = []
         size = 0
         for e in self._entries[lo - self.base_index - 1 : hi - self.base_index]:
@@ -84,6 +88,8 @@ class MemoryLog:
                 raise ValueError(f"append of index {e.index} after {self.last_index}")
             # Copy: in a simulation the "sent" entry object must not alias the stored one.
             self._entries.append(Entry(e.index, e.term, bytes(e.data), e.kind, pos))
+            if e.kind == KIND_CONFIG:
+                self._configs.append(e.index)
             pos += HEADER_SIZE + len(e.data)
         self._writes += 1
         self._written.extend([self._writes] * len(entries))
@@ -95,6 +101,8 @@ class MemoryLog:
         del self._written[index - self.base_index - 1 :]
         self.durable_index = min(self.durable_index, index - 1)
         self.truncations += 1
+        self.rewrites += 1
+        self._drop_configs_from(index)
 
     def reset(
         self, base_index: int, base_term: int, base_pos: int, base_config: ConfigRecord | None = None
@@ -103,7 +111,9 @@ class MemoryLog:
         self.base_config = base_config
         self._entries = []
         self._written = []
+        self._configs = []
         self.durable_index = base_index
+        self.rewrites += 1
 
     def compact(self, upto_index: int) -> None:
         """Drop entries below ``upto_index`` (retention), keeping the base consistent."""
@@ -111,9 +121,9 @@ class MemoryLog:
         if upto <= self.first_index:
             return
         n = upto - self.first_index
-        for e in self._entries[:n]:
-            if e.kind == KIND_CONFIG:
-                self.base_config = (e.index, e.term, bytes(e.data))
+        while self._configs and self._configs[0] < upto:
+            e = self._entries[self._configs.pop(0) - self.base_index - 1]
+            self.base_config = (e.index, e.term, bytes(e.data))
         last_dropped = self._entries[n - 1]
         self.base_term = last_dropped.term
         self.base_pos = last_dropped.pos + HEADER_SIZE + len(last_dropped.data)
@@ -127,8 +137,15 @@ class MemoryLog:
     def config_records(self) -> list[ConfigRecord]:
         """The configuration at the base (if known), then every configuration entry in the log."""
         out = [] if self.base_config is None else [self.base_config]
-        out.extend((e.index, e.term, bytes(e.data)) for e in self._entries if e.kind == KIND_CONFIG)
+        for index in self._configs:
+            e = self._entries[index - self.base_index - 1]
+            out.append((e.index, e.term, bytes(e.data)))
         return out
+
+    def _drop_configs_from(self, index: int) -> None:
+        configs = self._configs
+        while configs and configs[-1] >= index:
+            configs.pop()
 
     def sync(self) -> int:
         self.durable_index = self.last_index
@@ -152,3 +169,5 @@ class MemoryLog:
         if self.durable_index < self.last_index:
             del self._entries[self.durable_index - self.base_index :]
             del self._written[self.durable_index - self.base_index :]
+            self.rewrites += 1
+            self._drop_configs_from(self.durable_index + 1)

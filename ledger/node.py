@@ -518,7 +518,7 @@ class LedgerNode:
                 if box is not None and member:
                     box._ensure_connecting()  # members connect eagerly; others only to answer
         if self._listener is not None:
-            self._listener.set_members(wanted, open_to_all=not member)
+            self._listener.set_members(wanted, open_to_all=not member, departed=core.departed)
 
     async def _join(self) -> None:
         """Ask the group (``join`` addresses) for its configuration until one answers, and adopt it.

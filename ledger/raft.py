@@ -274,7 +274,7 @@ class RaftCore:
             self._tick_leader()
         elif self.recovering or self.disk_fault or self.log_claim is not None:
             self.election_elapsed = 0  # waits for a leader (or its disk): it may not lead
-        elif not self.is_voter:
+        elif not self.is_voter and not self._removal_pending():
             # A learner (or a node outside the group) never campaigns, but lets its leader's
             # lease lapse as a voter would, so it grants votes again once the leader is gone.
             self.election_elapsed += 1
@@ -289,9 +289,13 @@ class RaftCore:
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
-        if self.recovering or self.disk_fault or self.log_claim is not None or not self.is_voter:
+        if self.recovering or self.disk_fault or self.log_claim is not None:
             return
-        if self.config.pre_vote and not transfer:
+        if not self.is_voter and not self._removal_pending():
+            return
+        if (self.config.pre_vote or not self.is_voter) and not transfer:
+            # A node its pending removal left out always asks first (pre-vote moves no term):
+            # most members already ignore it, and it must not disturb those that do not.
             self._become_pre_candidate()
         else:
             self._become_candidate(transfer)
@@ -497,8 +501,8 @@ class RaftCore:
 
     def step(self, m: Message) -> None:
         """Handle one message from a peer."""
-        if m.__class__ is VoteRequest and m.src not in self._member_ids:
-            return  # a removed (or never added) node: unanswered, its term never reaches us
+        if m.__class__ is VoteRequest and m.src in self.departed:
+            return  # a node the group removed: unanswered, its term never reaches us
         if m.term > self.term:
             if isinstance(m, VoteRequest):
                 in_lease = (
@@ -521,8 +525,12 @@ class RaftCore:
             if isinstance(m, AppendRequest | InstallBase):
                 # Tell a stale leader about the newer term so it steps down.
                 self._send(AppendResponse(self.term, self.id, m.src, False, 0))
-            elif isinstance(m, VoteRequest) and m.pre_vote:
-                self._send(VoteResponse(self.term, self.id, m.src, False, True))
+            elif isinstance(m, VoteRequest) and (m.pre_vote or self.departed):
+                # A stale candidate learns our term from the refusal. Without removed members
+                # every candidate hears every other's term anyway; with them, the terms a
+                # removed node still pushes on some members never reach the members that
+                # ignore it, and a candidate among those would stay behind forever.
+                self._send(VoteResponse(self.term, self.id, m.src, False, m.pre_vote))
             return
 
         if self.disk_fault and isinstance(m, AppendRequest | InstallBase):
@@ -935,6 +943,9 @@ class RaftCore:
         self.is_voter = self.id in m.voters
         self.quorum = m.quorum
         self._member_ids = frozenset(m.ids)
+        # Removed from the group (the configuration remembers them). A node we never heard of may
+        # be a member added by a configuration we do not hold yet: its vote may be what it needs.
+        self.departed = frozenset(m.removed) - {self.id}
         if self.role is Role.LEADER:
             self._sync_progress()
         if announce:
@@ -945,7 +956,9 @@ class RaftCore:
         progress = self.progress
         for p in self.peers:
             if p not in progress:
-                pr = progress[p] = Progress(self.log.last_index + 1)
+                # Probe with the newest entry (the configuration adding it), not a heartbeat: it
+                # learns its configuration, or tells where its log ends, in one round trip.
+                pr = progress[p] = Progress(max(1, self.log.last_index))
                 pr.active = True  # a full election timeout before it is judged (as at election)
             self.leaving.pop(p, None)
         for p in list(progress):
@@ -984,6 +997,18 @@ class RaftCore:
     def config_index(self) -> int:
         """Index of the configuration in effect (0: the bootstrap one, from the config file)."""
         return self.config_log[-1][0]
+
+    def _removal_pending(self) -> bool:
+        """Removed by the latest configuration, which is not known committed yet.
+
+        Such a node still stands for election (counting, like everyone, only the votes of its
+        latest configuration's voters): it may hold the longest log (a leader that removed
+        itself and lost leadership before the change committed), and the voters still on the
+        previous configuration would then refuse everyone else forever. Once it learns the
+        change committed it never campaigns again.
+        """
+        configs = self.config_log
+        return len(configs) > 1 and configs[-1][0] > self.commit and self.id in configs[-2][2].voters
 
     def contacts(self) -> set[str]:
         """Whom this node must be able to talk to now: its peers, removed peers a leader still

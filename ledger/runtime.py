@@ -179,7 +179,10 @@ class LedgerRuntime:
         self.wake()
 
     def tick(self) -> None:
-        self.core.tick()
+        try:
+            self.core.tick()
+        except OSError as exc:  # a lone voter elected itself and its no-op hit a full disk
+            self.disk_failed(exc)
         self.expire_pending()
         if self.disk_fault is not None and self.clock.now() >= self._disk_retry_at:
             self._retry_disk()
@@ -189,7 +192,10 @@ class LedgerRuntime:
         """The shell saw ``peer``'s connection reset or refused (see ``RaftCore.peer_unreachable``)."""
         if self.failed is not None:
             return
-        self.core.peer_unreachable(peer)
+        try:
+            self.core.peer_unreachable(peer)
+        except OSError as exc:  # see tick
+            self.disk_failed(exc)
         self.wake()
 
     def peer_reachable(self, peer: str) -> None:

@@ -13,7 +13,7 @@ approach: find a failing seed with a cheap search, then replay it under a debugg
 
 A run has two phases. In the *fault* phase the swarm profile drawn for the seed decides
 which faults are on (crashes, partitions, drops, duplicates, long delays, pauses, slow
-disks, leadership transfers, retention). In the *heal* phase the network is clean and
+disks, leadership transfers, retention, membership changes). In the *heal* phase the network is clean and
 disks are fast, and the run must reach, within a bound of ticks (plus time linear in the
 replication backlog), a leader whose no-op is committed, a fresh proposal committed on
 every running node and a confirmed read: that is the liveness check. Half the seeds first
@@ -24,14 +24,25 @@ its own, and then restart it and require it to catch up.
 ``FaultyRuntime`` subclass), the simulated disk or the voters; the tests use it to show
 that each checker can actually fail.
 
+Membership changes (``Profile.membership``; ``SimOptions.membership`` forces them on or off):
+the leader is asked to add learners (fresh nodes, which start outside the group knowing its
+configuration as ``ledger start --join`` does, or removed nodes coming back with their old
+state), promote learners and remove members, itself included; removed nodes keep running
+(they must not disturb the group) until they are retired for good.
+
 Invariants (``Checker``) are checked as events happen, in periodic sweeps and at the end:
 election safety, the persist-before-send contract, log matching, leader completeness,
-state machine safety, quorum durability of committed entries, the acknowledgement rule
+state machine safety, quorum durability of committed entries (no majority of a configuration
+that may elect a leader can be formed without a node holding them), the acknowledgement rule
 (an append the runtime acknowledges is committed with its own term, durable on a quorum
-and never lost), leader readiness, linearizable ReadIndex, and liveness after healing.
+and never lost), leader readiness, linearizable ReadIndex, liveness after healing, and for
+membership: every node's configuration at a committed index is the one committed there,
+every node's configuration in effect is the one its log says (a truncation reverts it), and
+a node whose removal was committed never leads a later term.
 
 Run ``python -m ledger.sim --seeds 500`` to hunt (failing seeds are printed), and
-``python -m ledger.sim --seed 42 --trace`` to replay one with every event printed.
+``python -m ledger.sim --seed 42 --trace`` to replay one with every event printed;
+``--membership always`` runs membership changes in every seed.
 """
 
 from __future__ import annotations
@@ -46,8 +57,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .codec import KIND_CONFIG
 from .config import NodeConfig
 from .hardstate import after_lost_hard_state, term_bound_after
+from .membership import ADD, PROMOTE, REMOVE, Membership, MembershipChange, MembershipError
 from .memlog import MemoryLog
 from .messages import (
     InstallBase,
@@ -77,7 +90,9 @@ _TICK, _DELIVER, _SYNC_START, _SYNC_DONE, _CHAOS, _CLIENT, _RESTART, _NET_HEAL, 
 #: the voters: vote_any_log - they skip the up-to-date check. Into storage damage:
 #: forget_damage - a damaged node restarts on its valid prefix as if it never had the rest;
 #: forget_lost_state - a node that lost its hard state ignores its term bound and votes at once
-#: (it may vote twice in a term).
+#: (it may vote twice in a term). Into membership changes (run with ``membership="always"``):
+#: keep_removed_config - a truncation that removes a configuration entry keeps it in effect;
+#: learners_count - a leader counts its learners' acknowledgements toward commitment.
 MUTATIONS = (
     "none",
     "forget_vote",
@@ -89,11 +104,23 @@ MUTATIONS = (
     "send_before_persist",
     "forget_damage",
     "forget_lost_state",
+    "keep_removed_config",
+    "learners_count",
 )
 
 
 #: Ready rounds one event may cause across all nodes before the simulator calls it a loop.
 _MAX_PROCESS_ROUNDS = 10_000
+
+#: ``SimOptions.membership``: membership changes as the seed's profile says, always, or never.
+MEMBERSHIP_MODES = ("swarm", "always", "never")
+#: Nodes a run may add beyond ``SimOptions.nodes`` (fresh ids; removed ones may come back too).
+MAX_ADDED_NODES = 4
+
+
+def sim_address(node_id: str) -> str:
+    """The address a simulated node is known by (messages are routed by id; configurations carry it)."""
+    return f"{node_id}.sim:7000"
 
 
 class InvariantViolation(AssertionError):
@@ -112,6 +139,7 @@ class SimOptions:
     sweep_every: int = 400  # events between full invariant sweeps (log matching, durability)
     events_per_node_tick: int = 50  # event budget; runs need about 5, far more means a message storm
     mutation: str = "none"  # see MUTATIONS: deliberately break the runtime (checker self-test)
+    membership: str = "swarm"  # see MEMBERSHIP_MODES
     trace: bool = False  # print every event as it happens (for replaying a seed)
 
     def replay_command(self, seed: int) -> str:
@@ -126,6 +154,8 @@ class SimOptions:
             parts.append("--no-wire")
         if self.mutation != "none":
             parts.append(f"--mutation {self.mutation}")
+        if self.membership != defaults.membership:
+            parts.append(f"--membership {self.membership}")
         parts.append("--trace")
         return " ".join(parts)
 
@@ -147,6 +177,7 @@ class Profile:
     reads: bool
     async_sync: bool  # fsync reported later than it started, as ledger.node does it
     storage_damage: bool  # crashes that also damage a node's log (see Simulation._damage)
+    membership: bool  # membership changes (see Simulation._chaos_member)
     p_drop: float
     p_dup: float
     p_reorder: float
@@ -155,11 +186,13 @@ class Profile:
     client_every_ms: int
 
     @classmethod
-    def draw(cls, rng: random.Random, seed: int = 0) -> Profile:
+    def draw(cls, rng: random.Random, seed: int = 0, membership: str = "swarm") -> Profile:
         # Drawn from a stream of its own, so seeds without the fault replay as they did before.
         damage = random.Random(f"storage-damage-{seed}").random() < 0.4
+        members = random.Random(f"membership-{seed}").random() < 0.3
         return cls(
             storage_damage=damage,
+            membership=membership == "always" or (membership == "swarm" and members),
             crashes=rng.random() < 0.7,
             partitions=rng.random() < 0.6,
             pauses=rng.random() < 0.3,
@@ -202,6 +235,10 @@ class SimNode:
     recovering: bool = False  # lost its hard state: the node's recovery marker, until caught up
     # The durable term bound beside the hard state (``ledger.hardstate``), as a first start writes it.
     term_bound: int | None = field(default_factory=lambda: term_bound_after(0, None))
+    # The configuration it starts from while its log holds none: the config file's, or for a
+    # node added later the group's at that time (what ``ledger start --join`` learns).
+    bootstrap: Membership | None = None
+    retired: bool = False  # removed from the group and shut down for good
 
     @property
     def core(self) -> RaftCore | None:
@@ -237,6 +274,13 @@ class Stats:
     damaged: int = 0  # crashes that cut a durable suffix off a node's log (storage damage)
     repaired: int = 0  # damaged nodes whose log was again as up to date as before
     lost_state: int = 0  # crashes that lost the hard state (term and vote)
+    config_changes: int = 0  # membership changes a leader accepted (appended)
+    config_refused: int = 0  # membership changes a leader refused (one at a time, catch-up, majority)
+    config_committed: int = 0  # configuration entries seen committed
+    nodes_added: int = 0  # fresh nodes started outside the group, to be added as learners
+    readded: int = 0  # removed nodes added back (with their old log and hard state)
+    removed_leaders: int = 0  # leaders that stepped down once their own removal committed
+    retired: int = 0  # removed nodes shut down for good
     max_term: int = 0
     max_commit: int = 0
 
@@ -268,8 +312,11 @@ class Checker:
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.quorum = len(sim.nodes) // 2 + 1
         self.leaders: dict[int, str] = {}  # term -> the one node that led it
+        # Committed configurations by index (0: the one the group started with), in index order.
+        self.configs: dict[int, Membership] = {0: sim.bootstrap}
+        self.last_config = 0  # index of the latest committed configuration
+        self._matched: dict[tuple[str, str], tuple[int, int, int]] = {}  # see check_log_matching
         self.committed: dict[int, tuple[int, int | None, bytes | None]] = {}  # index -> (term, kind, data)
         self.commit_term: dict[int, int] = {}  # index -> lowest term of a node reporting it committed
         self.max_committed = 0  # highest index in ``committed`` whose entry was seen in full
@@ -316,6 +363,14 @@ class Checker:
             self.fail(f"election safety: {prev} and {node.id} both lead term {term}")
         self.sim.stats.elections += 1
         self.check_leader_has_committed(node, term)
+        latest = self.configs[self.last_config]
+        if self.last_config and not latest.is_member(node.id):
+            removed_in = self.commit_term[self.last_config]
+            if removed_in < term:
+                self.fail(
+                    f"membership: {node.id} leads term {term} but was removed by entry {self.last_config}, "
+                    f"committed in term {removed_in} ({latest})"
+                )
 
     def check_leader_has_committed(self, node: SimNode, term: int) -> None:
         """Leader completeness: a leader of term T holds every entry committed in a term below T.
@@ -357,6 +412,7 @@ class Checker:
         for e in log.entries(lo, commit) if lo <= commit else ():
             self._record(node, e.index, e.term, e.kind, bytes(e.data), reporter_term)
         node.validated = commit
+        self.check_config_at_commit(node, commit)
         stats.commits += 1
         if commit > self.max_commit_reported:
             self.max_commit_reported = commit
@@ -371,6 +427,8 @@ class Checker:
             self.commit_term[index] = cterm
             if data is not None and index > self.max_committed:
                 self.max_committed = index
+            if kind == KIND_CONFIG and data is not None:
+                self._record_config(index, data)
             self._check_current_leaders(index, term, cterm)
             return
         if have[0] != term or (
@@ -383,9 +441,63 @@ class Checker:
         if have[2] is None and data is not None:
             self.committed[index] = (term, kind, data)
             self.max_committed = max(self.max_committed, index)
+            if kind == KIND_CONFIG:
+                self._record_config(index, data)
         if cterm < self.commit_term[index]:
             self.commit_term[index] = cterm
             self._check_current_leaders(index, term, cterm)
+
+    def _record_config(self, index: int, data: bytes) -> None:
+        self.configs[index] = Membership.decode(data)
+        self.sim.stats.config_committed += 1
+        if index > self.last_config:
+            self.last_config = index
+        else:  # seen late (known only by its term until now): keep the dict in index order
+            self.configs = dict(sorted(self.configs.items()))
+
+    def committed_config_at(self, index: int) -> tuple[int, Membership]:
+        """The committed configuration in effect at ``index`` (the latest at or below it)."""
+        best = 0
+        for i in self.configs:
+            if i > index:
+                break
+            best = i
+        return best, self.configs[best]
+
+    def check_config_at_commit(self, node: SimNode, commit: int) -> None:
+        """Configurations agree: a node's configuration at a committed index is the one committed there."""
+        core = node.core
+        assert core is not None
+        index, _, mine, _ = core.config_at(commit)
+        want_index, want = self.committed_config_at(commit)
+        if index == 0 and want_index == 0:
+            return  # both the bootstrap (a node added later bootstraps from the group's; see SimNode)
+        if (index, mine) != (want_index, want):
+            self.fail(
+                f"membership: {node.id} at commit {commit} uses the configuration of entry {index} ({mine}), "
+                f"but entry {want_index} ({want}) is the one committed there"
+            )
+
+    def check_config_follows_log(self, node: SimNode) -> None:
+        """The configuration in effect is the latest in the log (else the base's, else the bootstrap):
+        what a restart would find, and what a truncation must revert to."""
+        core = node.core
+        if core is None:
+            return
+        records = node.log.config_records()
+        want = (records[-1][0], records[-1][2]) if records else None
+        index, _, mine, data = core.config_log[-1]
+        if want is None:
+            if index != 0:
+                self.fail(
+                    f"membership: {node.id} uses entry {index} ({mine}) but its log holds no configuration"
+                )
+            return
+        if (index, data) != want:
+            self.fail(
+                f"membership: {node.id} uses the configuration of entry {index} ({mine}) but its log's latest "
+                f"is entry {want[0]} ({Membership.decode(want[1])})"
+            )
 
     def _check_current_leaders(self, index: int, term: int, cterm: int) -> None:
         """Leader completeness, forwards: an entry committed in term C is in every leader above C."""
@@ -458,10 +570,17 @@ class Checker:
     def sweep(self) -> None:
         self.check_log_matching()
         self.check_quorum_durable()
+        for n in self.sim.nodes:
+            self.check_config_follows_log(n)
 
     def check_log_matching(self) -> None:
-        """If two logs hold an entry with the same index and term, they agree up to there."""
+        """If two logs hold an entry with the same index and term, they agree up to there.
+
+        What an earlier sweep verified is not compared again while neither log removed or
+        replaced an entry since (``MemoryLog.rewrites``): only appends, which sit above it.
+        """
         nodes = self.sim.nodes
+        verified = self._matched
         for i, a in enumerate(nodes):
             for b in nodes[i + 1 :]:
                 la, lb = a.log, b.log
@@ -470,6 +589,13 @@ class Checker:
                 top = hi
                 while top >= lo and la.term_at(top) != lb.term_at(top):
                     top -= 1
+                if top < lo:
+                    continue
+                key = (a.id, b.id)
+                seen = verified.get(key)
+                if seen is not None and seen[1] == la.rewrites and seen[2] == lb.rewrites:
+                    lo = max(lo, seen[0] + 1)
+                verified[key] = (top, la.rewrites, lb.rewrites)
                 if top < lo:
                     continue
                 ea, eb = la.entries(lo, top), lb.entries(lo, top)
@@ -496,15 +622,30 @@ class Checker:
                 holders.append(n.id)
             elif n.lost_terms.get(index) == term:
                 holders.append(n.id)  # lost to damage but still defended: its votes need the entry
-        if len(holders) < self.quorum:
-            self.fail(
-                f"durability: {what} index {index} (term {term}) is durable only on {holders}, "
-                f"fewer than a quorum of {self.quorum}"
-            )
+        for config in self.electing_configs():
+            others = [v for v in config.voters if v not in holders]
+            if len(others) >= config.quorum:
+                self.fail(
+                    f"durability: {what} index {index} (term {term}) is durable only on {holders}: "
+                    f"{others} are a majority of the voters of {config} without it"
+                )
+
+    def electing_configs(self) -> list[Membership]:
+        """The configurations a leader may be elected by now: the latest committed one, and any
+        later one a leader holds (at most one pending change)."""
+        configs = [self.configs[self.last_config]]
+        for n in self.sim.nodes:
+            core = n.core
+            if core is not None and core.role is Role.LEADER and core.config_index > self.last_config:
+                configs.append(core.membership)
+        return configs
 
     def check_final(self) -> None:
-        """After healing: every acknowledged write is in every node's log, in place."""
+        """After healing: every acknowledged write is in every member's log, in place."""
+        group = self.configs[self.last_config]
         for n in self.sim.nodes:
+            if not group.is_member(n.id):
+                continue  # removed (or never added): it may hold any prefix
             log = n.log
             for index, (term, payload) in self.acked.items():
                 if index < log.first_index:
@@ -626,6 +767,33 @@ class FaultyRuntime(LedgerRuntime):
             super().report_durable(durable)
 
 
+def _break_membership(core: RaftCore, fault: str) -> None:
+    """Install one of the membership mutations (see ``MUTATIONS``) into ``core``."""
+    if fault == "keep_removed_config":
+        truncate = core._truncate
+
+        def truncate_keeping_config(index: int) -> None:
+            kept = list(core.config_log)
+            truncate(index)
+            if core.config_log != kept:
+                core.config_log = kept
+                core._apply_membership(kept[-1][2])
+
+        core._truncate = truncate_keeping_config  # type: ignore[method-assign]
+    else:
+        maybe_commit = core._maybe_commit
+
+        def commit_counting_learners() -> None:
+            voters = core._voter_progress
+            core._voter_progress = [core.progress[p] for p in core.peers]
+            try:
+                maybe_commit()
+            finally:
+                core._voter_progress = voters
+
+        core._maybe_commit = commit_counting_learners  # type: ignore[method-assign]
+
+
 class Simulation:
     """One seeded run of a cluster. ``run()`` returns normally or raises ``InvariantViolation``."""
 
@@ -634,9 +802,11 @@ class Simulation:
         self.opts = options or SimOptions()
         if self.opts.mutation not in MUTATIONS:
             raise ValueError(f"unknown mutation {self.opts.mutation!r}; one of {MUTATIONS}")
+        if self.opts.membership not in MEMBERSHIP_MODES:
+            raise ValueError(f"unknown membership mode {self.opts.membership!r}; one of {MEMBERSHIP_MODES}")
         self.rng = random.Random(seed)
         rng = self.rng
-        self.profile = Profile.draw(rng, seed)
+        self.profile = Profile.draw(rng, seed, self.opts.membership)
         self.now = 0
         self.stats = Stats()
         self._queue: list[tuple[int, int, int, int, Any]] = []
@@ -664,6 +834,9 @@ class Simulation:
             node = SimNode(nid, len(self.nodes), cfg, period)
             node.log.append = self._full_disk_guard(node, node.log.append)  # type: ignore[method-assign]
             self.nodes.append(node)
+        self.bootstrap = Membership({nid: sim_address(nid) for nid in ids})
+        for node in self.nodes:
+            node.bootstrap = self.bootstrap
         self.by_id = {n.id: n for n in self.nodes}
         self.ids = ids
         self.append_timeout_ms = rng.choice((300, 1000, 5000))  # pending appends expire after this
@@ -703,9 +876,10 @@ class Simulation:
     def _start(self, idx: int) -> None:
         n = self.nodes[idx]
         term, voted = n.hard_state
+        assert n.bootstrap is not None
         core = RaftCore(
             n.id,
-            self.ids,
+            n.bootstrap,
             n.log,
             term=term,
             voted_for=voted,
@@ -717,6 +891,8 @@ class Simulation:
         )
         if self.opts.mutation == "vote_any_log":
             core._log_up_to_date = lambda last_index, last_term: True  # type: ignore[method-assign]
+        elif self.opts.mutation in ("keep_removed_config", "learners_count"):
+            _break_membership(core, self.opts.mutation)
         rt = FaultyRuntime(
             core,
             SimDisk(self, n),
@@ -800,6 +976,14 @@ class Simulation:
 
     def _on_role(self, n: SimNode, role: Role, term: int, leader: str | None) -> None:
         self._trace(f"{n.id} becomes {role.value} term {term} leader {leader}")
+        core = n.core
+        if (
+            role is Role.FOLLOWER
+            and core is not None
+            and not core.is_voter
+            and self.checker.leaders.get(term) == n.id
+        ):
+            self.stats.removed_leaders += 1  # led this term, then its own removal committed
         self.stats.max_term = max(self.stats.max_term, term)
         self.checker.on_role(n, role, term)
 
@@ -981,6 +1165,8 @@ class Simulation:
             self._push(self.now + rng.randint(5, 80) * self.opts.tick_ms, _NET_HEAL)
         elif action == "transfer":
             self._chaos_transfer()
+        elif action == "member":
+            self._chaos_member()
         elif up:
             self._chaos_on_node(action, rng.choice(up))
 
@@ -1002,6 +1188,8 @@ class Simulation:
             actions += ["transfer", "transfer"]
         if p.compaction:
             actions += ["compact", "compact"]
+        if p.membership:
+            actions += ["member", "member", "member"]
         return actions
 
     def _chaos_on_node(self, action: str, idx: int) -> None:
@@ -1045,6 +1233,7 @@ class Simulation:
         if (
             any(o.lost_claim is not None or o.recovering for o in self.nodes)
             or log.last_index < log.first_index
+            or not self._tolerates_one_fault()
         ):
             return
         cut = self.rng.randint(log.first_index, log.last_index)
@@ -1060,7 +1249,10 @@ class Simulation:
         """A crash that also lost the hard-state file (not the term bound beside it): the node
         restarts as ``LedgerNode`` does (``after_lost_hard_state``), in its bound's term with its
         vote spent. One such node at a time, and not next to a damaged one."""
-        if any(o.recovering or o.lost_claim is not None for o in self.nodes):
+        if (
+            any(o.recovering or o.lost_claim is not None for o in self.nodes)
+            or not self._tolerates_one_fault()
+        ):
             return
         mutation = self.opts.mutation
         bound = None if mutation == "forget_lost_state" else n.term_bound
@@ -1076,11 +1268,130 @@ class Simulation:
             return
         rng = self.rng
         n = rng.choice(leaders)
-        target = rng.choice([i for i in self.ids if i != n.id])
-        assert n.runtime is not None
+        assert n.runtime is not None and n.core is not None
+        if self.profile.membership:
+            targets = n.core.voter_peers
+            if not targets:
+                return
+            target = rng.choice(targets)
+        else:
+            target = rng.choice([i for i in self.ids if i != n.id])
         self._trace(f"TRANSFER {n.id} -> {target}")
         n.runtime.transfer_leadership(target)
         self.stats.transfers += 1
+
+    # ------------------------------------------------------------------ membership changes
+
+    def _chaos_member(self) -> None:
+        """Ask a ready leader for one membership change: add a learner (a fresh node, or a removed
+        one coming back), promote a learner, remove a member (itself included), or retire a node
+        the group removed. The leader refuses what it must (one change at a time, catch-up,
+        majority); the checkers judge what it accepts."""
+        rng = self.rng
+        leaders = [n for n in self._leaders() if n.runtime is not None and n.runtime.leader_ready]
+        if not leaders or any(n.lost_claim is not None or n.recovering for n in self.nodes):
+            return  # not while a node recovers: shrinking the group could leave it waiting on that node
+        leader = rng.choice(leaders)
+        core = leader.core
+        assert core is not None and leader.runtime is not None
+        m = core.membership
+        outside = [n for n in self.nodes if not n.retired and not m.is_member(n.id)]
+        menu = ["remove", "promote", "promote", "add", "retire"]
+        action = rng.choice(menu)
+        change: MembershipChange | None = None
+        if action == "add":
+            if outside and (rng.random() < 0.4 or len(self.nodes) >= self.opts.nodes + MAX_ADDED_NODES):
+                back = rng.choice(outside)
+                change = MembershipChange(ADD, back.id, sim_address(back.id))
+                self.stats.readded += 1
+            elif len(self.nodes) < self.opts.nodes + MAX_ADDED_NODES:
+                fresh = self._spawn_node(m)
+                change = MembershipChange(ADD, fresh.id, sim_address(fresh.id))
+        elif action == "promote" and m.learners:
+            change = MembershipChange(PROMOTE, rng.choice(list(m.learners)))
+        elif action == "remove":
+            change = MembershipChange(REMOVE, rng.choice(list(m.ids)))
+        elif action == "retire":
+            self._retire_one()
+            return
+        if change is None:
+            return
+
+        def settled(code: int, first: int, term: int, message: str) -> None:
+            self._trace(f"MEMBER {change.describe()} at {first}: {'committed' if code == 0 else message}")
+
+        try:
+            index, _ = leader.runtime.propose_membership(change, self._guarded(settled))
+        except MembershipError as exc:
+            self._trace(f"MEMBER {change.describe()} refused by {leader.id}: {exc}")
+            self.stats.config_refused += 1
+            return
+        except NotLeader:
+            return
+        self._trace(f"MEMBER {change.describe()} proposed by {leader.id} at {index}")
+        self.stats.config_changes += 1
+
+    def _configs_in_play(self) -> list[Membership]:
+        """The latest committed configuration and every later one in any node's log."""
+        checker = self.checker
+        configs = [checker.configs[checker.last_config]]
+        for n in self.nodes:
+            for index, _, data in n.log.config_records():
+                if index > checker.last_config:
+                    configs.append(Membership.decode(data))
+        return configs
+
+    def _tolerates_one_fault(self) -> bool:
+        """Whether every configuration in play has 3 voters or more: storage damage is modelled for
+        f = 1 (a damaged voter of a 2-voter group may wait forever for entries only it had)."""
+        return not self.profile.membership or all(len(c.voters) >= 3 for c in self._configs_in_play())
+
+    def _spawn_node(self, group: Membership) -> SimNode:
+        """A fresh node with a new id, started outside the group with the group's configuration."""
+        rng = self.rng
+        nid = f"n{len(self.nodes) + 1}"
+        like = rng.choice(self.nodes).config
+        cfg = RaftConfig(
+            election_ticks=like.election_ticks,
+            heartbeat_ticks=like.heartbeat_ticks,
+            pre_vote=like.pre_vote,
+            check_quorum=like.check_quorum,
+            max_inflight=rng.choice((1, 2, 8, 32)),
+            max_append_bytes=rng.choice((200, 1000, 1 << 20)),
+            preferred_leader=like.preferred_leader,
+        )
+        node = SimNode(nid, len(self.nodes), cfg, self.opts.tick_ms + rng.choice((-1, 0, 0, 1)))
+        node.log.append = self._full_disk_guard(node, node.log.append)  # type: ignore[method-assign]
+        node.bootstrap = group
+        self.nodes.append(node)
+        self.ids.append(nid)
+        self.by_id[nid] = node
+        self.stats.nodes_added += 1
+        self._trace(f"SPAWN {nid} outside {group}")
+        self._start(node.index)
+        return node
+
+    def _retire_one(self) -> None:
+        """Shut down for good a node the group removed (committed, and no leader's configuration has it)."""
+        group = self.checker.configs[self.checker.last_config]
+        pending = [n.core.membership for n in self._leaders() if n.core is not None]
+        gone = [
+            n
+            for n in self.nodes
+            if not n.retired
+            and self.checker.last_config
+            and not group.is_member(n.id)
+            and not any(p.is_member(n.id) for p in pending)
+            and n.lost_claim is None
+            and not n.recovering
+        ]
+        if not gone:
+            return
+        n = self.rng.choice(gone)
+        self._trace(f"RETIRE {n.id}")
+        self._crash(n.index)
+        n.retired = True
+        self.stats.retired += 1
 
     def _partition(self, kind: str) -> None:
         rng = self.rng
@@ -1129,7 +1440,7 @@ class Simulation:
             if not self.healing:
                 self._on_chaos()
         elif kind == _RESTART:
-            if self.nodes[idx].core is None and not self.healing:  # healing restarts by itself
+            if self.nodes[idx].core is None and not self.healing and not self.nodes[idx].retired:
                 self._trace(f"RESTART {self.nodes[idx].id}")
                 self._start(idx)
                 # The others' outboxes reconnect to the restarted node soon after.
@@ -1150,12 +1461,13 @@ class Simulation:
         sweep_every = self.opts.sweep_every
         stats = self.stats
         opts = self.opts
-        max_events = opts.events_per_node_tick * opts.nodes * (opts.fault_ticks + 3 * opts.heal_ticks)
+        per_node = opts.events_per_node_tick * (opts.fault_ticks + 3 * opts.heal_ticks)
+        max_events = per_node * opts.nodes
         while queue and queue[0][0] <= deadline:
             at, _, kind, idx, payload = heapq.heappop(queue)
             self.now = at
             stats.events += 1
-            if stats.events > max_events:
+            if stats.events > max_events and stats.events > per_node * len(self.nodes):  # nodes were added
                 raise InvariantViolation(
                     f"[t={self.now}] liveness: more than {max_events} events; a message storm? "
                     f"({stats.messages} messages sent, {stats.install_base} of them InstallBase)"
@@ -1197,7 +1509,9 @@ class Simulation:
         rng = self.rng
         nodes = self.nodes
         keep_down: list[int] = []
-        if rng.random() < 0.5:
+        if self.profile.membership:
+            keep_down = self._minority_to_keep_down()
+        elif rng.random() < 0.5:
             keep_down = rng.sample(range(len(nodes)), rng.randint(1, (len(nodes) - 1) // 2))
             preferred = nodes[0].config.preferred_leader
             if preferred is not None and rng.random() < 0.7:
@@ -1215,7 +1529,7 @@ class Simulation:
             n.disk_full_until = 0
             if i in keep_down:
                 self._crash(i)
-            elif n.core is None:
+            elif n.core is None and not n.retired:
                 self._start(i)
         self._await_progress("after healing" + (" with a minority down" if keep_down else ""))
         if keep_down:
@@ -1242,7 +1556,8 @@ class Simulation:
                     state["marker"] = None if index is None else (leader.id, index, core.term)
                     return False
                 _, index, term = marker
-                if all(n.core is None or n.core.commit >= index for n in self.nodes):
+                group = core.membership  # removed nodes and strangers need not have it
+                if all(n.core is None or n.core.commit >= index for n in self.nodes if group.is_member(n.id)):
                     if self.checker.committed.get(index, (None,))[0] != term:
                         self.fail_liveness(f"marker {index} committed with another term")
                     state["stage"] = "read"
@@ -1263,6 +1578,21 @@ class Simulation:
                 f"no progress within {self.opts.heal_ticks} ticks {when} "
                 f"(stage {state['stage']}, leaders {leaders}, nodes {status})"
             )
+
+    def _minority_to_keep_down(self) -> list[int]:
+        """With membership changes: a random minority of voters that leaves a majority of every
+        configuration that may elect a leader (committed or pending) up, or nobody."""
+        rng = self.rng
+        if rng.random() >= 0.5:
+            return []
+        configs = self._configs_in_play()
+        voters = list(configs[0].voters)
+        down = rng.sample(voters, rng.randint(0, (len(voters) - 1) // 2))
+        for config in configs:
+            up = [v for v in config.voters if v not in down and not self.by_id[v].retired]
+            if len(up) < config.quorum:
+                return []
+        return [self.ids.index(v) for v in down]
 
     def _catch_up_allowance(self) -> int:
         """Virtual ms to replicate the backlog at the slowest configured pipeline, with slack.
@@ -1312,6 +1642,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--heal-ticks", type=int, default=SimOptions.heal_ticks)
     parser.add_argument("--no-wire", action="store_true", help="pass message objects, skip the codec")
     parser.add_argument("--mutation", default="none", choices=MUTATIONS)
+    parser.add_argument(
+        "--membership",
+        default="swarm",
+        choices=MEMBERSHIP_MODES,
+        help="membership changes: per seed, always, never",
+    )
     parser.add_argument("--trace", action="store_true", help="print every event (with --seed)")
     args = parser.parse_args(argv)
     opts = SimOptions(
@@ -1320,6 +1656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         heal_ticks=args.heal_ticks,
         wire=not args.no_wire,
         mutation=args.mutation,
+        membership=args.membership,
         trace=args.trace and args.seed is not None,
     )
     seeds = [args.seed] if args.seed is not None else list(range(args.start, args.start + args.seeds))

@@ -11,9 +11,12 @@ without a secret accepts the old unauthenticated hello ``P<node id>`` and warns 
 
 Which peers may connect follows the group's membership (``Listener.set_members``): a node
 accepts the members of its configuration and whoever it must still talk to (the leader it
-follows, removed peers a leader still informs), and closes the connections of the others.
-A node outside its own configuration (joining, or removed) accepts any peer that proves
-the cluster secret, so a leader it has not heard of yet can reach it.
+follows, removed peers a leader still informs), refuses the peers its configuration history
+removed, and closes their connections. With a cluster secret it also accepts an id it has
+never heard of once that peer proves the secret: a member added by a configuration this
+node does not hold yet (it lags) may need its vote. Without a secret only known members
+are accepted. A node outside its own configuration (joining, or removed) accepts any peer,
+so a leader it has not heard of yet can reach it.
 
 Peers talk over one outgoing connection per direction: a node writes its messages to a
 peer on the connection it opened, and reads the peer's messages on the connection the
@@ -410,7 +413,8 @@ class Listener:
         self.cfg = cfg
         self.self_id = cfg.id
         self.members = set(cfg.members) - {cfg.id}
-        self.open_to_all = False  # accept any authenticated peer (see set_members)
+        self.departed: frozenset[str] = frozenset()  # removed from the group (see set_members)
+        self.open_to_all = False  # accept any peer (see set_members)
         self.auth = PeerAuth(cfg.secret) if cfg.secret else None
         self.flags = FLAG_FRAME_MAC if cfg.frame_mac else 0
         self.on_peer_message = on_peer_message
@@ -425,20 +429,26 @@ class Listener:
 
     def accepts(self, peer: str) -> bool:
         """Whether ``peer`` (an id that will prove the secret, if one is set) may connect."""
-        return peer != self.self_id and (self.open_to_all or peer in self.members)
+        if peer == self.self_id:
+            return False
+        if peer in self.members or self.open_to_all:
+            return True
+        return self.auth is not None and peer not in self.departed
 
-    def set_members(self, peers: set[str], open_to_all: bool = False) -> None:
-        """Accept these peers from now on, and close the connections of any other peer.
+    def set_members(
+        self, peers: set[str], open_to_all: bool = False, departed: frozenset[str] = frozenset()
+    ) -> None:
+        """Accept ``peers`` from now on, refuse ``departed`` ones (removed from the group) unless
+        listed, and close the connections of peers no longer accepted.
 
         ``open_to_all``: this node is not in its own configuration (it is joining, or was
-        removed); any peer that proves the cluster secret may connect.
+        removed); any peer may connect.
         """
         self.members = set(peers) - {self.self_id}
+        self.departed = departed
         self.open_to_all = open_to_all
-        if open_to_all:
-            return
         for peer, proto in list(self.peers.items()):
-            if peer not in self.members:
+            if not self.accepts(peer):
                 log.info("closing the connection of %s: no longer a member", peer, extra={"peer_id": peer})
                 proto.close()
 
@@ -704,6 +714,8 @@ class InboundProtocol(FrameProtocol):
             self._claimed = dialer
             if target != lst.self_id:
                 self.refuse(f"it dialled member {target!r} but this node is {lst.self_id!r}")
+            elif dialer in lst.departed and not lst.accepts(dialer):
+                self.refuse("that id was removed from this group")
             elif not lst.accepts(dialer):
                 self.refuse("that id is not another member of this group")
             elif hs.flags != lst.flags:
@@ -720,7 +732,7 @@ class InboundProtocol(FrameProtocol):
             self._claimed = body[1:].decode(errors="replace")
             if auth is not None:
                 self.refuse("unauthenticated peer hello; this node requires the cluster secret")
-            elif not lst.accepts(self._claimed):
+            elif self._claimed not in lst.members and not lst.open_to_all:
                 self.refuse("that id is not another member of this group")
             else:
                 self._accept_peer(self._claimed)
@@ -750,6 +762,14 @@ class InboundProtocol(FrameProtocol):
 
     def _accept_peer(self, peer: str) -> None:
         lst = self.listener
+        if peer not in lst.members and not lst.open_to_all:
+            log.info(
+                "accepted peer %s from %s: not in this node's configuration, but it proved the cluster "
+                "secret (a member added by a configuration this node does not hold yet)",
+                peer,
+                self.peername,
+                extra={"peer_id": peer},
+            )
         self.peer_id = peer
         self.name = f"from {peer}"
         old = lst.peers.get(peer)

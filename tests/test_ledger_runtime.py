@@ -250,3 +250,25 @@ def test_appends_past_max_pending_are_refused_busy_with_nothing_appended() -> No
     assert [a[0] for a in acks] == [0, 0] and not h.rt.pending
     h.rt.propose([b"c"], lambda *a: acks.append(a))  # room again once they committed
     assert h.core.log.last_index == last + 1
+
+
+def test_a_membership_change_settles_like_an_append_and_listeners_hear_of_it_before_any_send() -> None:
+    from ledger.membership import ADD, MembershipChange, MembershipError
+
+    h = Harness()
+    h.elect()
+    h.rt.membership_listeners.append(lambda m: h.events.append(("membership", tuple(m.ids))))
+    settled: list[tuple] = []
+    index, term = h.rt.propose_membership(MembershipChange(ADD, "n4", "n4:1"), lambda *a: settled.append(a))
+    h.events.clear()
+    h.run()
+    kinds = [e[0] for e in h.events]
+    assert kinds[0] == "membership" and h.events[0][1] == ("n1", "n2", "n3", "n4")
+    assert "send" in kinds and {m.dst for m in h.net.sent if m.term == term} >= {"n4"}  # the learner too
+    with pytest.raises(MembershipError):  # one change at a time
+        h.rt.propose_membership(MembershipChange(ADD, "n5", "n5:1"), lambda *a: None)
+    h.disk.finish_sync()
+    for p in ("n2", "n3"):
+        h.rt.step(AppendResponse(term, p, "n1", True, index))
+    h.run()
+    assert settled == [(0, index, term, "")]

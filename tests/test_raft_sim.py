@@ -25,6 +25,10 @@ from ledger.sim import MUTATIONS, SimOptions, SimResult, Simulation, main, run_s
 
 THREE_NODE_SEEDS = range(0, 320)
 FIVE_NODE_SEEDS = range(0, 60)
+# Membership changes in every seed (the default runs above have them in about a third). About
+# 25 s together; ``python -m ledger.sim --seeds 5000 --membership always`` for a longer hunt.
+MEMBERSHIP_THREE_NODE_SEEDS = range(0, 600)
+MEMBERSHIP_FIVE_NODE_SEEDS = range(0, 60)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -43,6 +47,12 @@ def five_node_results() -> list[SimResult]:
     return [run_seed(s, SimOptions(nodes=5)) for s in FIVE_NODE_SEEDS]
 
 
+@pytest.fixture(scope="module")
+def membership_results() -> list[SimResult]:
+    three = [run_seed(s, SimOptions(nodes=3, membership="always")) for s in MEMBERSHIP_THREE_NODE_SEEDS]
+    return three + [run_seed(s, SimOptions(nodes=5, membership="always")) for s in MEMBERSHIP_FIVE_NODE_SEEDS]
+
+
 def test_three_node_clusters_stay_safe_and_live(three_node_results: list[SimResult]) -> None:
     assert all(r.ok for r in three_node_results), _failures(three_node_results)
 
@@ -58,7 +68,7 @@ def test_seed_4225_catches_a_follower_up_without_a_message_storm() -> None:
     The leader (32 appends in flight, 200-byte batches) resent its window thousands of
     times to a follower 400 entries behind and ran out of the event budget at t=2654.
     """
-    opts = SimOptions(nodes=3)
+    opts = SimOptions(nodes=3, membership="never")  # the scenario as found, before membership changes
     res = run_seed(4225, opts)
     assert res.ok, res.describe()
     budget = opts.events_per_node_tick * opts.nodes * (opts.fault_ticks + 3 * opts.heal_ticks)
@@ -110,6 +120,34 @@ def test_the_runs_exercise_every_fault_and_feature(three_node_results: list[SimR
     assert not low, f"the simulation stopped exercising: {low} (totals {total})"
 
 
+def test_groups_changing_their_members_stay_safe_and_live(membership_results: list[SimResult]) -> None:
+    """Learners added (fresh nodes and removed ones coming back), promoted, members removed (the
+    leader too), nodes retired, among every other fault: one leader per term, nothing committed
+    lost or changed, every node's configuration at a committed index the one committed there."""
+    assert all(r.ok for r in membership_results), _failures(membership_results)
+
+
+def test_the_membership_runs_change_members_for_real(membership_results: list[SimResult]) -> None:
+    total: dict[str, int] = {}
+    for r in membership_results:
+        for k, v in asdict(r.stats).items():
+            total[k] = total.get(k, 0) + v
+    n = len(membership_results)
+    floors = {  # roughly a third of what the seeds exercised when this test was written
+        "config_committed": n // 2,  # changes committed (about 1.9 a seed)
+        "config_refused": n // 3,  # one at a time, catch-up, reachable majority
+        "nodes_added": n // 3,  # fresh nodes joined as learners
+        "readded": n // 8,  # removed nodes added back with their old state
+        "removed_leaders": n // 15,  # leaders that removed themselves and handed over
+        "retired": n // 8,  # removed nodes shut down for good
+        "install_base": n,  # learners behind the leader's retention
+        "damaged": n // 20,  # storage damage still happens alongside
+        "acked_writes": 40 * n,
+    }
+    low = {k: (total[k], floor) for k, floor in floors.items() if total[k] < floor}
+    assert not low, f"the membership runs stopped exercising: {low} (totals {total})"
+
+
 def _fingerprint(seed: int, options: SimOptions) -> tuple:
     sim = Simulation(seed, options)
     sim.run()
@@ -132,6 +170,18 @@ def test_a_seed_replays_exactly() -> None:
     opts = SimOptions(nodes=3)
     assert _fingerprint(7, opts) == _fingerprint(7, opts)
     assert _fingerprint(7, opts) != _fingerprint(8, opts)
+    changing = SimOptions(nodes=3, membership="always")
+    assert _fingerprint(7, changing) == _fingerprint(7, changing)
+    assert changing.replay_command(7).endswith("--membership always --trace")
+
+
+def test_seeds_without_membership_changes_replay_as_before_they_existed() -> None:
+    """The membership profile is drawn from a stream of its own: a seed it leaves off runs the
+    exact events it ran before membership changes existed (its recorded replay stays valid)."""
+    seed = next(s for s in range(100) if not Simulation(s, SimOptions(nodes=3)).profile.membership)
+    assert _fingerprint(seed, SimOptions(nodes=3)) == _fingerprint(
+        seed, SimOptions(nodes=3, membership="never")
+    )
 
 
 def test_a_seed_replays_across_hash_seeds() -> None:
@@ -173,7 +223,11 @@ MUTANTS = [
     # 500 has all three, so the window is placed on one that does: seed 1204 (before and after
     # the stale-ack fix of seed 4225; that fix changed seed 276's traffic, which had caught it).
     ("forget_lost_state", ("election safety", "leader completeness", "state machine"), range(1150, 1250)),
+    # Membership mutations run with changes in every seed.
+    ("keep_removed_config", ("membership",), range(80)),
+    ("learners_count", ("durability", "acknowledged write"), range(40)),
 ]
+MEMBERSHIP_MUTANTS = {"keep_removed_config", "learners_count"}
 
 
 def test_every_mutation_is_covered() -> None:
@@ -182,7 +236,9 @@ def test_every_mutation_is_covered() -> None:
 
 @pytest.mark.parametrize(("mutation", "expected", "seeds"), MUTANTS, ids=[m for m, _, _ in MUTANTS])
 def test_checkers_catch_a_broken_runtime(mutation: str, expected: tuple[str, ...], seeds: range) -> None:
-    opts = SimOptions(nodes=3, mutation=mutation)
+    opts = SimOptions(
+        nodes=3, mutation=mutation, membership="always" if mutation in MEMBERSHIP_MUTANTS else "swarm"
+    )
     for seed in seeds:
         res = run_seed(seed, opts)
         if not res.ok:

@@ -910,3 +910,121 @@ def test_random_operations_match_a_simple_model(tmp_path: Path) -> None:
             assert s.entries(lo, s.last_index) == model[lo - base_index - 1 :], step
             assert s.last_term == model[-1].term
     s.close()
+
+
+# ---------------------------------------------------------------------- membership configurations
+
+
+def _config(store: LogStore, term: int, text: str) -> Entry:
+    """Record and append a configuration entry the way the Raft core does."""
+    from ledger.codec import KIND_CONFIG
+
+    index = store.last_index + 1
+    data = text.encode()
+    store.save_config(index, term, data)
+    e = Entry(index, term, data, KIND_CONFIG)
+    store.append([e])
+    return e
+
+
+def test_configuration_records_survive_a_reopen_and_follow_the_log(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 10)
+    a = _config(s, 1, "A")
+    fill(s, 5)
+    b = _config(s, 1, "B")
+    s.sync()
+    assert s.config_records() == [(a.index, 1, b"A"), (b.index, 1, b"B")]
+    s.close()
+    r = open_store(tmp_path)
+    assert r.config_records() == [(a.index, 1, b"A"), (b.index, 1, b"B")]
+    # A truncation drops the record at once; the file still has it, but the log no longer does.
+    r.truncate_suffix(b.index)
+    assert r.config_records() == [(a.index, 1, b"A")]
+    r.append([make(b.index, 2)])  # another leader's entry at that index
+    r.sync()
+    r.close()
+    r = open_store(tmp_path)
+    assert r.config_records() == [(a.index, 1, b"A")]
+    r.close()
+
+
+def test_a_record_whose_entry_never_made_it_to_disk_is_ignored(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 10)
+    s.save_config(11, 1, b"never appended")  # a crash right after the record
+    s.close()
+    r = open_store(tmp_path)
+    assert r.config_records() == [] and r.last_index == 10
+    r.close()
+
+
+def test_reset_keeps_the_configuration_at_the_base(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 10)
+    _config(s, 1, "old")
+    s.sync()
+    s.reset(500, 7, 1_000_000, (480, 6, b"leader's"))
+    assert s.config_records() == [(480, 6, b"leader's")]
+    s.close()
+    r = open_store(tmp_path)
+    assert r.config_records() == [(480, 6, b"leader's")] and r.first_index == 501 and r.term_at(500) == 7
+    r.close()
+
+
+def test_retention_moves_the_configuration_into_the_base(tmp_path: Path) -> None:
+    s = open_store(tmp_path, retention_bytes=1)
+    fill(s, 50)
+    a = _config(s, 1, "A")
+    fill(s, 150)
+    b = _config(s, 1, "B")
+    fill(s, 10)
+    first = s.apply_retention(a.index + 60)
+    assert a.index < first <= b.index
+    assert s.config_records() == [(a.index, 1, b"A"), (b.index, 1, b"B")]
+    s.close()
+    r = open_store(tmp_path, retention_bytes=1)
+    assert r.config_records() == [(a.index, 1, b"A"), (b.index, 1, b"B")]
+    first = r.apply_retention(r.last_index)
+    assert first > b.index and r.config_records() == [(b.index, 1, b"B")]
+    r.close()
+    r = open_store(tmp_path)
+    assert r.config_records() == [(b.index, 1, b"B")]
+    r.close()
+
+
+def test_a_base_file_without_a_configuration_is_still_read(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    s.reset(40, 3, 5000)  # no configuration: the old, shorter base format
+    s.close()
+    assert (tmp_path / "base").stat().st_size == store_mod._BASE.size
+    r = open_store(tmp_path)
+    assert r.first_index == 41 and r.config_records() == []
+    r.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_members_file_is_a_clear_error(tmp_path: Path, damage: str) -> None:
+    s = open_store(tmp_path)
+    fill(s, 5)
+    _config(s, 1, "A")
+    s.sync()
+    s.close()
+    path = tmp_path / store_mod.MEMBERS_NAME
+    if damage == "flip":
+        flip(path, 10)
+    else:
+        path.write_bytes(path.read_bytes()[:7])
+    with pytest.raises(CorruptLogError) as info:
+        open_store(tmp_path)
+    assert info.value.path == str(path) and "members file" in str(info.value)
+
+
+def test_a_damaged_base_with_a_configuration_is_a_clear_error(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    s.reset(40, 3, 5000, (30, 2, b"cfg"))
+    s.close()
+    flip(tmp_path / "base", 50)
+    with pytest.raises(CorruptLogError) as info:
+        open_store(tmp_path)
+    assert info.value.path == str(tmp_path / "base")
