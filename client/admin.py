@@ -586,7 +586,7 @@ def retry_messages(ctx: _Ctx, group: str, dlq: bool, count: int) -> None:
     """Messages a consumer group sent back: waiting for a retry, or dead (--dlq); nothing is committed."""
     msgs = ctx.run(lambda a: a.group_messages(group, dead=dlq, max_num=count))
     _table(
-        ("#Broker Offset", "#QID", "#MsgId", "#Topic", "#Reconsume", "#Origin MsgId", "#Body"),
+        ("#Offset", "#QID", "#MsgId", "#Topic", "#Reconsume", "#Origin MsgId", "#Body"),
         [
             (
                 m.queue_offset,

@@ -320,18 +320,20 @@ class AdminClient(ConsumerBase):
 
     async def transaction_status(self, addr: str) -> dict[str, Any]:
         """Half (transactional) and scheduled message counts of a broker, from its runtime info:
-        its ``transactions`` section if it has one, else the store's ``pending_half_messages``
-        and ``scheduled_messages``; {} when it reports neither."""
+        the store's ``pending_half_messages``, ``scheduled_messages`` and ``queue_locks``, and its
+        ``transactions`` (checks) and ``delivery`` (schedule) sections, whichever it reports
+        ({} when none)."""
         info = await self.broker_runtime_info(addr)
         out: dict[str, Any] = {}
-        section = info.get("transactions")
-        if isinstance(section, dict):
-            out.update(section)
         store = info.get("store")
         if isinstance(store, dict):
-            for key in ("pending_half_messages", "scheduled_messages"):
-                if key in store and key not in out:
+            for key in ("pending_half_messages", "scheduled_messages", "queue_locks"):
+                if key in store:
                     out[key] = store[key]
+        for section in ("transactions", "delivery"):
+            value = info.get(section)
+            if isinstance(value, dict) and value:
+                out[section] = value
         return out
 
     async def group_messages(self, group: str, *, dead: bool = False, max_num: int = 128) -> list[Message]:

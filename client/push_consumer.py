@@ -19,7 +19,7 @@ or returns RECONSUME_LATER / SUSPEND_CURRENT_QUEUE_A_MOMENT / False) is the mode
   20 s, taken as lost 30 s after the last grant; UNLOCK_BATCH_MQ when given up), one batch at
   a time. A failed batch is retried here after ``reconsume_delay_s`` and blocks its queue;
   a message tried ``max_reconsume_times`` times (unlimited by default, as Java's) goes to
-  the dead-letter topic and the queue moves on.
+  the dead-letter topic (CONSUMER_SEND_MSG_BACK with delay level -1) and the queue moves on.
 
 Delivery is at least once either way: after a rebalance or a failover another member may see
 a batch whose offset commit had not yet been replicated.
@@ -813,10 +813,8 @@ class PushConsumer(ConsumerBase):
                 return False
             again: list[Message] = []
             for m in msgs:
-                if m.reconsume_times >= self.max_reconsume_times and await self._send_retry_copy(
-                    m, m.reconsume_times
-                ):
-                    continue  # the broker sees reconsumeTimes >= max and stores it in %DLQ%
+                if m.reconsume_times >= self.max_reconsume_times and await self._dead_letter(pq, m):
+                    continue
                 m.reconsume_times += 1
                 again.append(m)
             if not again:
@@ -843,6 +841,27 @@ class PushConsumer(ConsumerBase):
                 extra={"group": self.group, "msg_id": msg.msg_id, "error": str(exc)},
             )
         return await self._send_retry_copy(msg, msg.reconsume_times + 1)
+
+    async def _dead_letter(self, pq: _ProcessQueue, msg: Message) -> bool:
+        """Orderly: a message out of tries goes to ``%DLQ%<group>``: CONSUMER_SEND_MSG_BACK with
+        delay level -1 (both RocketMQ's broker and ours store it there at once), else what
+        Java's orderly consumer sends, a retry copy whose reconsumeTimes has reached the maximum
+        (RocketMQ's broker diverts that to the dead-letter topic); False if neither was taken."""
+        try:
+            await self.send_message_back(
+                msg,
+                pq.queue.broker_name,
+                delay_level=-1,
+                max_reconsume_times=self.max_reconsume_times,
+                timeout_s=self.send_back_timeout_s,
+            )
+            return True
+        except (ClientError, RemotingError) as exc:
+            log.warning(
+                "dead-letter send back failed; sending a copy",
+                extra={"group": self.group, "msg_id": msg.msg_id, "error": str(exc)},
+            )
+        return await self._send_retry_copy(msg, msg.reconsume_times)
 
     async def _send_retry_copy(self, msg: Message, reconsume_times: int) -> bool:
         """Send a copy of ``msg`` to ``%RETRY%<group>`` as RocketMQ's client does when the broker

@@ -151,10 +151,12 @@ class TransactionProducer(Producer):
         """Checks not run because ``max_pending_checks`` were already waiting."""
 
     async def start(self) -> None:
-        await super().start()
-        self._check_slots = asyncio.Semaphore(self.check_concurrency)
+        """Start sending and answering checks; ValueError if another producer of this group
+        already answers checks in the same ClientInstance."""
         if self._unregister_checker is None:
             self._unregister_checker = self.instance.register_transaction_checker(self.group, self._on_check)
+        self._check_slots = asyncio.Semaphore(self.check_concurrency)
+        await super().start()
 
     async def shutdown(self, grace_s: float = 3.0) -> None:
         """Stop answering checks (running ones are cancelled: the broker asks again), then as Producer."""

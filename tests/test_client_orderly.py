@@ -53,6 +53,8 @@ def group_o(cluster: FakeCluster) -> FakeGroup:
 def topic(cluster: FakeCluster) -> str:
     g = group_o(cluster)
     g.reset_scripts()
+    for n in g.nodes:
+        n.back_script.clear()
     name = f"TO{next(_names)}"
     cluster.add_topic(name, 4)
     return name
@@ -160,13 +162,41 @@ def test_failed_batch_is_retried_in_place_then_dead_lettered(cluster: FakeCluste
     q0 = [c for c in calls if c[0].startswith(b"0-")]
     # in place: 0-1 three times (tries 0, 1, 2) before 0-2, never after it
     assert q0 == [(b"0-0", 0), (b"0-1", 0), (b"0-1", 1), (b"0-1", 2), (b"0-2", 0)]
-    assert not requests(cluster, "SEND_BACK")  # orderly consumers send a copy, as Java's
-    copy = [h for h in requests(cluster, "SEND") if h["topic"] == retry_topic(group)][-1]
-    assert copy["reconsumeTimes"] == "2" and copy["maxReconsumeTimes"] == "2"
-    props = properties_from_bytes(copy["properties"].encode())
-    assert props["RETRY_TOPIC"] == topic and props["DELAY"] == "5"
+    backs = requests(cluster, "SEND_BACK")
+    assert len(backs) == 1 and backs[0]["delayLevel"] == "-1" and backs[0]["maxReconsumeTimes"] == "2"
+    assert backs[0]["originTopic"] == topic and backs[0]["group"] == group
     dead = group_o(cluster).messages(dlq_topic(group), 0)
     assert len(dead) == 1 and b"0-1" in dead[0].record
+
+
+def test_dead_letter_falls_back_to_a_copy_as_java_orderly_sends_it(cluster: FakeCluster, topic: str) -> None:
+    group = f"go-{topic}"
+    calls: list[int] = []
+    node = group_o(cluster).master_node
+    assert node is not None
+    node.back_script.append("refuse")
+
+    def on(msgs: list[Message], q: MessageQueue) -> ConsumeStatus:
+        calls.append(msgs[0].reconsume_times)
+        return ConsumeStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+
+    async def go() -> None:
+        async with Producer("fill", cluster.namesrv_addr) as p:
+            await p.send(Message(topic, b"poison"), 0)
+        c = orderly(cluster, group, topic, on, max_reconsume_times=1)
+        await c.start()
+        try:
+            assert await until(lambda: len(group_o(cluster).messages(dlq_topic(group), 0)) == 1)
+            assert await until(lambda: group_o(cluster).state.offsets.get((group, topic, 0)) == 1, 3)
+        finally:
+            await c.shutdown()
+
+    run(go())
+    assert calls == [0, 1]
+    copy = [h for h in requests(cluster, "SEND") if h["topic"] == retry_topic(group)][-1]
+    assert copy["reconsumeTimes"] == "1" and copy["maxReconsumeTimes"] == "1"  # the broker's DLQ rule
+    props = properties_from_bytes(copy["properties"].encode())
+    assert props["RETRY_TOPIC"] == topic and props["DELAY"] == "4"
 
 
 def test_a_queue_locked_by_another_member_waits_and_a_lost_lock_stops_consumption(
