@@ -11,6 +11,18 @@ Everything is asyncio::
 
 Errors from a send: ``SendOutcomeUnknownError`` means the message may have been stored;
 any other exception means it was not (see ``client.errors``).
+
+RocketMQ's message semantics, spoken as its Java 4.9 client speaks them:
+
+- retries: ``PushConsumer(...)`` consumes concurrently; a failed message is sent back
+  (CONSUMER_SEND_MSG_BACK) and comes again from ``%RETRY%<group>``, then ``%DLQ%<group>``
+  after ``max_reconsume_times`` (16);
+- ordered consumption: ``PushConsumer(..., orderly=True)`` locks its queues on the masters
+  (LOCK_BATCH_MQ) and retries a failed batch in place;
+- delays: ``set_delay_level(msg, 3)`` or ``set_deliver_time_ms(msg, ms)`` before ``send``;
+- transactions: ``TransactionProducer(group, ns, check_local=...)`` and
+  ``await producer.send_in_transaction(msg, execute_local, arg)``;
+- SQL92 filters: ``PushConsumer(..., subscription="a > 5", expression_type="SQL92")``.
 """
 
 from client.admin_api import AdminClient, QueueProgress, TopicUpdateResult

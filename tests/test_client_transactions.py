@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
@@ -266,3 +267,38 @@ def test_plain_producer_heartbeats_its_group_to_known_masters(cluster: FakeClust
     assert [h for h in requests(cluster, "UNREGISTER") if h.get("producerGroup") == group]
     with pytest.raises(ValueError):
         Producer(group, cluster.namesrv_addr, heartbeat_interval_s=0)
+
+
+def test_instance_ignores_checks_it_cannot_use_and_refuses_a_second_checker(cluster: FakeCluster) -> None:
+    from client import ClientInstance
+    from remoting.codes import RequestCode
+    from remoting.message import encode_stored_message
+    from remoting.protocol import RemotingCommand
+
+    async def go() -> None:
+        instance = ClientInstance(cluster.namesrv_addr)
+        try:
+            calls: list[Message] = []
+            unregister = instance.register_transaction_checker("g1", lambda conn, req, msg: calls.append(msg))
+            with pytest.raises(ValueError, match="already answers transaction checks"):
+                instance.register_transaction_checker("g1", lambda conn, req, msg: None)
+
+            def check(body: bytes) -> object:
+                return instance._on_check_transaction(
+                    SimpleNamespace(remote_addr="127.0.0.1:1"),  # type: ignore[arg-type]
+                    RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {}, body, oneway=True),
+                )
+
+            def half(group: str) -> bytes:
+                props = f"PGROUP\x01{group}\x02".encode()
+                return encode_stored_message(topic="T", body=b"x", properties=props, queue_id=0)
+
+            assert check(b"garbage") is None and check(b"") is None and check(half("other")) is None
+            assert calls == []
+            assert check(half("g1")) is None and [m.properties["PGROUP"] for m in calls] == ["g1"]
+            unregister()
+            assert check(half("g1")) is None and len(calls) == 1
+        finally:
+            await instance.close()
+
+    run(go())
