@@ -205,7 +205,10 @@ class PushConsumer(ConsumerBase):
         unlimited orderly). ``reconsume_delay_s``: the pause before a failed batch is tried
         again here (orderly: RocketMQ's suspendCurrentQueueTimeMillis). ``lock_*``: orderly
         lock renewal period, the age at which a lock counts as lost, the wait after a refusal."""
-        kind = ExpressionType(expression_type)  # ValueError names the bad type
+        try:
+            kind = ExpressionType(str(expression_type).upper())
+        except ValueError:
+            raise ValueError(f"expression_type must be TAG or SQL92, got {expression_type!r}") from None
         if kind is ExpressionType.SQL92:
             if not subscription or not subscription.strip():
                 raise ValueError("a SQL92 subscription needs an expression")
