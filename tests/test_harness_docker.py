@@ -18,7 +18,8 @@ import pytest
 from jepsen.checker.recovery import key_group, node_group
 from jepsen.docker.compose import ComposeGroup, docker_unavailable_reason
 from jepsen.history import read_history, validate_history
-from jepsen.run.runner import RunConfig, run
+from jepsen.run.config import RunConfig
+from jepsen.run.runner import run
 from jepsen.systems.base import SMALL_DISK_MB
 from jepsen.systems.docker import DockerBrokerBackend
 

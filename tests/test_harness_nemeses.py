@@ -23,7 +23,8 @@ import pytest
 from jepsen.faults.registry import FAULTS
 from jepsen.history import read_history, validate_history
 from jepsen.net.proxy import LinkProxy
-from jepsen.run.runner import RunConfig, RunResult, run
+from jepsen.run.config import RunConfig, RunResult
+from jepsen.run.runner import run
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from jepsen.history import read_history, validate_history
-from jepsen.run.runner import RunConfig, RunResult, run
+from jepsen.run.config import RunConfig, RunResult
+from jepsen.run.runner import run
 from jepsen.systems.base import Unsupported
 
 pytestmark = pytest.mark.slow

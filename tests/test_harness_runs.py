@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from jepsen.history import read_history, validate_history
+from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.run_cli import run as run_command
-from jepsen.run.runner import RunConfig, RunResult, run
+from jepsen.run.runner import run
 
 pytestmark = pytest.mark.slow
 

@@ -175,7 +175,7 @@ def test_the_default_run_stays_light_and_rate_max_loads_every_core():
     import math
     import os
 
-    from jepsen.run.runner import RunConfig, resolve_load
+    from jepsen.run.config import RunConfig, resolve_load
 
     light = resolve_load(RunConfig())
     assert (light.workers, light.clients, light.send_batch) == (0, 5, 1)  # one process, history.jsonl
@@ -281,4 +281,3 @@ def test_every_fault_records_what_the_checker_reads_as_a_fault() -> None:
             assert d.breaks not in HEALS, name
         else:
             assert d.heals in HEALS.get(d.breaks, ()), (name, d)
-

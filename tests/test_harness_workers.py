@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from jepsen.history import read_history, validate_shards
-from jepsen.run.runner import RunConfig, RunResult, run
+from jepsen.run.config import RunConfig, RunResult
+from jepsen.run.runner import run
 
 pytestmark = pytest.mark.slow
 

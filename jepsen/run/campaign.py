@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from jepsen.run.check import VERDICTS
-from jepsen.run.runner import RunConfig, RunResult
+from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.runner import run as run_test
 from jepsen.workloads.registry import WORKLOADS
 

@@ -3,6 +3,9 @@
 Attach it to the ``jepsen`` click group with ``group.add_command(run_cli.run)``; until
 then ``python -m jepsen.run.run_cli`` runs it directly. Exit status: 0 valid,
 1 invalid, 2 unknown, 3 not checked (checker missing, or the harness itself failed).
+
+The command turns its options into a :class:`~jepsen.run.config.RunConfig` (what combines
+with what is ``validate``'s to say), runs it, and prints the run's summary.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -25,10 +30,13 @@ from jepsen.ports import (
     parse_addresses,
     parse_host_base,
 )
+from jepsen.run.config import DEFAULT_NEMESIS, RunConfig, RunResult
 from jepsen.run.pool import WorkerFailed
-from jepsen.run.runner import DEFAULT_NEMESIS, RunConfig
 from jepsen.run.runner import run as run_test
+from jepsen.run.validate import EXTERNAL_OPTIONS, external_refusal, placement_refusal
 from jepsen.systems.base import Unsupported
+from jepsen.systems.broken import BROKEN_ADAPTERS
+from jepsen.systems.registry import SYSTEMS
 from jepsen.workloads.registry import WORKLOADS
 
 
@@ -58,37 +66,227 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _placement(
-    ctx: click.Context,
-    system: str,
-    groups: int,
-    host_base: str | None,
-    port_base: int | None,
-    addresses: str | None,
-) -> dict[str, object]:
+@dataclass(frozen=True)
+class RunOptions:
+    """``jepsen run``'s options as click parses them."""
+
+    backend: str
+    system: str
+    workload: str
+    nemesis: tuple[str, ...]
+    time_: float
+    interval: float
+    rate: float
+    clients: int | None
+    workers: int | None
+    out: Path
+    name: str | None
+    seed: int | None
+    op_timeout: float
+    drain_timeout: float
+    send_batch: int | None
+    no_check: bool
+    spark_master: str | None
+    keep_data: bool
+    no_progress: bool
+    broken_adapter: str | None
+    namesrv: str | None
+    nodes: str | None
+    kill_cmd: str | None
+    restart_cmd: str | None
+    pause_cmd: str | None
+    resume_cmd: str | None
+    topic: str | None
+    queues: int
+    broker_name: str | None
+    groups: int
+    fault_scope: str
+    host_base: str | None
+    port_base: int | None
+    addresses: str | None
+
+    def external_given(self) -> list[str]:
+        """The ``--system rocketmq`` options given (see ``validate.EXTERNAL_OPTIONS``)."""
+        return [k for k in EXTERNAL_OPTIONS if getattr(self, k) is not None]
+
+
+def _defaulted(ctx: click.Context, name: str) -> bool:
+    return ctx.get_parameter_source(name) is click.core.ParameterSource.DEFAULT
+
+
+def _placement(ctx: click.Context, o: RunOptions) -> dict[str, object]:
     """The broker system's ``--groups``, hosts and ports as backend options (checked here, so a
     bad value is one clear line before anything starts)."""
-    if not 1 <= groups <= MAX_GROUPS:
-        _fail(f"--groups must be 1..{MAX_GROUPS} (broker groups of 3), got {groups}")
-    given = groups != 1 or any(v is not None for v in (host_base, port_base, addresses))
+    if not 1 <= o.groups <= MAX_GROUPS:
+        _fail(f"--groups must be 1..{MAX_GROUPS} (broker groups of 3), got {o.groups}")
+    host_base, port_base = o.host_base, o.port_base
+    given = o.groups != 1 or any(v is not None for v in (host_base, port_base, o.addresses))
     if not given:
         return {}
-    if system not in ("broker", "ledger") or (
-        system == "ledger" and ctx.get_parameter_source("system") is not click.core.ParameterSource.DEFAULT
-    ):
-        _fail("--groups, --host-base, --port-base and --addresses apply to --system broker only")
-    if addresses is not None and (host_base is not None or port_base is not None):
+    refusal = placement_refusal(o.system, system_given=not _defaulted(ctx, "system"))
+    if refusal:
+        _fail(refusal)
+    if o.addresses is not None and (host_base is not None or port_base is not None):
         _fail("--addresses stands for --host-base and --port-base: give one or the others")
     try:
-        if addresses is not None:
-            host_base, port_base = parse_addresses(addresses)
+        if o.addresses is not None:
+            host_base, port_base = parse_addresses(o.addresses)
         if host_base is not None:
             parse_host_base(host_base)
         if port_base is not None:
             check_port_base(port_base)
     except PortPlanError as exc:
         _fail(str(exc))
-    return {"groups": groups, "host_base": host_base, "port_base": port_base}
+    return {"groups": o.groups, "host_base": host_base, "port_base": port_base}
+
+
+def _rocketmq_options(ctx: click.Context, o: RunOptions) -> dict[str, object]:
+    """``--system rocketmq``'s backend options: the user's cluster, and the hooks its faults run."""
+    from jepsen.systems.rocketmq import Hooks, check_faults, parse_nodes
+
+    hooks = Hooks(kill=o.kill_cmd, restart=o.restart_cmd, pause=o.pause_cmd, resume=o.resume_cmd)
+    try:
+        node_list = parse_nodes(o.nodes or "")
+        for warning in check_faults(_nemesis(ctx, o), hooks, node_list):
+            click.echo(f"warning: {warning}", err=True)
+    except Unsupported as exc:
+        raise click.UsageError(str(exc)) from None
+    return {
+        "namesrv": o.namesrv,
+        "nodes": node_list,
+        "hooks": hooks,
+        "topic": o.topic,
+        "queues": o.queues,
+        "broker_name": o.broker_name,
+    }
+
+
+def _workload(ctx: click.Context, o: RunOptions) -> str:
+    """The workload: as given, or the queue workload on a RocketMQ system when left at its default."""
+    if o.system in ("rocketmq", "rocketmq-rust") and _defaulted(ctx, "workload"):
+        return "queue"
+    return o.workload
+
+
+def _nemesis(ctx: click.Context, o: RunOptions) -> tuple[str, ...]:
+    """The faults: as given; none by default on a cluster we did not start (it is broken only
+    as its owner allows)."""
+    if o.system == "rocketmq" and _defaulted(ctx, "nemesis"):
+        return ()
+    return o.nemesis
+
+
+def _system_options(ctx: click.Context, o: RunOptions) -> dict[str, object]:
+    """The backend options of ``--system``, its own options refused where they do not apply."""
+    placement = _placement(ctx, o)
+    refusal = external_refusal(o.system, o.external_given())
+    if refusal:
+        raise click.UsageError(refusal)
+    if o.system == "rocketmq":
+        return _rocketmq_options(ctx, o)
+    if o.system == "rocketmq-rust":
+        return {"topic": o.topic, "queues": o.queues}
+    return placement
+
+
+def _run_config(ctx: click.Context, o: RunOptions) -> RunConfig:
+    """The run the options ask for."""
+    system_options = _system_options(ctx, o)
+    if o.spark_master:
+        os.environ["LEDGERMQ_SPARK_MASTER"] = o.spark_master  # the checker's default, for this run
+    return RunConfig(
+        workload=_workload(ctx, o),
+        system=o.system,
+        backend=o.backend,
+        nemesis=_nemesis(ctx, o),
+        time=o.time_,
+        interval=o.interval,
+        rate=o.rate,
+        clients=o.clients,
+        workers=o.workers,
+        out=o.out,
+        seed=o.seed,
+        op_timeout=o.op_timeout,
+        drain_timeout=o.drain_timeout,
+        send_batch=o.send_batch,
+        # a master named on the command line is where the check runs, however small the history
+        check_engine="spark" if o.spark_master else "auto",
+        progress=not o.no_progress and sys.stderr.isatty(),
+        check=not o.no_check,
+        keep_data=o.keep_data,
+        broken_adapter=o.broken_adapter,
+        name=o.name,
+        system_options=system_options,
+        fault_scope=o.fault_scope,
+    )
+
+
+def _run_or_exit(cfg: RunConfig) -> RunResult:
+    """Run ``cfg``; a run that cannot start or whose harness fails is one line and an exit status."""
+    try:
+        return run_test(cfg)
+    except Unsupported as exc:
+        raise click.UsageError(str(exc)) from None
+    except PortPlanError as exc:  # a planned port is taken: say which, no traceback
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except (TimeoutError, OSError, ProxyError, WorkerFailed) as exc:  # no group, a port taken, a worker died
+        click.echo(f"harness error: {exc}", err=True)
+        sys.exit(3)
+
+
+def _ms(v: float | None) -> str:
+    return "never" if v is None else f"{v:,.0f} ms"
+
+
+def _print_recovery(results: dict[str, Any]) -> None:
+    """Recovery per fault kind, and per broker group where there are several."""
+    for kind, r in sorted((results.get("recovery") or {}).items()):
+        click.echo(
+            f"recovery  {kind}: {r['recovered']}/{r['faults']} recovered, "
+            f"p50 {_ms(r['recovery_p50_ms'])}, max {_ms(r['recovery_max_ms'])}, "
+            f"longest gap {r['gap_max_ms']:,.0f} ms"
+        )
+        for group, g in sorted((r.get("by_group") or {}).items()):
+            click.echo(
+                f"          {group}: {g['recovered']}/{g['faults']} recovered, max {_ms(g['recovery_max_ms'])}"
+            )
+
+
+def _print_result(cfg: RunConfig, result: RunResult) -> None:
+    """The run's summary: operations, faults, leaders, anomalies, recovery, verdict, where its files are."""
+    s = result.summary
+    counts = s.get("counts", {})
+    faults = s.get("nemesis", {}).get("ops", {})
+    leaders = s.get("leaders", {})
+    click.echo(f"test      {cfg.test_name()}")
+    click.echo(
+        f"ops       ok={counts.get('ok', 0)} fail={counts.get('fail', 0)} info={counts.get('info', 0)}"
+    )
+    click.echo(f"faults    {', '.join(f'{k}={v}' for k, v in sorted(faults.items())) or 'none'}")
+    click.echo(f"leaders   {leaders.get('leader_changes', 0)} changes, terms {leaders.get('terms_seen', [])}")
+    check = s.get("check", {})
+    results = check.get("results") or {}
+    if results.get("anomaly-types"):
+        click.echo(f"anomalies {', '.join(results['anomaly-types'])}")
+    _print_recovery(results)
+    by_group = s.get("workload", {}).get("drained_by_group")
+    if by_group:
+        click.echo(f"groups    drained {', '.join(f'{g}={n}' for g, n in sorted(by_group.items()))}")
+    if s.get("workers"):
+        rss = [w.get("peak_rss_mb") for w in s["workers"]]
+        click.echo(
+            f"workers   {len(s['workers'])} processes, peak memory {max(r or 0 for r in rss):.0f} MB each at most "
+            f"(controller {s.get('controller_peak_rss_mb', 0):.0f} MB)"
+        )
+    if s.get("harness_anomalies"):
+        click.echo(f"harness   {s['harness_anomalies']}")
+    verdict = {True: "VALID", False: "INVALID", "unknown": "UNKNOWN"}.get(result.valid, "NOT CHECKED")  # type: ignore[arg-type]
+    click.echo(f"verdict   {verdict}")
+    if result.valid is None and check.get("output"):
+        click.echo(f"checker   {check['output'][-1500:]}", err=True)
+    click.echo(f"history   {result.history}")
+    click.echo(f"report    {result.report if result.report.exists() else result.run_dir}")
 
 
 @click.command("run")
@@ -102,7 +300,7 @@ def _placement(
 )
 @click.option(
     "--system",
-    type=click.Choice(["ledger", "pysyncobj", "broker", "rocketmq", "rocketmq-rust"]),
+    type=click.Choice(list(SYSTEMS)),
     default="ledger",
     show_default=True,
     help="the system under test (pysyncobj: the log workload on a 3-node pysyncobj group; "
@@ -286,173 +484,17 @@ def _placement(
 @click.option("--no-progress", is_flag=True, help="no progress bar")
 @click.option(
     "--broken-adapter",
-    type=click.Choice(["ack-unsent", "local-reads"]),
+    type=click.Choice(list(BROKEN_ADAPTERS)),
     default=None,
     hidden=True,
     help="harness self-test: a log client that acknowledges sends it never made (ack-unsent), "
     "a register client that reads its own replica (local-reads)",
 )
-def run(
-    backend: str,
-    system: str,
-    workload: str,
-    nemesis: tuple[str, ...],
-    time_: float,
-    interval: float,
-    rate: float,
-    clients: int | None,
-    workers: int | None,
-    out: Path,
-    name: str | None,
-    seed: int | None,
-    op_timeout: float,
-    drain_timeout: float,
-    send_batch: int | None,
-    no_check: bool,
-    spark_master: str | None,
-    keep_data: bool,
-    no_progress: bool,
-    broken_adapter: str | None,
-    namesrv: str | None,
-    nodes: str | None,
-    kill_cmd: str | None,
-    restart_cmd: str | None,
-    pause_cmd: str | None,
-    resume_cmd: str | None,
-    topic: str | None,
-    queues: int,
-    broker_name: str | None,
-    groups: int,
-    fault_scope: str,
-    host_base: str | None,
-    port_base: int | None,
-    addresses: str | None,
-) -> None:
+def run(**options: Any) -> None:
     """Load a 3-node group, inject faults, record the history and check it."""
-    ctx = click.get_current_context()
-    system_options: dict[str, object] = _placement(ctx, system, groups, host_base, port_base, addresses)
-    external = (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, topic, broker_name)
-    if system == "rocketmq":
-        from jepsen.systems.rocketmq import Hooks, check_faults, parse_nodes
-
-        if not namesrv:
-            raise click.UsageError("--system rocketmq needs --namesrv HOST:PORT (your cluster's nameserver)")
-        if ctx.get_parameter_source("workload") is click.core.ParameterSource.DEFAULT:
-            workload = "queue"
-        if ctx.get_parameter_source("nemesis") is click.core.ParameterSource.DEFAULT:
-            nemesis = ()  # a cluster we did not start is broken only as its owner allows
-        hooks = Hooks(kill=kill_cmd, restart=restart_cmd, pause=pause_cmd, resume=resume_cmd)
-        try:
-            node_list = parse_nodes(nodes or "")
-            for warning in check_faults(nemesis, hooks, node_list):
-                click.echo(f"warning: {warning}", err=True)
-        except Unsupported as exc:
-            raise click.UsageError(str(exc)) from None
-        system_options = {
-            "namesrv": namesrv,
-            "nodes": node_list,
-            "hooks": hooks,
-            "topic": topic,
-            "queues": queues,
-            "broker_name": broker_name,
-        }
-    elif system == "rocketmq-rust":
-        if any(
-            v is not None for v in (namesrv, nodes, kill_cmd, restart_cmd, pause_cmd, resume_cmd, broker_name)
-        ):
-            raise click.UsageError(
-                "--system rocketmq-rust starts its own cluster: --namesrv, --nodes, --broker-name and "
-                "the --*-cmd hooks apply to --system rocketmq only"
-            )
-        if ctx.get_parameter_source("workload") is click.core.ParameterSource.DEFAULT:
-            workload = "queue"
-        system_options = {"topic": topic, "queues": queues}
-    elif any(v is not None for v in external):
-        raise click.UsageError(
-            "--namesrv, --nodes, --topic, --broker-name and the --*-cmd hooks apply to --system rocketmq only"
-        )
-    if spark_master:
-        os.environ["LEDGERMQ_SPARK_MASTER"] = spark_master  # the checker's default, for this run
-    # a master named on the command line is where the check runs, however small the history
-    check_engine = "spark" if spark_master else "auto"
-    cfg = RunConfig(
-        workload=workload,
-        system=system,
-        backend=backend,
-        nemesis=nemesis,
-        time=time_,
-        interval=interval,
-        rate=rate,
-        clients=clients,
-        workers=workers,
-        out=out,
-        seed=seed,
-        op_timeout=op_timeout,
-        drain_timeout=drain_timeout,
-        send_batch=send_batch,
-        check_engine=check_engine,
-        progress=not no_progress and sys.stderr.isatty(),
-        check=not no_check,
-        keep_data=keep_data,
-        broken_adapter=broken_adapter,
-        name=name,
-        system_options=system_options,
-        fault_scope=fault_scope,
-    )
-    try:
-        result = run_test(cfg)
-    except Unsupported as exc:
-        raise click.UsageError(str(exc)) from None
-    except PortPlanError as exc:  # a planned port is taken: say which, no traceback
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except (TimeoutError, OSError, ProxyError, WorkerFailed) as exc:  # no group, a port taken, a worker died
-        click.echo(f"harness error: {exc}", err=True)
-        sys.exit(3)
-    s = result.summary
-    counts = s.get("counts", {})
-    faults = s.get("nemesis", {}).get("ops", {})
-    leaders = s.get("leaders", {})
-    click.echo(f"test      {cfg.test_name()}")
-    click.echo(
-        f"ops       ok={counts.get('ok', 0)} fail={counts.get('fail', 0)} info={counts.get('info', 0)}"
-    )
-    click.echo(f"faults    {', '.join(f'{k}={v}' for k, v in sorted(faults.items())) or 'none'}")
-    click.echo(f"leaders   {leaders.get('leader_changes', 0)} changes, terms {leaders.get('terms_seen', [])}")
-    check = s.get("check", {})
-    results = check.get("results") or {}
-    if results.get("anomaly-types"):
-        click.echo(f"anomalies {', '.join(results['anomaly-types'])}")
-    for kind, r in sorted((results.get("recovery") or {}).items()):
-        p50, worst = r["recovery_p50_ms"], r["recovery_max_ms"]
-        click.echo(
-            f"recovery  {kind}: {r['recovered']}/{r['faults']} recovered, "
-            f"p50 {'never' if p50 is None else f'{p50:,.0f} ms'}, max {'never' if worst is None else f'{worst:,.0f} ms'}, "
-            f"longest gap {r['gap_max_ms']:,.0f} ms"
-        )
-        for group, g in sorted((r.get("by_group") or {}).items()):
-            worst = g["recovery_max_ms"]
-            click.echo(
-                f"          {group}: {g['recovered']}/{g['faults']} recovered, "
-                f"max {'never' if worst is None else f'{worst:,.0f} ms'}"
-            )
-    by_group = s.get("workload", {}).get("drained_by_group")
-    if by_group:
-        click.echo(f"groups    drained {', '.join(f'{g}={n}' for g, n in sorted(by_group.items()))}")
-    if s.get("workers"):
-        rss = [w.get("peak_rss_mb") for w in s["workers"]]
-        click.echo(
-            f"workers   {len(s['workers'])} processes, peak memory {max(r or 0 for r in rss):.0f} MB each at most "
-            f"(controller {s.get('controller_peak_rss_mb', 0):.0f} MB)"
-        )
-    if s.get("harness_anomalies"):
-        click.echo(f"harness   {s['harness_anomalies']}")
-    verdict = {True: "VALID", False: "INVALID", "unknown": "UNKNOWN"}.get(result.valid, "NOT CHECKED")  # type: ignore[arg-type]
-    click.echo(f"verdict   {verdict}")
-    if result.valid is None and check.get("output"):
-        click.echo(f"checker   {check['output'][-1500:]}", err=True)
-    click.echo(f"history   {result.history}")
-    click.echo(f"report    {result.report if result.report.exists() else result.run_dir}")
+    cfg = _run_config(click.get_current_context(), RunOptions(**options))
+    result = _run_or_exit(cfg)
+    _print_result(cfg, result)
     sys.exit(result.exit_code)
 
 
