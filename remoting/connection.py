@@ -169,6 +169,49 @@ class _Pending:
 class RemotingConnection(asyncio.Protocol):
     """Frame-level connection: decode, dispatch requests, match responses by opaque."""
 
+    # Slots: every frame reads a dozen of these. With more than 30 attributes CPython 3.11 gives
+    # an instance its own dict instead of the class's shared keys, and every attribute read on
+    # the hot path gets slower (a server connection has 44).
+    __slots__ = (
+        "config",
+        "dispatcher",
+        "stats",
+        "side",
+        "_on_open",
+        "_on_lost",
+        "_decoder",
+        "_loop",
+        "_transport",
+        "_pending",
+        "_next_opaque",
+        "_deadlines",
+        "_deadline_seq",
+        "_deadline_timer",
+        "_deadline_at",
+        "_out",
+        "_out_bytes",
+        "_flush_at",
+        "_flush_scheduled",
+        "_writable",
+        "_congested",
+        "_output_limit",
+        "_max_inflight",
+        "_max_inflight_bytes",
+        "inflight_requests",
+        "inflight_request_bytes",
+        "_backlog",
+        "reading_paused",
+        "_release_scheduled",
+        "_closed",
+        "_closed_future",
+        "_bad_frames",
+        "remote_addr",
+        "local_addr",
+        "close_reason",
+        "rpc_hook",
+        "__weakref__",
+    )
+
     def __init__(
         self,
         config: RemotingConfig,

@@ -117,6 +117,17 @@ class _GatedDispatcher:
 class _ServerConnection(RemotingConnection):
     """A server-side connection that keeps its listener's bounds."""
 
+    __slots__ = (
+        "_server",
+        "refused",
+        "opened_at",
+        "last_frame_at",
+        "framed",
+        "_held",
+        "frame_started_at",
+        "frame_bytes",
+    )
+
     def __init__(self, server: RemotingServer, dispatcher: RequestDispatcher | _GatedDispatcher) -> None:
         super().__init__(
             server.config,
