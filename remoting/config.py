@@ -49,7 +49,8 @@ class RemotingConfig:
     cannot take every file descriptor; it must fit the process's open-file limit."""
     handshake_timeout_s: float = 10.0
     """A server closes a connection that has not delivered one complete frame within this long
-    (slowloris: a peer that connects and trickles half a frame)."""
+    plus what the bytes it sent are worth at ``frame_min_bytes_per_s`` (slowloris: a peer that
+    connects and trickles half a frame; an honest large first frame on a slow link is kept)."""
     idle_timeout_s: float = 120.0
     """A server closes a connection that delivered no complete frame for this long (RocketMQ's
     serverChannelMaxIdleTimeSeconds; clients heartbeat every 30 s). 0 turns it off."""
@@ -59,7 +60,7 @@ class RemotingConfig:
     frame_timeout_s: float = 30.0
     """A server closes a connection whose frame, once its first byte is in, is not complete
     within this long plus the time its bytes received so far are worth at
-    ``frame_min_bytes_per_s`` (the first frame gets ``handshake_timeout_s`` instead of this).
+    ``frame_min_bytes_per_s`` (the first frame gets ``handshake_timeout_s``, extended alike).
     Without it a peer that sent one frame could trickle the next a byte at a time and hold its
     connection slot for ever, as a complete frame now and then resets ``idle_timeout_s``."""
     frame_min_bytes_per_s: int = 64 * 1024
@@ -70,17 +71,18 @@ class RemotingConfig:
     max_inflight_requests: int = 1024
     """A server stops reading a connection while this many of its requests are read but not yet
     answered, and reads on when one is answered; the rest of a read already decoded waits,
-    undispatched. Well above what a client pipelines on one connection (the broker bench keeps
-    256 unbatched sends in flight; RocketMQ's producer 16-64 in practice), so only a peer
-    that never waits for its answers meets it."""
+    undispatched. Four times what the broker bench pipelines on one connection (256 unbatched
+    sends), so the hot path never meets it; a client with more in flight (RocketMQ's Java client
+    allows thousands of async sends) is slowed by TCP back-pressure, not refused."""
     max_inflight_request_bytes: int = 64 * 1024 * 1024
     """The same, by the bodies of the requests in flight: a peer pipelining large sends has at
     most this much (plus one request) held by the server at a time."""
     max_output_bytes: int = 0
     """A connection whose queued output (written but not yet taken by the peer) passes this is
-    closed: the peer made requests whose answers it does not read faster than reading it is
-    paused (``write_buffer_high_bytes``) could stop them. 0: automatic, the larger of 64 MiB
-    and ``write_buffer_high_bytes`` + 2 x ``max_body_bytes``, so that no honest answer is cut."""
+    closed: its peer does not read, and the answers to requests it sent before its reading was
+    paused (``write_buffer_high_bytes``) would pile up past this. 0: automatic, the larger of
+    64 MiB and ``write_buffer_high_bytes`` + 2 x ``max_body_bytes``, so that no honest answer is
+    cut (a consumer with 16 pulls of 4 MiB answers in flight fits)."""
     tls_mode: str = TLS_DISABLED
     """A server's TLS: disabled, permissive (TLS and plaintext clients) or enforcing (TLS only);
     RocketMQ's tls.server.mode. Needs ``server_ssl`` unless disabled."""
