@@ -77,7 +77,7 @@ class BrokerController:
         )
         self.ledger.on_role(self._on_role)
         self.ledger.on_leader_ready(self._on_leader_ready)
-        self._store.topic_listeners.append(lambda: self.trigger_register())
+        self._store.topic_listeners.append(self._topics_changed)
         self.processors = Processors(self)
         # what only a master does: deliver scheduled messages when due, check transactions
         self.delivery = ScheduledDelivery(self._store, cfg, self.processors.ctx.store_host)
@@ -284,6 +284,10 @@ class BrokerController:
         return BrokerIdentity(
             self.config.cluster_name, self.config.broker_name, self.config.broker_addr, self.broker_id
         )
+
+    def _topics_changed(self) -> None:
+        if self.registration is not None:
+            self.registration.trigger_coalesced()
 
     def trigger_register(self) -> None:
         if self.registration is not None:

@@ -37,6 +37,9 @@ __all__ = ["MessageStore", "Stored"]
 log = logging.getLogger("broker.store")
 
 DEFAULT_APPLY_SLICE_BYTES = 1 << 20  # committed entries applied per event-loop turn
+# ... and at most this many of them: small entries (topic creations, offset commits) cost
+# per entry, and a burst of thousands committed together held the loop for tens of ms
+APPLY_SLICE_ENTRIES = 512
 MAX_COALESCED_PAYLOADS = 4096  # entries of appends proposed together; more are proposed at once
 # An append this large (a producer's batch) is proposed at once, with whatever was queued
 # before it: it is already one large write, and holding it to the end of the turn would make
@@ -115,9 +118,8 @@ class MessageStore:
             first = ledger.first_index
             if state.applied + 1 < first:  # retention ran ahead (or the log was reset to a snapshot)
                 state.skip_to(first - 1)
-            self._publish(
-                state.apply(ledger.read_payloads(state.applied + 1, commit, self.apply_slice_bytes))
-            )
+            upto = min(commit, state.applied + APPLY_SLICE_ENTRIES)
+            self._publish(state.apply(ledger.read_payloads(state.applied + 1, upto, self.apply_slice_bytes)))
         if state.applied < ledger.commit_index and not self._slice_scheduled:
             self._slice_scheduled = True
             asyncio.get_running_loop().call_soon(self._scheduled_slice)

@@ -312,6 +312,9 @@ def _parse_kv_table(body: bytes | bytearray | memoryview) -> dict[str, str]:
 
 
 # --- periodic re-registration ----------------------------------------------------------------
+TOPIC_CHANGE_GAP_S = 0.5  # topic changes re-register at most this often (see trigger_coalesced)
+
+
 def clamp_register_interval(
     interval_s: float, lo: float = MIN_REGISTER_INTERVAL_S, hi: float = MAX_REGISTER_INTERVAL_S
 ) -> float:
@@ -360,12 +363,17 @@ class PeriodicRegistration:
         self._wake = asyncio.Event()
         self._force_next = False
         self._task: asyncio.Task[None] | None = None
+        self._coalesced_at = float("-inf")
+        self._coalesced_handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
+        if self._coalesced_handle is not None:
+            self._coalesced_handle.cancel()
+            self._coalesced_handle = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -382,6 +390,23 @@ class PeriodicRegistration:
         """Register as soon as possible instead of waiting for the next period."""
         self._force_next = self._force_next or force
         self._wake.set()
+
+    def trigger_coalesced(self, gap_s: float = TOPIC_CHANGE_GAP_S) -> None:
+        """Register now, or, within ``gap_s`` of the last such call, once at the gap's end: a
+        burst of topic changes (thousands of auto-created topics) makes a round per gap, not
+        one per change, each encoding and signing the whole table."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now - self._coalesced_at >= gap_s:
+            self._coalesced_at = now
+            self.trigger()
+        elif self._coalesced_handle is None:
+            self._coalesced_handle = loop.call_at(self._coalesced_at + gap_s, self._coalesced_fire)
+
+    def _coalesced_fire(self) -> None:
+        self._coalesced_handle = None
+        self._coalesced_at = asyncio.get_running_loop().time()
+        self.trigger()
 
     async def _sleep(self, seconds: float) -> None:
         try:

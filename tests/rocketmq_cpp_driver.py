@@ -9,6 +9,9 @@ document from its standard output.
     python tests/rocketmq_cpp_driver.py produce NAMESRV TOPIC GROUP MODE COUNT PREFIX [PAUSE_S]
     python tests/rocketmq_cpp_driver.py pull NAMESRV TOPIC GROUP EXPECT TIMEOUT_S
     python tests/rocketmq_cpp_driver.py push NAMESRV TOPIC GROUP EXPECT TIMEOUT_S [EXPRESSION]
+    python tests/rocketmq_cpp_driver.py delayed NAMESRV TOPIC GROUP COUNT LEVEL
+    python tests/rocketmq_cpp_driver.py failing NAMESRV TOPIC GROUP EXPECT FAILURES TIMEOUT_S
+    python tests/rocketmq_cpp_driver.py orderly NAMESRV TOPIC GROUP EXPECT TIMEOUT_S
 
 MODE is sync, async, oneway or batch. Every produced message carries keys, a tag and a user
 property derived from its body, so the consumer side can check they arrived intact.
@@ -150,6 +153,87 @@ def push(namesrv: str, topic: str, group: str, expect: int, timeout_s: float, ex
     return {"messages": got}
 
 
+def delayed(namesrv: str, topic: str, group: str, count: int, level: int) -> dict:
+    """Sync sends with RocketMQ's delay level set; when each was acknowledged (epoch ms)."""
+    from rocketmq.client import Producer
+
+    producer = Producer(group, timeout=3000)
+    producer.set_namesrv_addr(namesrv)
+    producer.start()
+    acked: list[dict[str, Any]] = []
+    try:
+        for i in range(count):
+            msg = _message(topic, f"delayed-{i}")
+            msg.set_delay_time_level(level)
+            r = producer.send_sync(msg)
+            acked.append({"body": f"delayed-{i}", "status": int(r.status), "at_ms": int(time.time() * 1000)})
+    finally:
+        producer.shutdown()
+    return {"acked": acked}
+
+
+def failing(namesrv: str, topic: str, group: str, expect: int, failures: int, timeout_s: float) -> dict:
+    """A push consumer whose listener raises for each message's first ``failures`` deliveries:
+    the client sends it back (CONSUMER_SEND_MSG_BACK) and the broker redelivers it later."""
+    from rocketmq.client import PushConsumer
+
+    consumer = PushConsumer(group)
+    consumer.set_namesrv_addr(namesrv)
+    deliveries: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def on_message(m: Any) -> None:  # raising is RECONSUME_LATER for this binding
+        body = m.body.decode()
+        with lock:
+            seen[body] = seen.get(body, 0) + 1
+            deliveries.append({**_recv(m), "at_ms": int(time.time() * 1000), "reconsume": m.reconsume_times})
+            fail = seen[body] <= failures
+        if fail:
+            raise RuntimeError(f"listener fails {body} on purpose")
+
+    consumer.subscribe(topic, on_message)
+    consumer.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            with lock:
+                if len(seen) >= expect and all(n > failures for n in seen.values()):
+                    break
+            time.sleep(0.1)
+        time.sleep(6.0)  # the C++ client persists consumed offsets every 5 s; let it
+    finally:
+        consumer.shutdown()
+    return {"deliveries": deliveries}
+
+
+def orderly(namesrv: str, topic: str, group: str, expect: int, timeout_s: float) -> dict:
+    """An orderly push consumer (it locks its queues with LOCK_BATCH_MQ before consuming)."""
+    from rocketmq.client import PushConsumer
+
+    consumer = PushConsumer(group, orderly=True)
+    consumer.set_namesrv_addr(namesrv)
+    got: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def on_message(m: Any) -> None:
+        with lock:
+            got.append(_recv(m))
+
+    consumer.subscribe(topic, on_message)
+    consumer.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            with lock:
+                if len({g["body"] for g in got}) >= expect:
+                    break
+            time.sleep(0.1)
+    finally:
+        consumer.shutdown()
+    return {"messages": got}
+
+
 def main(argv: list[str]) -> int:
     cmd, namesrv, topic, group, *rest = argv
     if cmd == "produce":
@@ -159,6 +243,12 @@ def main(argv: list[str]) -> int:
         out = pull(namesrv, topic, group, int(rest[0]), float(rest[1]))
     elif cmd == "push":
         out = push(namesrv, topic, group, int(rest[0]), float(rest[1]), rest[2] if len(rest) > 2 else "*")
+    elif cmd == "delayed":
+        out = delayed(namesrv, topic, group, int(rest[0]), int(rest[1]))
+    elif cmd == "failing":
+        out = failing(namesrv, topic, group, int(rest[0]), int(rest[1]), float(rest[2]))
+    elif cmd == "orderly":
+        out = orderly(namesrv, topic, group, int(rest[0]), float(rest[1]))
     else:
         raise SystemExit(f"unknown command {cmd!r}")
     sys.stdout.write(json.dumps(out) + "\n")
