@@ -115,7 +115,6 @@ class HeldMessageProcessors:
             now_ms,
             self.config.delay_levels_ms,
         )
-        dead = place.topic.startswith(DLQ_PREFIX)
         # the retry topic (where the retry goes when due) or the dead-letter topic, readable and
         # writable (RocketMQ makes dead letters write-only; ours can be drained by a consumer)
         self.ctx.ensure_topic(place.properties.get(PROPERTY_REAL_TOPIC, place.topic), 1, time.monotonic())
@@ -123,7 +122,7 @@ class HeldMessageProcessors:
             msg,
             place,
             sys_flag=msg.sys_flag,
-            reconsume_times=msg.reconsume_times + (0 if dead else 1),
+            reconsume_times=msg.reconsume_times + 1,
             store_ms=now_ms,
             store_host=self.ctx.store_host,
         )

@@ -45,7 +45,7 @@ from .meta import offset_op, topic_op
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext, Response, host_bytes
 from .sql_filter import Filter as SqlFilter
 from .sql_filter import SqlFilterError, compile_filter
-from .system_topics import NOT_SENDABLE
+from .system_topics import NOT_SENDABLE, RETRY_PREFIX, dlq_topic
 
 if TYPE_CHECKING:
     from remoting.connection import RemotingConnection
@@ -219,6 +219,13 @@ class Processors:
         topic, queue_id, before = target
         now_ms = int(time.time() * 1000)
         stored_topic, stored_qid = topic, queue_id
+        if topic.startswith(RETRY_PREFIX):  # a client's own retry copy: past its limit, a dead letter
+            limit = h.header_int(
+                "maxReconsumeTimes", self.config.max_reconsume_times, min_value=0, max_value=INT32_MAX
+            )
+            if reconsume >= limit:
+                stored_topic, stored_qid = dlq_topic(topic[len(RETRY_PREFIX) :]), 0
+                self.ctx.ensure_topic(stored_topic, 1, time.monotonic())
         if might_be_held(props):  # delayed or transactional: stored where it waits
             held = self._held_placement(req, h, topic, queue_id, props, now_ms)
             if isinstance(held, RemotingCommand):

@@ -294,6 +294,24 @@ def test_a_failed_message_is_retried_then_dead_lettered(group: LocalBrokerGroup)
         ]
         missing = await grp.call(send_back(123 << 16, "cg"))
         assert missing.code == ResponseCode.SYSTEM_ERROR and "no message at offset" in missing.remark
+        # a client's own retry copy (its fallback when a send-back fails) past its limit: DLQ
+        copy = send("%RETRY%cg2", b"copy", RETRY_TOPIC=TOPIC)
+        copy.headers.update({"reconsumeTimes": 3, "maxReconsumeTimes": 3})
+        await grp.ok(copy)
+        assert [m.body for m in await until(lambda: _when(grp.pull("%DLQ%cg2"), bool), 10, "DLQ")] == [
+            b"copy"
+        ]
+
+        # a send-back acknowledged just before the master dies is retried by the new master
+        await grp.ok(send(TOPIC, b"survives", queue_id=1))
+        (msg,) = await grp.pull(TOPIC, 1)
+        await grp.ok(send_back(msg.physical_offset, "cg3"))
+        old = grp.master
+        grp.g.kill_broker(old)
+        await grp.find_master(exclude={old})
+        retried = await until(lambda: _when(grp.pull("%RETRY%cg3"), bool), 15, "the retry after failover")
+        await asyncio.sleep(1.0)
+        assert [m.body for m in await grp.pull("%RETRY%cg3")] == [b"survives"] == [m.body for m in retried]
 
     run(group, scenario)
 
