@@ -53,26 +53,6 @@ class Op:
     result: str | None = None
     error: str | None = None
 
-    def describe(self) -> dict[str, Any]:
-        """A JSON-ready description used in results.json examples."""
-        out: dict[str, Any] = {
-            "process": self.process,
-            "f": self.f,
-            "type": self.type,
-            "value": _decode_json(self.value),
-            "invoke-index": self.call_index,
-            "invoke-time": self.call,
-        }
-        if self.type == "ok" and self.f in ("read", "get"):
-            out["result"] = _decode_json(self.result)
-        if self.ret_index is not None:
-            out["complete-index"] = self.ret_index
-        if self.ret is not None:
-            out["complete-time"] = self.ret
-        if self.error:
-            out["error"] = self.error
-        return out
-
 
 def _decode_json(text: str | None) -> Any:
     """Values arrive as text: JSON for numbers/lists, the bare string for strings."""
@@ -92,30 +72,69 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-# --- models ---------------------------------------------------------------------------------
+# --- models: one per workload, Porcupine's shape --------------------------------------------
+
+Step = tuple[int, Any, Any]  # a compiled operation: (kind, a, b)
 
 
-@dataclass(frozen=True, slots=True)
 class Model:
-    """How operations of a workload act on one key's state (Knossos' cas-register, Porcupine's kv).
+    """How one workload's operations act on one key's state (Porcupine's ``Model``).
 
-    A ``fail`` is taken at its word (it did not happen), as Knossos does, even where
-    the client means "the compare did not match": that reads less into the history,
-    and the etcd vectors' verdicts are the same either way.
+    ``init`` is the state before any operation, ``step`` one operation's effect on a state
+    (``_FAIL``: the model refuses it there), ``describe`` an operation as results.json shows
+    it. Operations are compiled once (``compile``: the triple ``step`` reads, or None for an
+    operation that constrains nothing) because the search steps millions of times and must
+    not decode values as it goes. ``grows``: states only ever extend (kv's appends), so a
+    read of v may still be reached from any prefix of v; the search prunes with that.
+
+    A ``fail`` is taken at its word (it did not happen), as Knossos does, even where the
+    client means "the compare did not match": that reads less into the history, and the
+    etcd vectors' verdicts are the same either way.
     """
 
-    name: str
-    initial: Any
+    name: str = "?"
+    grows: bool = False
+    #: the operations whose ok completion carries a value read (described with their result)
+    reads: frozenset[str] = frozenset()
 
-    def compile(self, op: Op) -> tuple[int, Any, Any] | None:
-        """Return (kind, a, b) for the step function, or None if the op is dropped."""
-        if self.name == "register":
-            return self._compile_register(op)
-        if self.name == "kv":
-            return self._compile_kv(op)
-        raise ModelError(f"unknown model {self.name!r}")
+    def init(self) -> Any:
+        return None
 
-    def _compile_register(self, op: Op) -> tuple[int, Any, Any] | None:
+    def compile(self, op: Op) -> Step | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def step(state: Any, kind: int, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def describe(self, op: Op) -> dict[str, Any]:
+        """A JSON-ready description of ``op`` used in results.json examples."""
+        out: dict[str, Any] = {
+            "process": op.process,
+            "f": op.f,
+            "type": op.type,
+            "value": _decode_json(op.value),
+            "invoke-index": op.call_index,
+            "invoke-time": op.call,
+        }
+        if op.type == "ok" and op.f in self.reads:
+            out["result"] = _decode_json(op.result)
+        if op.ret_index is not None:
+            out["complete-index"] = op.ret_index
+        if op.ret is not None:
+            out["complete-time"] = op.ret
+        if op.error:
+            out["error"] = op.error
+        return out
+
+
+class RegisterModel(Model):
+    """Knossos' cas-register: read, write and compare-and-set of one value (JSON) per key."""
+
+    name = "register"
+    reads = frozenset({"read"})
+
+    def compile(self, op: Op) -> Step | None:
         if op.f == "read":
             if op.type != "ok":
                 return None
@@ -134,7 +153,26 @@ class Model:
             return (_CAS, old, new)
         raise ModelError(f"register has no operation {op.f!r}")
 
-    def _compile_kv(self, op: Op) -> tuple[int, Any, Any] | None:
+    @staticmethod
+    def step(state: Any, kind: int, a: Any, b: Any) -> Any:
+        if kind == _READ:
+            return state if state == a else _FAIL
+        if kind == _WRITE:
+            return a
+        return b if state == a else _FAIL  # _CAS
+
+
+class KVModel(Model):
+    """Porcupine's kv: get, put and append of one string per key (the empty string at first)."""
+
+    name = "kv"
+    grows = True
+    reads = frozenset({"get"})
+
+    def init(self) -> Any:
+        return ""
+
+    def compile(self, op: Op) -> Step | None:
         if op.f == "get":
             if op.type != "ok":
                 return None
@@ -147,28 +185,27 @@ class Model:
             return (_APPEND, op.value or "", None)
         raise ModelError(f"kv has no operation {op.f!r}")
 
+    @staticmethod
+    def step(state: Any, kind: int, a: Any, b: Any) -> Any:
+        if kind == _READ:
+            return state if state == a else _FAIL
+        if kind == _WRITE:
+            return a
+        return state + a  # _APPEND
 
-REGISTER = Model("register", None)
-KV = Model("kv", "")
+
+REGISTER = RegisterModel()
+KV = KVModel()
+#: the model of each workload the search judges
+MODELS: dict[str, Model] = {m.name: m for m in (REGISTER, KV)}
 
 
 def model_for(workload: str) -> Model:
     """The model for a workload name."""
-    if workload == "register":
-        return REGISTER
-    if workload == "kv":
-        return KV
-    raise ModelError(f"no linearizability model for workload {workload!r}")
-
-
-def _step(state: Any, kind: int, a: Any, b: Any) -> Any:
-    if kind == _READ:
-        return state if state == a else _FAIL
-    if kind == _WRITE:
-        return a
-    if kind == _CAS:
-        return b if state == a else _FAIL
-    return state + a  # _APPEND
+    model = MODELS.get(workload)
+    if model is None:
+        raise ModelError(f"no linearizability model for workload {workload!r}")
+    return model
 
 
 # --- the search -----------------------------------------------------------------------------
@@ -217,12 +254,13 @@ def _search(ops: list[Op], model: Model, deadline: float) -> tuple[bool, int]:
             match[call_entry[i]] = pos
     tail = n + 1
     bits = [1 << i for i in range(len(compiled))]
-    obligations = _obligations(compiled, required, model.name == "kv")
-    grows = model.name == "kv"
+    grows = model.grows
+    obligations = _obligations(compiled, required, grows)
+    step = model.step
 
     cache: set[tuple[int, Any]] = set()
     stack: list[tuple[int, Any, bool]] = []  # (call entry, state before, taken greedily)
-    state: Any = model.initial
+    state: Any = model.init()
     lin = 0
     steps = 0
     fresh = True  # a new configuration: look for a read to take greedily first
@@ -249,7 +287,7 @@ def _search(ops: list[Op], model: Model, deadline: float) -> tuple[bool, int]:
         if e != tail and is_call[e]:
             i = op_of[e]
             kind, a, b = compiled[i]
-            ns = _step(state, kind, a, b)
+            ns = step(state, kind, a, b)
             if ns is not _FAIL:
                 nl = lin | bits[i]
                 k = (nl, ns)
@@ -382,7 +420,7 @@ class KeyResult:
         return out
 
 
-def _failure_detail(ops: list[Op], last_index: int, minimal: bool) -> dict[str, Any]:
+def _failure_detail(ops: list[Op], last_index: int, minimal: bool, model: Model) -> dict[str, Any]:
     """Describe the shortest failing prefix: the op whose completion breaks it and its peers."""
     culprit = next(op for op in ops if op.ret_index == last_index)
     events = sum(1 for op in ops if op.call_index <= last_index) + sum(
@@ -418,8 +456,8 @@ def _failure_detail(ops: list[Op], last_index: int, minimal: bool) -> dict[str, 
         "prefix-events": events,
         "last-index": last_index,
         "minimal": minimal,
-        "op": culprit.describe(),
-        "ops": [o.describe() for o in shown],
+        "op": model.describe(culprit),
+        "ops": [model.describe(o) for o in shown],
     }
 
 
@@ -467,7 +505,11 @@ def check_ops(
             minimal = False
             lo = mid + 1
     return KeyResult(
-        False, len(ops), time.monotonic() - start, explored, failure=_failure_detail(ops, cuts[hi], minimal)
+        False,
+        len(ops),
+        time.monotonic() - start,
+        explored,
+        failure=_failure_detail(ops, cuts[hi], minimal, model),
     )
 
 

@@ -23,6 +23,8 @@ histories share one set of jobs. No Python UDFs: the hot path stays in the JVM.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jepsen.checker.spark import materialize, release
@@ -597,30 +599,6 @@ def describe_values(fr: LogFrames, c: DataFrame, anomalies: list[str]) -> DataFr
     return ex.select("src", "anomaly", "t", F.to_json(example).alias("example"))
 
 
-def describe_lost_by_reach(fr: LogFrames, c: DataFrame) -> DataFrame:
-    F = _F()
-    top = _first(c.filter(F.col("s1") == "reach"), "lost-write")
-    s, r = _prefixed(fr.sends, "s_"), _prefixed(fr.reads, "r_")
-    j = (
-        top.withColumnRenamed("i1", "s_v")
-        .join(s, [*K, "s_v"])
-        .withColumnRenamed("i2", "r_inv_index")
-        .join(r, [*K, "r_inv_index"])
-    )
-    return _row(
-        j,
-        "lost-write",
-        F.col("t"),
-        F.struct(
-            "key",
-            F.col("s_v").alias("value"),
-            F.lit("never read, though a read invoked after the ack reached past its offset").alias("why"),
-            send_desc("s_").alias("send"),
-            read_desc("r_").alias("read"),
-        ),
-    )
-
-
 def describe_inconsistent(fr: LogFrames, c: DataFrame) -> DataFrame:
     F = _F()
     top = _first(c, "inconsistent-offsets").withColumnRenamed("i1", "off")
@@ -646,26 +624,6 @@ def _earliest_higher_ack(fr: LogFrames, rows: DataFrame) -> DataFrame:
     )
     one = Window.partitionBy(*K, "anomaly", "i1").orderBy(F.col("a_off").desc(), "a_inv_index")
     return j.withColumn("rn", F.row_number().over(one)).filter(F.col("rn") == 1).drop("rn")
-
-
-def describe_stale(fr: LogFrames, c: DataFrame) -> DataFrame:
-    F = _F()
-    j = (
-        _earliest_higher_ack(fr, _first(c, "stale-read"))
-        .withColumnRenamed("i1", "r_inv_index")
-        .join(_prefixed(fr.reads, "r_"), [*K, "r_inv_index"])
-    )
-    return _row(
-        j,
-        "stale-read",
-        F.col("t"),
-        F.struct(
-            "key",
-            F.col("i3").alias("reached"),
-            read_desc("r_").alias("read"),
-            send_desc("a_").alias("acknowledged-before"),
-        ),
-    )
 
 
 def confirm_realtime(fr: LogFrames, c: DataFrame) -> DataFrame:
@@ -702,50 +660,108 @@ def confirm_realtime(fr: LogFrames, c: DataFrame) -> DataFrame:
     )
 
 
-def describe_nonmonotonic_sends(fr: LogFrames, c: DataFrame) -> DataFrame:
-    F = _F()
-    e, later = _prefixed(fr.ok_sends, "e_"), _prefixed(fr.ok_sends, "l_")
-    j = (
-        _first(c, "nonmonotonic-send")
-        .withColumnRenamed("i1", "l_inv_index")
-        .join(later, [*K, "l_inv_index"])
-        .withColumnRenamed("i2", "e_inv_index")
-        .join(e, [*K, "e_inv_index"])
-    )
-    return _row(
-        j,
-        "nonmonotonic-send",
-        F.col("t"),
-        F.struct("key", send_desc("e_").alias("earlier"), send_desc("l_").alias("later")),
-    )
+# --- examples by table: the anomalies whose examples are the operations their candidates name
 
 
-def _polls(fr: LogFrames, rows: DataFrame) -> DataFrame:
-    """Attach the poll (i1) and the same process's previous poll (i2) to each row."""
-    reads, prev = _prefixed(fr.reads, "r_"), _prefixed(fr.reads, "p_")
-    return (
-        rows.withColumnRenamed("i1", "r_inv_index")
-        .join(reads, [*K, "r_inv_index"])
-        .withColumnRenamed("i2", "p_inv_index")
-        .join(prev, [*K, "p_inv_index"], "left")
-    )
+@dataclass(frozen=True)
+class Named:
+    """An operation an example shows: the candidate's ``column`` holds its ``key`` in the
+    ``frame`` of :class:`LogFrames`, whose columns the example reads under ``prefix``."""
+
+    column: str
+    frame: str
+    prefix: str
+    key: str = "inv_index"
+    how: str = "inner"
 
 
-def describe_nonmonotonic_polls(fr: LogFrames, c: DataFrame) -> DataFrame:
-    F = _F()
-    j = _polls(fr, _first(c, "nonmonotonic-poll"))
-    return _row(
-        j,
-        "nonmonotonic-poll",
-        F.col("t"),
-        F.struct(
-            "key",
-            F.col("i4").alias("previous-offset"),
-            F.col("i3").alias("offset"),
-            read_desc("p_").alias("earlier-poll"),
-            read_desc("r_").alias("poll"),
+def _col(name: str) -> Callable[[], Column]:
+    return lambda: _F().col(name)
+
+
+def _text(text: str) -> Callable[[], Column]:
+    return lambda: _F().lit(text)
+
+
+def _send(prefix: str) -> Callable[[], Column]:
+    return lambda: send_desc(prefix)
+
+
+def _read(prefix: str) -> Callable[[], Column]:
+    return lambda: read_desc(prefix)
+
+
+@dataclass(frozen=True)
+class Example:
+    """How one anomaly's examples are made: its first candidates (those whose ``s1`` is ``kind``,
+    if given; through ``narrow`` first, if given), the operations they name, and the example's
+    fields after ``key``, in order."""
+
+    anomaly: str
+    ops: tuple[Named, ...]
+    fields: tuple[tuple[str, Callable[[], Column]], ...]
+    kind: str | None = None
+    narrow: Callable[[LogFrames, DataFrame], DataFrame] | None = None
+
+
+#: a poll (i1) and the same process's previous poll (i2)
+POLL_OPS = (Named("i1", "reads", "r_"), Named("i2", "reads", "p_", how="left"))
+
+EXAMPLES_BY_TABLE: tuple[Example, ...] = (
+    Example(
+        "lost-write",
+        kind="reach",
+        ops=(Named("i1", "sends", "s_", key="v"), Named("i2", "reads", "r_")),
+        fields=(
+            ("value", _col("s_v")),
+            ("why", _text("never read, though a read invoked after the ack reached past its offset")),
+            ("send", _send("s_")),
+            ("read", _read("r_")),
         ),
-    )
+    ),
+    Example(
+        "stale-read",
+        narrow=_earliest_higher_ack,  # joins the acknowledgement (a_) behind i2/i3
+        ops=(Named("i1", "reads", "r_"),),
+        fields=(("reached", _col("i3")), ("read", _read("r_")), ("acknowledged-before", _send("a_"))),
+    ),
+    Example(
+        "nonmonotonic-send",
+        ops=(Named("i1", "ok_sends", "l_"), Named("i2", "ok_sends", "e_")),
+        fields=(("earlier", _send("e_")), ("later", _send("l_"))),
+    ),
+    Example(
+        "nonmonotonic-poll",
+        ops=POLL_OPS,
+        fields=(
+            ("previous-offset", _col("i4")),
+            ("offset", _col("i3")),
+            ("earlier-poll", _read("p_")),
+            ("poll", _read("r_")),
+        ),
+    ),
+)
+
+
+def _attach(fr: LogFrames, rows: DataFrame, ops: tuple[Named, ...]) -> DataFrame:
+    """Join each row to the operations its columns name, their columns under their prefixes."""
+    for op in ops:
+        target = op.prefix + op.key
+        frame = _prefixed(getattr(fr, op.frame), op.prefix)
+        rows = rows.withColumnRenamed(op.column, target).join(frame, [*K, target], op.how)
+    return rows
+
+
+def describe(fr: LogFrames, c: DataFrame, ex: Example) -> DataFrame:
+    """The first examples of ``ex.anomaly`` as the table says to make them."""
+    F = _F()
+    if ex.kind is not None:
+        c = c.filter(F.col("s1") == ex.kind)
+    rows = _first(c, ex.anomaly)
+    if ex.narrow is not None:
+        rows = ex.narrow(fr, rows)
+    j = _attach(fr, rows, ex.ops)
+    return _row(j, ex.anomaly, F.col("t"), F.struct("key", *[make().alias(name) for name, make in ex.fields]))
 
 
 def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
@@ -789,7 +805,7 @@ def confirm_poll_skips(fr: LogFrames, c: DataFrame) -> DataFrame:
         F.max(F.when(F.col("q") == "hi", F.col("below"))).alias("below_hi"),
     )
     skipped = cand.join(per, [*K, "cid"]).filter(F.col("below_hi") > F.col("below_lb"))
-    j = _polls(fr, skipped)
+    j = _attach(fr, skipped, POLL_OPS)
     return _row(
         j,
         "poll-skip",
@@ -835,16 +851,9 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
         values = [name for name in VALUE_ANOMALIES if name in present]
         if values:
             jobs.append(describe_values(fr, cand, values))
-        if "lost-write" in present:
-            jobs.append(describe_lost_by_reach(fr, cand))
-        for name, fn in (
-            ("inconsistent-offsets", describe_inconsistent),
-            ("stale-read", describe_stale),
-            ("nonmonotonic-send", describe_nonmonotonic_sends),
-            ("nonmonotonic-poll", describe_nonmonotonic_polls),
-        ):
-            if name in present:
-                jobs.append(fn(fr, cand))
+        if "inconsistent-offsets" in present:
+            jobs.append(describe_inconsistent(fr, cand))
+        jobs += [describe(fr, cand, ex) for ex in EXAMPLES_BY_TABLE if ex.anomaly in present]
         # these are confirmed here, so they are counted here
         for name, fn in (("realtime-order", confirm_realtime), ("poll-skip?", confirm_poll_skips)):
             if name in present:

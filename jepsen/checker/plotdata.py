@@ -8,12 +8,18 @@ Histories without a clock (Jepsen's text logs) get no time plots.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from jepsen.checker.timeline import Timeline
+from typing import Any, Protocol
 
 BINS = 200
+
+
+class Collected(Protocol):
+    """What ``plot_data`` reads of a history's collected timeline (``timeline.Timeline``, which
+    sizes its samples and bins by this module's rules, so this module does not import it)."""
+
+    sample: dict[int, list[Any]]
+    throughput: dict[int, list[Any]]
+    nemesis: dict[int, list[Any]]
 
 
 def bin_width(ov: dict[str, Any]) -> int:
@@ -32,7 +38,7 @@ def plot_srcs(overview: dict[int, dict[str, Any]]) -> list[int]:
 
 
 def plot_data(
-    tl: Timeline, overview: dict[int, dict[str, Any]], workloads: dict[int, str], max_points: int
+    tl: Collected, overview: dict[int, dict[str, Any]], workloads: dict[int, str], max_points: int
 ) -> dict[int, dict[str, Any]]:
     """{src: {"ops": [...], "throughput": [...], "bin-s": w, "nemesis": [...]}} for timed files."""
     out: dict[int, dict[str, Any]] = {}
