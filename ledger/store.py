@@ -48,13 +48,18 @@ commit; it stays a window of one interval, at one mark write per interval at mos
 
 Membership. The Raft core needs the latest configuration in the log at every start, and
 scanning a whole log for configuration entries would read every byte of it. So every
-configuration entry is recorded in the ``members`` file (``save_config``: written and fsynced
-atomically *before* the entry itself is appended), and the configuration in effect at the
-base travels in the base file, written atomically with the base it belongs to (reset,
-retention). On open, a record counts only if the recovered log still holds an entry of the
-record's term at its index (log matching makes that the very entry); a record whose entry a
-crash lost, a truncation replaced or a reset dropped is ignored, so the file never needs
-rewriting on those paths. Configuration changes are rare, so the file stays a few records.
+configuration entry is recorded in the ``members`` file (``save_config``), and the
+configuration in effect at the base travels in the base file, written atomically with the
+base it belongs to (reset, retention). A record is written by the next sync job, before its
+fsyncs, so it is durable no later than the entry it describes (a power loss keeps both or
+neither) and the event loop never waits for it. A process crash keeps what was written
+without fsync, entries included, before their record: the last segment is scanned entry by
+entry on every open anyway, and its configuration entries are taken from that scan; an
+earlier segment is never sealed while a record of an entry in it is still unwritten (the
+roll writes it). On open, a record counts only if the recovered log still holds an entry
+of the record's term at its index (log matching makes that the very entry); a record whose
+entry a crash lost, a truncation replaced or a reset dropped is ignored, so the file never
+needs rewriting on those paths. Configuration changes are rare: the file holds a few records.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ from itertools import islice
 
 import xxhash
 
-from .codec import MAGIC, Entry, encode_entries, scan_entries
+from .codec import KIND_CONFIG, MAGIC, Entry, encode_entries, scan_entries
 from .invariants import InvariantError
 
 __all__ = ["CorruptLogError", "LogStore", "SyncJob", "write_file_atomically"]
@@ -233,7 +238,7 @@ class SyncJob:
     ``complete_sync``), so the loop thread can keep appending while it runs.
     """
 
-    __slots__ = ("target", "_fds", "_segments", "done", "error", "mark", "mark_error")
+    __slots__ = ("target", "_fds", "_segments", "done", "error", "mark", "mark_error", "members")
 
     def __init__(self, target: int, fds: list[int], segments: list[_Segment]) -> None:
         self.target = target
@@ -243,14 +248,19 @@ class SyncJob:
         self.error: OSError | None = None
         self.mark: tuple[str, bytes] | None = None  # a durable mark to write once the data is flushed
         self.mark_error: OSError | None = None
+        self.members: tuple[str, bytes] | None = None  # configuration records, written before the data
 
     def run(self) -> None:
         """Flush the captured files; the last fd, when a segment was created or removed, is the directory.
 
         A mark that cannot be written (a full disk) does not fail the job: the data is durable,
-        and a mark only helps find a lost tail later; ``complete_sync`` owes it again.
+        and a mark only helps find a lost tail later; ``complete_sync`` owes it again. The
+        configuration records are different: their entries may not be acknowledged without
+        them, so failing to write them fails the job as a failed fsync does.
         """
         try:
+            if self.members is not None:
+                write_file_atomically(*self.members)
             for fd in self._fds:
                 _datasync(fd)
         except OSError as exc:
@@ -316,6 +326,8 @@ class LogStore:
         self._members_path = os.path.join(self.directory, MEMBERS_NAME)
         self._base_config: ConfigRecord | None = None
         self._configs: list[ConfigRecord] = []  # configuration entries above the base, in log order
+        self._configs_dirty = False  # records not yet written: the next sync job (or roll) writes them
+        self._scanned_configs: list[ConfigRecord] = []  # found by recovery's scan of the last segment
         self._base_index, self._base_term, self._base_pos = self._load_base()
         self._clear_memory()
         try:
@@ -482,6 +494,8 @@ class LogStore:
 
     def _roll(self, start: int, first_index: int) -> _Segment:
         """Start a new segment at ``start``; the old one still gets fsynced (index included) by the next job."""
+        if self._configs_dirty:
+            self._flush_configs()  # recovery scans only the last segment: seal none with an entry unrecorded
         old = self._active
         if old is not None:
             self._mark_dirty(old)
@@ -532,6 +546,9 @@ class LogStore:
             self._dir_dirty = False
         self._dirty = []
         job = SyncJob(self.last_index, fds, segs)
+        if self._configs_dirty:
+            self._configs_dirty = False
+            job.members = (self._members_path, self._configs_bytes())
         if self.mark_interval_s is not None and self.last_index > self._base_index:
             now = time.monotonic()
             if now - self._mark_at >= self.mark_interval_s:  # once per interval, not per entry
@@ -799,7 +816,7 @@ class LogStore:
         self.durable_index = base_index
         if self._configs:
             self._configs = []
-            self._write_configs()
+            self._configs_dirty = True  # stale records are harmless (ignored on load): no hurry
 
     def apply_retention(self, upto_index: int, now: float | None = None) -> int:
         """Delete old segments wholly below ``upto_index`` while over the size or age limit.
@@ -932,6 +949,11 @@ class LogStore:
 
     def close(self) -> None:
         """Close every fd; unsynced appends stay in the page cache (call ``sync`` first to keep them)."""
+        if self._configs_dirty and self._failed is None and self._dir_fd is not None:
+            try:
+                self._flush_configs()
+            except OSError as exc:  # recovery's scan of the last segment finds them anyway
+                log.warning("could not write the membership records at close: %s", exc)
         for seg in list(self._open.values()) + self._zombies:
             self._close_fds(seg)
         self._zombies = []
@@ -991,16 +1013,17 @@ class LogStore:
     # ------------------------------------------------------------------ membership configurations
 
     def save_config(self, index: int, term: int, data: bytes) -> None:
-        """Durably record the configuration entry (index, term) before it is appended.
+        """Record the configuration entry (index, term), about to be appended.
 
-        Called by the Raft core right before the ``append`` that writes the entry; if the
-        append never happens or a crash loses it, the record no longer matches the log and is
-        ignored on the next open.
+        Called by the Raft core right before the ``append`` that writes the entry. The next
+        sync job writes the record before it flushes the entry (see the module docstring); if
+        the append never happens or a crash loses it, the record no longer matches the log and
+        is ignored on the next open.
         """
         self._check_writable()
         self._drop_configs_from(index)
         self._configs.append((index, term, bytes(data)))
-        self._write_configs()
+        self._configs_dirty = True
 
     def config_records(self) -> list[ConfigRecord]:
         """The configuration at the base (when known), then every configuration entry in the log."""
@@ -1013,13 +1036,22 @@ class LogStore:
         while configs and configs[-1][0] >= index:
             configs.pop()
 
-    def _write_configs(self) -> None:
+    def _configs_bytes(self) -> bytes:
         parts = [_MEMBERS_HEAD.pack(_MEMBERS_MAGIC, len(self._configs))]
         for index, term, data in self._configs:
             parts.append(_MEMBER_REC.pack(index, term, len(data)))
             parts.append(data)
         body = b"".join(parts)
-        write_file_atomically(self._members_path, body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little"))
+        return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+    def _flush_configs(self) -> None:
+        """Write the records now, on the calling thread (a roll; a reset; closing)."""
+        try:
+            write_file_atomically(self._members_path, self._configs_bytes())
+        except BaseException as exc:
+            self._failed = exc  # an entry may be durable without its record: only a restart is safe
+            raise
+        self._configs_dirty = False
 
     def _load_configs(self) -> None:
         """Read the members file and keep the records whose entries the recovered log still holds."""
@@ -1028,6 +1060,7 @@ class LogStore:
             with open(path, "rb") as f:
                 raw = f.read(MAX_MEMBERS_FILE_BYTES + 1)
         except FileNotFoundError:
+            self._adopt_configs([])
             return
         if (
             len(raw) < _MEMBERS_HEAD.size + 8
@@ -1053,12 +1086,17 @@ class LogStore:
             off += size
         if off != end:
             raise CorruptLogError(path, off, "members file has bytes after its last record")
+        self._adopt_configs(records)
+
+    def _adopt_configs(self, records: list[ConfigRecord]) -> None:
+        """Keep the records (and those recovery's scan found) that the recovered log still holds."""
         kept: dict[int, ConfigRecord] = {}
-        for rec in records:
+        for rec in [*records, *self._scanned_configs]:
             index, term = rec[0], rec[1]
             if self._base_index < index <= self.last_index and self.term_at(index) == term:
                 kept[index] = rec  # a later record of one index wins (they agree: same term)
         self._configs = [kept[i] for i in sorted(kept)]
+        self._scanned_configs = []
 
     # ------------------------------------------------------------------ recovery
 
@@ -1212,6 +1250,7 @@ class LogStore:
         buf = _pread_all(fd, os.fstat(fd).st_size, 0)
         got, end, err = scan_entries(buf, verify=True, copy=False)
         terms, positions = self._check_run(seg, got)
+        self._scanned_configs = [(e.index, e.term, bytes(e.data)) for e in got if e.kind == KIND_CONFIG]
         del got
         if err is not None:
             if _valid_entry_after(buf, end, seg.start):

@@ -1028,3 +1028,47 @@ def test_a_damaged_base_with_a_configuration_is_a_clear_error(tmp_path: Path) ->
     with pytest.raises(CorruptLogError) as info:
         open_store(tmp_path)
     assert info.value.path == str(tmp_path / "base")
+
+
+def test_records_are_written_by_the_sync_job_not_on_the_event_loop(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 5)
+    a = _config(s, 1, "A")
+    path = tmp_path / store_mod.MEMBERS_NAME
+    assert not path.exists()  # nothing written on the caller's thread
+    job = s.prepare_sync()
+    assert job.members is not None
+    job.run()  # the records first, then the data
+    s.complete_sync(job)
+    assert path.exists() and s.durable_index == a.index
+    s.close()
+    assert open_store(tmp_path).config_records() == [(a.index, 1, b"A")]
+
+
+def test_a_process_crash_before_the_record_was_written_still_finds_the_entry(tmp_path: Path) -> None:
+    """A killed process leaves its writes in the page cache: the entry is there, its record is
+    not. The last segment is scanned on every open, so the entry's configuration is found."""
+    s = open_store(tmp_path)
+    fill(s, 5)
+    a = _config(s, 1, "A")  # appended, never synced, never closed: the process dies here
+    assert not (tmp_path / store_mod.MEMBERS_NAME).exists()
+    r = open_store(tmp_path)
+    assert r.last_index == a.index and r.config_records() == [(a.index, 1, b"A")]
+    r.close()
+    del s
+
+
+def test_a_segment_is_never_sealed_with_an_unwritten_record(tmp_path: Path) -> None:
+    s = open_store(tmp_path)
+    fill(s, 5)
+    a = _config(s, 1, "A")
+    path = tmp_path / store_mod.MEMBERS_NAME
+    assert not path.exists()
+    before = len(seg_files(tmp_path))
+    while len(seg_files(tmp_path)) == before:  # no sync: only the roll can have written it
+        s.append([make(s.last_index + 1, 1)])
+    assert path.exists()
+    r = open_store(tmp_path)
+    assert r.config_records() == [(a.index, 1, b"A")]
+    r.close()
+    del s
