@@ -637,25 +637,63 @@ async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Lim
 # --- the whole run --------------------------------------------------------------------------------
 
 
-async def run_probes(targets: list[Target], limits: Limits) -> list[Row]:
-    """Every probe that applies to ``targets``; the group is checked to serve after each one."""
+def _brokers(targets: list[Target]) -> list[Target]:
+    """The brokers' main listeners among ``targets`` (the fast port takes no sends or heartbeats)."""
+    return [t for t in targets if t.kind == BROKER and not t.label.endswith("fast")]
+
+
+async def _every_malformed(targets: list[Target], limits: Limits) -> list[Row]:
     rows: list[Row] = []
     for t in targets:
         rows += await probe_malformed(t, limits)
-    rows += list(await asyncio.gather(*(probe_slowloris(t, limits) for t in targets)))
-    for t in targets:
-        rows.append(await probe_flood(t, limits))
+    return rows
+
+
+async def _every_slowloris(targets: list[Target], limits: Limits) -> list[Row]:
+    return list(await asyncio.gather(*(probe_slowloris(t, limits) for t in targets)))
+
+
+async def _every_flood(targets: list[Target], limits: Limits) -> list[Row]:
+    return [await probe_flood(t, limits) for t in targets]
+
+
+async def _every_peer_hello(targets: list[Target], limits: Limits) -> list[Row]:
+    rows: list[Row] = []
     for t in targets:
         if t.kind == LEDGER:
             rows += await probe_peer_hello(t, limits)
-    brokers = [t for t in targets if t.kind == BROKER and not t.label.endswith("fast")]
-    namesrvs = [t for t in targets if t.kind == NAMESRV]
-    if brokers and namesrvs and limits.topic:  # before the heartbeat probe fills the client table
-        rows.append(await probe_dedup(brokers, namesrvs, limits))
-    else:
-        rows.append(Row("dedup-growth", "-", "needs --broker, --namesrv and --topic", "skipped", None))
-    for t in brokers:
-        rows.append(await probe_heartbeats(t, limits))
+    return rows
+
+
+async def _dedup(targets: list[Target], limits: Limits) -> list[Row]:
+    brokers, namesrvs = _brokers(targets), [t for t in targets if t.kind == NAMESRV]
+    if brokers and namesrvs and limits.topic:
+        return [await probe_dedup(brokers, namesrvs, limits)]
+    return [Row("dedup-growth", "-", "needs --broker, --namesrv and --topic", "skipped", None)]
+
+
+async def _every_heartbeats(targets: list[Target], limits: Limits) -> list[Row]:
+    return [await probe_heartbeats(t, limits) for t in _brokers(targets)]
+
+
+#: every probe, in the order they run: each takes all targets (and picks those it applies to)
+#: and returns its rows. A new probe is one function and one line here. The de-dup probe
+#: runs before the heartbeat probe fills the broker's client table.
+PROBES: tuple[tuple[str, Callable[[list[Target], Limits], Awaitable[list[Row]]]], ...] = (
+    ("malformed", _every_malformed),
+    ("slowloris", _every_slowloris),
+    ("flood", _every_flood),
+    ("peer-hello", _every_peer_hello),
+    ("dedup-growth", _dedup),
+    ("heartbeat-growth", _every_heartbeats),
+)
+
+
+async def run_probes(targets: list[Target], limits: Limits) -> list[Row]:
+    """Every probe that applies to ``targets``; the group is checked to serve after each one."""
+    rows: list[Row] = []
+    for _name, run in PROBES:
+        rows += await run(targets, limits)
     return rows
 
 
@@ -838,4 +876,4 @@ def probe(
     sys.exit(1 if failed else 0)
 
 
-__all__ = ["Limits", "Row", "Target", "probe", "run_probes"]
+__all__ = ["PROBES", "Limits", "Row", "Target", "probe", "run_probes"]
