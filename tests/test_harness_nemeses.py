@@ -4,7 +4,7 @@ proxies, a corrupt tail and lost data on a stopped broker or follower, and a for
 Each test asserts that the fault really happened (the proxy delayed or dropped, the file
 was damaged, the attempt was refused), that it is recorded as nemesis events with values,
 and what the checker said. ``lose-data`` variants other than the default are known to
-find bugs until storage healing (issue 17 item 1) lands: their test records the verdict
+find bugs until storage healing lands: their test records the verdict
 and asserts only what the history shows.
 """
 
@@ -168,7 +168,7 @@ def test_lose_data_default_is_recorded_and_valid(tmp_path):
     kills = [e["value"] for e in nem if e["f"] == "kill"]
     assert kills[0]["fault"] == "lose-data" and kills[0]["nodes"][0] != kills[0]["leader"]
     # whether the node got its entries back is recorded (before the leader learned to lower a
-    # follower's match index, issue 17, it sat at commit 0 and the history said so)
+    # follower's match index, it sat at commit 0 and the history said so)
     restarts = [e["value"] for e in nem[1::2] if e["f"] == "restart" and e["value"]["fault"] == "lose-data"]
     assert restarts and all(isinstance(v["caught-up"], bool) for v in restarts), restarts
     for v in restarts:
@@ -181,8 +181,8 @@ def test_lose_data_default_is_recorded_and_valid(tmp_path):
 
 
 def test_lose_data_variants_that_find_bugs_are_recorded(tmp_path):
-    """Wipe, empty and hard-state loss, which can find bugs until storage healing (issue 17
-    item 1) is complete: the history must say what happened to the node, whatever the verdict."""
+    """Wipe, empty and hard-state loss, which can find bugs until storage healing is
+    complete: the history must say what happened to the node, whatever the verdict."""
     faults = ("lose-data-wipe", "lose-data-empty", "lose-data-hardstate")
     result = _run(tmp_path, workload="log", nemesis=faults, time=16)  # room for all three
     nem = _nemesis_events(result)

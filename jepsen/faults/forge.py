@@ -4,7 +4,7 @@ admin operations without credentials.
 Each attempt is one real connection to a node's real address (not through the link
 proxies) and ends in an outcome: ``refused`` (the node hung up, or answered with a
 refusal) or ``accepted`` (the node kept talking to us, or did what we asked). The
-attempts mirror the issue-15 probes (``tests/test_ledger_security.py`` tests the same
+attempts mirror the hostile-peer probes (``tests/test_ledger_security.py`` tests the same
 ground in detail; the harness does not import tests, so the few pieces it needs live
 here):
 
@@ -45,7 +45,7 @@ def frame(body: bytes) -> bytes:
 
 
 def forged_append(term: int, target: str, src: str, last_index: int, last_term: int) -> bytes:
-    """The probe from issue 15: term + 100, one foreign entry, commit = last + 1."""
+    """A forged append a hostile peer sends: term + 100, one foreign entry, commit = last + 1."""
     t = term + 100
     e = Entry(last_index + 1, t, b"FORGED", pos=0)
     return encode_message(AppendRequest(t, src, target, last_index, last_term, last_index + 1, [e]))

@@ -1,4 +1,4 @@
-"""``jepsen probe``: replay issue 15's hostile-input probes against a running group and tabulate outcomes.
+"""``jepsen probe``: replay hostile-input probes against a running group and tabulate outcomes.
 
 Every probe is one attack on one listener over a real socket, followed by a normal request
 to the same listener; it passes only when the listener reacted as expected (closed the

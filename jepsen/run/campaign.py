@@ -13,7 +13,7 @@ verdict, anomalies, recovery p50/max over all its faults) linking to the run's r
 The pool of nemeses holds only faults that today's system is expected to survive with a
 valid history and a group that recovers (``CAMPAIGN_NEMESES``): ``lose-data`` in its
 default form (a truncated segment, which the leader now repairs), not the wipe, empty-log
-and hard-state variants, which find bugs until storage healing (issue 17 item 1) is
+and hard-state variants, which find bugs until storage healing is
 complete; ``disk-full`` is left out because it needs root and its setup restarts every
 node.
 """
@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jepsen.run.check import VERDICTS
-from jepsen.run.config import RunConfig, RunResult
+from jepsen.run.config import VERDICTS, RunConfig, RunResult
 from jepsen.run.runner import run as run_test
 from jepsen.workloads.registry import WORKLOADS
 

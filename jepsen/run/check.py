@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jepsen.checker.spark import SessionWarmUp
 
-VERDICTS = {True: 0, False: 1, "unknown": 2}
-
 
 def warm_up_checker(history: Path, engine: str = "auto") -> SessionWarmUp | None:
     """Start the checker's Spark session on a thread when ``history`` will be judged on Spark.

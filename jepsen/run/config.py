@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jepsen.run.check import VERDICTS
-
 DEFAULT_NEMESIS = ("kill-leader", "partition-leader")
+#: the checker's verdict -> a run's exit status (3, any other: not checked)
+VERDICTS = {True: 0, False: 1, "unknown": 2}
 #: the system a run tests unless told otherwise (a workload it does not run picks its own)
 DEFAULT_SYSTEM = "ledger"
 

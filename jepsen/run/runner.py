@@ -24,7 +24,7 @@ import math
 import random
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -377,7 +377,7 @@ async def drive(
     }
 
 
-async def _closing_clients(backend: Backend, driving: Any) -> dict[str, Any]:
+async def _closing_clients(backend: Backend, driving: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
     """Run ``driving``, then close the backend's own clients inside this loop, whatever happened."""
     try:
         return await driving

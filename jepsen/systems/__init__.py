@@ -4,5 +4,6 @@
 loads and breaks, and the process handling of local nodes); ``clients`` the adapter
 interface the workloads call. One module per system: ``ledger``, ``broker`` (with its
 docker-compose backend in ``docker``), ``rocketmq`` (a cluster someone else runs),
-``rocketmq_rust`` and ``syncobj``. ``registry`` names them.
+``rocketmq_rust`` and ``syncobj`` (with its node program, ``syncobj_node``). ``registry``
+names them; ``broken`` holds the deliberately broken adapters of the harness's self-test.
 """

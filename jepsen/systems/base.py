@@ -590,7 +590,7 @@ class ProcessBackend(Backend):
         length; ``empty-log``: every segment emptied; ``wipe``: the whole ledger directory
         goes; ``hardstate``: the term/vote file deleted. A leader repairs a follower that
         reports a shorter log; a node that also forgot its vote (``wipe``, ``hardstate``)
-        may vote twice in a term, which only storage healing (issue 17 item 1) prevents.
+        may vote twice in a term, which only storage healing prevents.
         """
         d = self._stopped_ledger(nid)
         info: dict[str, Any] = {"node": nid, "how": how}

@@ -126,7 +126,7 @@ class LocalBrokerBackend(_BrokerProcessBackend):
         self.queues = queues
         settings = {"register_interval_s": 10, **(settings or {})}
         if "cluster_secret" not in settings and "cluster_secret_file" not in settings:
-            # the brokers' ledger peers authenticate each other, as in production (issue 15)
+            # the brokers' ledger peers authenticate each other, as in production
             settings["cluster_secret_file"] = str(write_cluster_secret(Path(base_dir)))
         self.group = _ProxiedBrokerGroup(Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings=settings)
         super().__init__(base_dir, self.group)

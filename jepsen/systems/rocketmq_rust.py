@@ -32,7 +32,7 @@ backend here), brokers to the nameserver (registration), and a slave's metadata 
 There is no ``corrupt-tail``, ``lose-data``, ``disk-full`` or ``forge-peer`` here: the
 harness does not know RocketMQ's store files well enough to damage them meaningfully.
 
-Clients are ``--system rocketmq``'s (``external.RocketMQBackend``): plain RocketMQ 4.x
+Clients are ``--system rocketmq``'s (``rocketmq.RocketMQBackend``): plain RocketMQ 4.x
 remoting (JSON headers, every required header field), a fresh topic created on the master,
 polls from the master. That class also reads roles from the nameserver's routes, which is
 how the harness tells the master here.
