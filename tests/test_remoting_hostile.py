@@ -344,6 +344,32 @@ def test_pipelined_large_answers_never_read_close_the_connection_not_the_memory(
     run(main())
 
 
+def test_a_peer_that_never_reads_is_closed_at_idle_timeout_not_held_by_its_output() -> None:
+    """Its reading paused, a peer that takes none of its answers delivers no frames, so
+    idle_timeout_s applies; closing it must not wait for output it will never read (a close
+    that flushes first kept the connection, and its slot, for ever)."""
+
+    async def main() -> None:
+        answer = b"a" * (256 * 1024)
+        cfg = RemotingConfig(write_buffer_high_bytes=64 * 1024, idle_timeout_s=1.0)
+        server = await serve(cfg, {RequestCode.PULL_MESSAGE: lambda c, r: r.make_response(body=answer)})
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.transport.pause_reading()
+        writer.write(b"".join(request_frame(RequestCode.PULL_MESSAGE, opaque=i) for i in range(40)))
+        await writer.drain()
+        try:
+            assert await wait_until(lambda: server.connection_count == 1, 2.0)
+            (conn,) = server.connections
+            assert await wait_until(lambda: conn.reading_paused, 2.0)
+            assert await wait_until(lambda: server.connection_count == 0, 4.0), "held by its unsent output"
+            assert server.limits.idle_closed == 1 and server.limits.output_closed == 0
+        finally:
+            writer.close()
+            await server.stop()
+
+    run(main())
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[LocalBrokerGroup]:
     g = LocalBrokerGroup(tmp_path, brokers=1, nameservers=1, topics=("BigTopic:1",))
