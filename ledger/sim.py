@@ -644,8 +644,8 @@ class Checker:
         """After healing: every acknowledged write is in every member's log, in place."""
         group = self.configs[self.last_config]
         for n in self.sim.nodes:
-            if not group.is_member(n.id):
-                continue  # removed (or never added): it may hold any prefix
+            if not group.is_member(n.id) or n.retired:
+                continue  # removed (or never added, or shut down for good): it may hold any prefix
             log = n.log
             for index, (term, payload) in self.acked.items():
                 if index < log.first_index:
@@ -1510,6 +1510,7 @@ class Simulation:
         nodes = self.nodes
         keep_down: list[int] = []
         if self.profile.membership:
+            self._retire_stray_candidates()
             keep_down = self._minority_to_keep_down()
         elif rng.random() < 0.5:
             keep_down = rng.sample(range(len(nodes)), rng.randint(1, (len(nodes) - 1) // 2))
@@ -1578,6 +1579,30 @@ class Simulation:
                 f"no progress within {self.opts.heal_ticks} ticks {when} "
                 f"(stage {state['stage']}, leaders {leaders}, nodes {status})"
             )
+
+    def _retire_stray_candidates(self) -> None:
+        """Shut down the removed nodes that run without PreVote, as an operator would.
+
+        Such a node may never have learned of its removal (it missed the entry, committed or
+        not): it then still campaigns, and without a pre-vote its every candidacy moves the term
+        of any member still on a configuration that knows it, and takes that member's vote,
+        while the members that hold its removal ignore it and stay a term behind: they can lose
+        every race for that vote. This only ever delays elections (liveness, never safety: the
+        fault phase keeps such nodes running); PreVote, on by default, makes it harmless.
+        """
+        configs = self._configs_in_play()
+        for n in self.nodes:
+            if n.retired or n.config.pre_vote:
+                continue
+            removed = any(n.id in c.removed for c in configs) or not any(c.is_member(n.id) for c in configs)
+            if not removed:
+                continue
+            left = [[v for v in c.voters if v != n.id and not self.by_id[v].retired] for c in configs]
+            if all(len(up) >= c.quorum for up, c in zip(left, configs, strict=True)):
+                self._trace(f"RETIRE {n.id} (removed, and campaigns without PreVote)")
+                self._crash(n.index)
+                n.retired = True
+                self.stats.retired += 1
 
     def _minority_to_keep_down(self) -> list[int]:
         """With membership changes: a random minority of voters that leaves a majority of every

@@ -180,3 +180,35 @@ def test_cli_refuses_bad_config_with_a_clear_message(tmp_path):
     )
     assert out.returncode != 0
     assert "bad configuration" in out.stderr and "max_inflight must be at least 1" in out.stderr
+
+
+def test_membership_requests_round_trip_and_bad_ones_get_a_reason() -> None:
+    from ledger.membership import MembershipChange
+    from ledger.wire import BAD_REQUEST, OP_MEMBER, LedgerError, decode_request, encode_member
+
+    req = decode_request(encode_member(9, "add", "n4", "127.0.0.4:7004"), 1024)
+    assert (req.op, req.req_id, req.change) == (OP_MEMBER, 9, MembershipChange("add", "n4", "127.0.0.4:7004"))
+    assert decode_request(encode_member(3, "list"), 1024).change is None
+    for op, nid, addr, words in (
+        ("demote", "n4", "", "unknown membership change"),
+        ("add", "n4", "", "needs its address"),
+        ("remove", "a=b", "", "must not contain"),
+    ):
+        with pytest.raises(LedgerError) as info:
+            decode_request(encode_member(1, op, nid, addr), 1024)
+        assert info.value.code == BAD_REQUEST and words in info.value.message
+    with pytest.raises(LedgerError, match="not JSON"):
+        decode_request(bytes([OP_MEMBER]) + (1).to_bytes(8, "little") + b"{", 1024)
+
+
+def test_a_joining_node_needs_only_its_own_address() -> None:
+    cfg = NodeConfig(id="n4", listen="127.0.0.4:7004", data_dir="/tmp/x", join=["127.0.0.1:7001"])
+    cfg.validate()
+    assert cfg.members == {"n4": "127.0.0.4:7004"}
+    wild = NodeConfig(id="n4", listen="0.0.0.0:7004", data_dir="/tmp/x", join=["127.0.0.1:7001"])
+    with pytest.raises(ConfigError, match="needs its own entry"):
+        wild.validate()
+    with pytest.raises(ConfigError, match="join"):
+        NodeConfig(id="n4", listen="127.0.0.4:7004", data_dir="/tmp/x", join=["nowhere"]).validate()
+    with pytest.raises(ConfigError, match="must include this node's id"):
+        NodeConfig(id="n4", listen="127.0.0.4:7004", data_dir="/tmp/x", peers=["n1=127.0.0.1:1"]).validate()

@@ -121,15 +121,15 @@ def test_joining_under_the_id_of_a_voter_is_refused(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- real processes
 
 
-def ledger_cli(cluster: LocalCluster, *args: str, timeout: float = 90.0) -> dict:
-    """Run ``ledger member ...`` against the cluster; its JSON answer (or the failure)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "ledger", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+def run_cli(*args: str, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ledger", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
+
+
+def ledger_cli(cluster: LocalCluster, *args: str, timeout: float = 90.0) -> dict:
+    """Run ``ledger member ...`` against the cluster; its JSON answer."""
+    out = run_cli(*args, timeout=timeout)
     assert out.returncode == 0, f"ledger {' '.join(args)} failed: {out.stderr.strip()}"
     return json.loads(out.stdout)
 
@@ -175,6 +175,10 @@ def test_a_node_whose_disk_died_is_replaced_under_load_losing_nothing(tmp_path: 
             members = await asyncio.to_thread(ledger_cli, cluster, "member", "list", "--nodes", nodes)
             assert set(members["voters"]) == set(cluster.ids) - {victim}, members
             assert all(p["active"] for p in members["progress"].values() if not p["leaving"]), members
+            bad = await asyncio.to_thread(run_cli, "member", "remove", "--nodes", nodes, "nobody")
+            assert bad.returncode == 1 and "'nobody' is not a member of the group" in bad.stderr, bad.stderr
+            bad = await asyncio.to_thread(run_cli, "member", "add", "--nodes", nodes, "n9")
+            assert bad.returncode != 0 and "expected ID=HOST:PORT" in bad.stderr, bad.stderr
             acked_at_change = len(load.acks)
             await asyncio.sleep(1.0)
             assert len(load.acks) > acked_at_change, "appends stopped after the replacement"
