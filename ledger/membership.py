@@ -52,7 +52,10 @@ Disruption. A removed node cannot disturb the group: members that hold its remov
 its vote requests (they never answer, so its term never reaches them). A configuration
 names the ids removed from the group (``removed``, the latest ``MAX_REMOVED`` of them, an id
 added back leaves the list), so this holds however far the log was trimmed since. Once a
-removed node holds its removal itself it no longer campaigns once the removal is committed. The leader keeps
+removed node holds its removal itself it no longer campaigns once the removal is committed.
+(A removed node that never received its removal still campaigns on its old configuration;
+with PreVote, the default, that moves no term. Without it, it can take the vote of members
+still on that configuration in term after term and delay elections: shut removed nodes down.) The leader keeps
 sending to a removed node until it holds its removal, so it learns it is out instead of
 campaigning against a group that ignores it. A node that holds its own removal while it
 is not yet committed still stands for election, pre-vote first (it may hold the longest
