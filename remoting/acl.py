@@ -35,7 +35,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import logging
 import tomllib
 from collections.abc import Callable, Mapping
@@ -46,7 +45,9 @@ from typing import Any, Final
 
 from common.settings import ConfigError
 from remoting.codes import POP_REQUEST_NAMES, RequestCode, ResponseCode, request_code_name
+from remoting.exceptions import RemotingCommandError
 from remoting.headers import send_topic
+from remoting.jsonbody import loads_bounded
 from remoting.protocol import HeaderValue, RemotingCommand
 
 log = logging.getLogger("remoting.acl")
@@ -554,8 +555,8 @@ class AccessValidator:
                 needs.append((True, group, rule.group_perm))
         if rule.body is not None:
             try:
-                doc = json.loads(bytes(request.body) or b"{}")
-            except (ValueError, RecursionError):
+                doc = loads_bounded(bytes(request.body) or b"{}", request_code_name(request.code))
+            except RemotingCommandError:
                 return None  # the processor answers a malformed body
             needs += rule.body(doc if isinstance(doc, dict) else {})
         for is_group, name, perm in needs:

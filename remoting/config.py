@@ -77,6 +77,11 @@ class RemotingConfig:
     max_inflight_request_bytes: int = 64 * 1024 * 1024
     """The same, by the bodies of the requests in flight: a peer pipelining large sends has at
     most this much (plus one request) held by the server at a time."""
+    max_dispatch_per_turn: int = 256
+    """A server dispatches at most this many requests of one connection per event-loop turn;
+    the rest of a read waits (reading paused) for the next turn. One read can hold a thousand
+    pipelined requests, and handling them all at once held the loop for 100+ ms (a burst of
+    topic creations), delaying every other peer, the ledger's heartbeats among them."""
     max_output_bytes: int = 0
     """A connection whose queued output (written but not yet taken by the peer) passes this is
     closed: its peer does not read, and the answers to requests it sent before its reading was
@@ -107,6 +112,8 @@ class RemotingConfig:
             raise ValueError(f"connect_timeout_s must be positive, got {self.connect_timeout_s}")
         if self.reply_flush_bytes < 0:
             raise ValueError(f"reply_flush_bytes must be 0 (off) or positive, got {self.reply_flush_bytes}")
+        if self.max_dispatch_per_turn < 1:
+            raise ValueError(f"max_dispatch_per_turn must be at least 1, got {self.max_dispatch_per_turn}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.handshake_timeout_s <= 0:

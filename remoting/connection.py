@@ -200,6 +200,7 @@ class RemotingConnection(asyncio.Protocol):
         "inflight_requests",
         "inflight_request_bytes",
         "_backlog",
+        "_dispatch_budget",
         "reading_paused",
         "_release_scheduled",
         "_closed",
@@ -252,6 +253,7 @@ class RemotingConnection(asyncio.Protocol):
         serving = side == "server"
         self._max_inflight = config.max_inflight_requests if serving else sys.maxsize
         self._max_inflight_bytes = config.max_inflight_request_bytes if serving else sys.maxsize
+        self._dispatch_budget = config.max_dispatch_per_turn if serving else sys.maxsize
         self.inflight_requests = 0  # dispatched, not yet answered: remoting.dispatcher counts them
         self.inflight_request_bytes = 0  # ... and their bodies
         self._backlog: deque[RemotingCommand] | None = None  # set while reading is paused
@@ -303,6 +305,7 @@ class RemotingConnection(asyncio.Protocol):
         stats = self.stats
         stats.frames_in += len(events)
         pending = self._pending
+        budget = self._dispatch_budget  # requests dispatched in this loop turn, at most
         for ev in events:
             if type(ev) is RemotingCommand:
                 if ev.flags & FLAG_RESPONSE:
@@ -319,11 +322,15 @@ class RemotingConnection(asyncio.Protocol):
                     self._backlog.append(ev)  # reading is paused; this waits its turn
                 elif self.dispatcher is not None:
                     self.dispatcher.dispatch(self, ev)
+                    budget -= 1
                     if (
                         self.inflight_requests >= self._max_inflight
                         or self.inflight_request_bytes >= self._max_inflight_bytes
                     ):
                         self._hold()
+                    elif budget <= 0:  # the rest of this read waits for the next turn
+                        self._hold()
+                        self.release_soon()
                 else:
                     if not ev.flags & FLAG_ONEWAY:
                         self.send(not_supported(ev))
@@ -406,10 +413,15 @@ class RemotingConnection(asyncio.Protocol):
         if backlog is None or self.closing or self.dispatcher is None:
             return
         dispatch = self.dispatcher.dispatch
+        budget = self._dispatch_budget
         while backlog:
             if not self._can_take():
                 return
+            if budget <= 0:  # other callbacks (timers, the ledger, other peers) run first
+                self.release_soon()
+                return
             dispatch(self, backlog.popleft())
+            budget -= 1
             if self.closing:
                 return
         if not self._can_take():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from remoting.exceptions import RemotingCommandError
+from remoting.jsonbody import loads_bounded
 
 MAX_NESTING = 16
 """Deepest object/array nesting the parser follows (these bodies need 4)."""
@@ -217,8 +218,8 @@ def _queue_key(key: Any, where: str) -> QueueKey:
     if isinstance(key, str) and key.lstrip().startswith("{"):
         # RocketMQ-Rust (serde) writes the MessageQueue key as a string holding its JSON object
         try:
-            key = json.loads(key)
-        except ValueError:
+            key = loads_bounded(key, where)
+        except RemotingCommandError:
             pass  # refused below, naming the key
     if not isinstance(key, dict):
         raise RemotingCommandError(f"{where}: a key must be a MessageQueue object, got {key!r}")

@@ -277,6 +277,41 @@ def test_requests_beyond_max_inflight_wait_unread_and_are_served_in_order() -> N
     run(main())
 
 
+def test_one_read_of_many_requests_is_dispatched_a_turn_at_a_time() -> None:
+    """A thousand pipelined requests in one read are handled at most max_dispatch_per_turn per
+    event-loop turn, so other callbacks (another peer, a timer, the ledger) run in between."""
+
+    async def main() -> None:
+        per_turn: list[int] = [0]
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def tick() -> None:  # a callback that marks each turn the loop takes
+            per_turn.append(0)
+            if not stop.is_set():
+                loop.call_soon(tick)
+
+        def count(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            per_turn[-1] += 1
+            return req.make_response()
+
+        server = await serve(RemotingConfig(max_dispatch_per_turn=100), {HB: count})
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        loop.call_soon(tick)
+        writer.write(b"".join(request_frame(opaque=i) for i in range(1000)))
+        await writer.drain()
+        try:
+            frames = await read_frames(reader, 1000, timeout=10.0)
+            assert [f.opaque for f in frames] == list(range(1000))  # all answered, in order
+            assert sum(per_turn) == 1000 and max(per_turn) <= 100, max(per_turn)
+        finally:
+            stop.set()
+            writer.close()
+            await server.stop()
+
+    run(main())
+
+
 def test_requests_in_flight_are_bounded_by_their_bodies_too() -> None:
     async def main() -> None:
         held: list[tuple[RemotingCommand, Deferred]] = []
