@@ -71,6 +71,12 @@ class BrokerConfig:
     handshake_timeout_s: float = 10.0  # a connection must deliver one complete frame within this long
     idle_timeout_s: float = 120.0  # a connection without a complete frame this long is closed (0: off)
     max_buffered_frame_bytes: int = 256 << 20  # unfinished frames held per listener, all connections
+    frame_timeout_s: float = 30.0  # a frame once begun must complete within this (plus its bytes' worth)
+    frame_min_bytes_per_s: int = 64 << 10  # ... at this rate: a slower peer is cut
+    max_inflight_requests: int = 1024  # per connection: reading pauses while this many await answers
+    max_inflight_request_bytes: int = 64 << 20  # ... or this many bytes of their bodies
+    max_output_bytes: int = 0  # per connection: queued answers past this close it (0: automatic)
+    max_dispatch_per_turn: int = 256  # requests of one connection handled per event-loop turn
     reply_flush_bytes: int = 32 << 10  # replies are written once this many wait (0: at turn end)
     max_heartbeat_clients: int = 20_000  # (group, client) entries from heartbeats; over it SYSTEM_BUSY
     max_heartbeat_table_bytes: int = 64 << 20  # ... and the bytes their subscriptions take together
@@ -241,6 +247,12 @@ class BrokerConfig:
             handshake_timeout_s=self.handshake_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+            frame_timeout_s=self.frame_timeout_s,
+            frame_min_bytes_per_s=self.frame_min_bytes_per_s,
+            max_inflight_requests=self.max_inflight_requests,
+            max_inflight_request_bytes=self.max_inflight_request_bytes,
+            max_output_bytes=self.max_output_bytes,
+            max_dispatch_per_turn=self.max_dispatch_per_turn,
             reply_flush_bytes=self.reply_flush_bytes,
             tls_mode=self.tls_server_mode,
             server_ssl=self.server_ssl,

@@ -55,6 +55,17 @@ class NamesrvConfig:
     """A connection silent (no complete frame) this long is closed; 0 turns it off."""
     max_buffered_frame_bytes: int = 256 * 1024 * 1024
     """Unfinished frames held over all connections at most; the connection passing it is closed."""
+    frame_timeout_s: float = 30.0
+    """A frame once begun must complete within this, plus what its bytes are worth at
+    ``frame_min_bytes_per_s`` (a trickling peer is cut)."""
+    frame_min_bytes_per_s: int = 64 * 1024
+    max_inflight_requests: int = 1024
+    """Per connection: reading pauses while this many requests await their answers."""
+    max_inflight_request_bytes: int = 64 * 1024 * 1024
+    max_output_bytes: int = 0
+    """Per connection: queued answers past this close it (0: automatic, see remoting.config)."""
+    max_dispatch_per_turn: int = 256
+    """Requests of one connection handled per event-loop turn; the rest wait for the next."""
     acl_enable: bool = False
     """Admin operations (KV put/delete, topic delete, broker write permission) and broker
     registration then need a request signed by an admin account of ``acl_file``."""
@@ -142,6 +153,12 @@ class NamesrvConfig:
             handshake_timeout_s=self.handshake_timeout_s,
             idle_timeout_s=self.idle_timeout_s,
             max_buffered_frame_bytes=self.max_buffered_frame_bytes,
+            frame_timeout_s=self.frame_timeout_s,
+            frame_min_bytes_per_s=self.frame_min_bytes_per_s,
+            max_inflight_requests=self.max_inflight_requests,
+            max_inflight_request_bytes=self.max_inflight_request_bytes,
+            max_output_bytes=self.max_output_bytes,
+            max_dispatch_per_turn=self.max_dispatch_per_turn,
             tls_mode=self.tls_server_mode,
             server_ssl=self.server_ssl,
         )
