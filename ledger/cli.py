@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -277,15 +278,24 @@ def local_cluster(n: int, base_dir: str) -> None:
     """Run an N-node group of local processes on 127.0.0.x until Ctrl-C."""
     from .localcluster import LocalCluster
 
+    # SIGTERM and SIGINT stop the group (by PID) and the command: a handler notes the signal
+    # (sigwait without the signals blocked let SIGTERM kill this process and orphan the nodes)
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     cluster = LocalCluster(Path(base_dir), n)
-    cluster.start()
     try:
+        cluster.start()
         leader = run_main(cluster.wait_for_leader())
         click.echo(f"group up: nodes {','.join(cluster.addresses)}; leader {leader}; data in {base_dir}")
         click.echo(f"peers authenticate with the secret in {cluster.settings['cluster_secret_file']}")
         click.echo(f"try: ledger append --nodes {','.join(cluster.addresses)} hello")
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        while not stop.wait(1.0):
+            pass
     except KeyboardInterrupt:
         pass
     finally:
         cluster.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -132,3 +132,72 @@ def test_leadership_transfer(tmp_path):
         asyncio.run(scenario())
     finally:
         cluster.stop()
+
+
+def _children(pid: int) -> set[int]:
+    """PIDs of the processes whose parent is ``pid`` (from /proc)."""
+    import os
+
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry))
+    return out
+
+
+def _exists(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigterm_to_local_cluster_stops_its_nodes(tmp_path):
+    """``ledger local-cluster`` stops every node it started on SIGTERM, as on Ctrl-C (it once
+    died of the signal itself and left its three nodes running)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ledger", "local-cluster", "--dir", str(tmp_path / "lc")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    nodes: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        line = ""
+        while "group up" not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "group up" in line, line
+        nodes = _children(proc.pid)
+        assert len(nodes) == 3, nodes
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10
+        alive = list(nodes)
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _exists(p)]
+            time.sleep(0.1)
+        assert not alive, f"nodes left running: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for p in nodes:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
