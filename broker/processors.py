@@ -316,7 +316,7 @@ class Processors:
             born = h.header_int("bornTimestamp", now, min_value=0, max_value=MAX_TIMESTAMP_MS)
             sys_flag = h.header_int("sysFlag", 0, min_value=0, max_value=INT32_MAX)
             items = decode_message_batch(body, self.config.max_message_bytes)
-            if might_be_held(body):  # (cheap on the whole body; exact per message below)
+            if might_be_held(b"".join([props for _, _, props in items])):  # exact per message below
                 _refuse_held_in_batch(items)
             if sys_flag & SYSFLAG_COMPRESSED:
                 for i, (_, mbody, _) in enumerate(items):

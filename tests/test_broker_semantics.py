@@ -17,7 +17,13 @@ import pytest
 
 from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
-from remoting.message import Message, decode_stored_messages, parse_offset_msg_id, properties_to_bytes
+from remoting.message import (
+    Message,
+    decode_stored_messages,
+    encode_message_batch,
+    parse_offset_msg_id,
+    properties_to_bytes,
+)
 from remoting.protocol import SERIALIZE_JSON
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -388,6 +394,17 @@ def test_what_is_not_supported_is_refused_by_name(group: LocalBrokerGroup) -> No
     async def scenario(grp: Group) -> None:
         forged = await grp.call(send("SCHEDULE_TOPIC_XXXX", b"x", REAL_TOPIC=TOPIC, TIMER_OUT_MS="0"))
         assert forged.code == ResponseCode.NO_PERMISSION and "the broker's own" in forged.remark
+        batch = encode_message_batch(
+            [
+                (0, b"plain", properties_to_bytes({"a": "1"})),
+                (0, b"late", properties_to_bytes({"DELAY": "2"})),
+            ]
+        )
+        r = await grp.call(
+            RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, {"topic": TOPIC, "queueId": 0}, batch)
+        )
+        assert r.code == ResponseCode.MESSAGE_ILLEGAL and "batch message 1" in r.remark, r
+        assert await grp.bodies(TOPIC) == []  # nothing of the batch was stored
         pop = RemotingCommand.request(200050, {"consumerGroup": "cg", "topic": TOPIC})
         pop.serialize_type = SERIALIZE_JSON
         r = await grp.call(pop)
