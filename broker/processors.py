@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.embed import BarrierTimeout, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
 from remoting.exceptions import RemotingCommandError
-from remoting.headers import spelled_out_send_headers, uses_send_v2_names
+from remoting.headers import uses_send_v2_names, v2_spelled_out
 from remoting.message import (
     SYSFLAG_COMPRESSED,
     MessageFormatError,
@@ -79,6 +79,15 @@ def subscription_tag_hashes(expr: str) -> frozenset[int] | None:
     return frozenset(java_string_hash(t) & 0xFFFFFFFF for t in tags)
 
 
+# what a stored record holds each send header in: a Java int or long
+_SEND_INT_BOUNDS = (
+    ("flag", INT32_MIN, INT32_MAX),
+    ("sysFlag", 0, INT32_MAX),
+    ("bornTimestamp", 0, MAX_TIMESTAMP_MS),
+    ("reconsumeTimes", 0, INT32_MAX),
+)
+
+
 def _refuse_held_in_batch(items: list[tuple[int, Any, Any]]) -> None:
     """RocketMQ refuses delayed and transactional messages in a batch: they cannot share an
     entry's fate with the others (each is held on its own)."""
@@ -99,7 +108,7 @@ def _send_headers(req: RemotingCommand) -> RemotingCommand:
     decided by ``remoting.headers.uses_send_v2_names``, as the ACL decides it."""
     if not uses_send_v2_names(req.code, req.headers):
         return req  # SEND_MESSAGE's full names
-    return RemotingCommand(req.code, spelled_out_send_headers(req.code, req.headers))
+    return RemotingCommand(req.code, v2_spelled_out(req.headers))
 
 
 class Processors:
@@ -202,10 +211,16 @@ class Processors:
                 f"message body of {len(body)} bytes exceeds the limit of {self.config.max_message_bytes}",
             )
         try:  # the cheap checks first: a refused send must cost less than a stored one
-            flag = h.header_int("flag", 0, min_value=INT32_MIN, max_value=INT32_MAX)
-            sys_flag = h.header_int("sysFlag", 0, min_value=0, max_value=INT32_MAX)
-            born = h.header_int("bornTimestamp", 0, min_value=0, max_value=MAX_TIMESTAMP_MS)
-            reconsume = h.header_int("reconsumeTimes", 0, min_value=0, max_value=INT32_MAX)
+            flag, sys_flag = h.header_int("flag", 0), h.header_int("sysFlag", 0)
+            born, reconsume = h.header_int("bornTimestamp", 0), h.header_int("reconsumeTimes", 0)
+            if not (
+                INT32_MIN <= flag <= INT32_MAX
+                and 0 <= sys_flag <= INT32_MAX
+                and 0 <= born <= MAX_TIMESTAMP_MS
+                and 0 <= reconsume <= INT32_MAX
+            ):  # one test on the path of every send; the refusal names the header
+                for name, lo, hi in _SEND_INT_BOUNDS:
+                    h.header_int(name, 0, min_value=lo, max_value=hi)
             if sys_flag & SYSFLAG_COMPRESSED:
                 inflate_body(body, keep=False)
             props = h.header_str("properties", "").encode()

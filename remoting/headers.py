@@ -62,14 +62,14 @@ def uses_send_v2_names(code: int, headers: Mapping[str, object]) -> bool:
 def spelled_out_send_headers(code: int, headers: Mapping[str, object]) -> dict[str, object]:
     """A send request's headers under their full names. Under the V2 layout the full names of
     send fields are ignored (the short ones say what they are); other headers pass through."""
-    if not uses_send_v2_names(code, headers):
-        return dict(headers)
-    full = SEND_V2_FULL_NAMES
-    out = {k: v for k, v in headers.items() if k not in SEND_V2_NAMES and k not in full}
-    for short, name in full.items():
-        if short in headers:
-            out[name] = headers[short]
-    return out
+    return v2_spelled_out(headers) if uses_send_v2_names(code, headers) else dict(headers)
+
+
+def v2_spelled_out(headers: Mapping[str, object]) -> dict[str, object]:
+    """V2 send headers under their full names (the full names of send fields, if a request
+    also carries them, are dropped: the short ones say what they are)."""
+    full, get = SEND_V2_NAMES, SEND_V2_FULL_NAMES.get
+    return {get(k, k): v for k, v in headers.items() if k not in full}
 
 
 def send_topic(code: int, headers: Mapping[str, object]) -> object:
