@@ -105,8 +105,9 @@ def _nodes_option(f: Any) -> Any:
 
 
 def _client(nodes: str, timeout: float = 10.0) -> Any:
+    from common.tls import client_context
+
     from .client import LedgerClient
-    from .tls import client_context
 
     try:
         ssl = client_context(_TLS_CA[0]) if _TLS_CA else None

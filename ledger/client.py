@@ -98,7 +98,7 @@ class LedgerClient:
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
         self.max_frame = max_frame
-        self.ssl = ssl  # TLS to nodes that have it on (see ledger.tls.client_context)
+        self.ssl = ssl  # TLS to nodes that have it on (see common.tls.client_context)
         # Proves the cluster secret (nodes' client_auth); during a rotation it also accepts nodes
         # that still prove one of ``accepted_secrets``, as peers do.
         self.auth = PeerAuth(secret, tuple(accepted_secrets)) if secret else None

@@ -65,10 +65,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.settings import ConfigError, parse_host_port
+from common.tls import client_context, server_context
 
 from .auth import MIN_SECRET_BYTES
 from .raft import RaftConfig
-from .tls import client_context, server_context
 
 #: Default of ``NodeConfig.durable_mark_interval_s`` (seconds between durable marks).
 DEFAULT_DURABLE_MARK_INTERVAL_S = 1.0

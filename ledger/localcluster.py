@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from common.process import ProcessSet, free_port, write_toml
+from common.tls import client_context
 
 from .client import LedgerClient
-from .tls import client_context
 
 
 class LocalCluster(ProcessSet):

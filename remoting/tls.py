@@ -4,7 +4,7 @@ Configured the way RocketMQ users know it: a listener's ``tls_server_mode`` is `
 (plain TCP, the default), ``permissive`` (TLS and plaintext clients both served, so a fleet
 can move to TLS one client at a time) or ``enforcing`` (plaintext refused); a dialer turns
 TLS on with ``tls_enable``. Certificates, key and CA come from files named in config; the
-context builders are the ledger's (ledger.tls), so both layers check certificates alike.
+context builders are common.tls (the ledger's too), so both layers check certificates alike.
 
 Both TLS modes need to see a connection's first byte before choosing how to read it: a TLS
 ClientHello starts with the handshake record type 0x16, while a RocketMQ frame starts with a
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from common.settings import ConfigError
-from ledger.tls import client_context, server_context
+from common.tls import client_context, server_context
 
 log = logging.getLogger("remoting.tls")
 

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from common.settings import ConfigError, load_settings
+from common.tls import client_context
 from ledger.auth import FLAG_FRAME_MAC, PROOF, AuthError, FrameOpener, FrameSealer, Handshake, PeerAuth
 from ledger.client import LedgerClient
 from ledger.codec import Entry
 from ledger.config import NodeConfig
 from ledger.localcluster import LocalCluster
 from ledger.messages import AppendRequest, encode_message
-from ledger.tls import client_context
 from ledger.wire import LedgerError
 
 _LEN = struct.Struct("<I")

@@ -27,9 +27,9 @@ from client.producer import Producer
 from common.cluster_secret import load_cluster_secret
 from common.process import free_port
 from common.settings import ConfigError
+from common.tls import client_context
 from jepsen.localgroup import LocalBrokerGroup
 from ledger.client import LedgerClient
-from ledger.tls import client_context
 from ledger.wire import LedgerError
 from namesrv.config import load_config
 from remoting import RemotingClient, RemotingCommand, RequestCode

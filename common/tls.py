@@ -1,6 +1,7 @@
-"""Optional TLS for a ledger node's listener (peers and clients) and its outgoing peer connections.
+"""TLS contexts for every listener and dialler of the project: a ledger node's (peers and
+clients) and, through ``remoting.tls``, the nameservers' and brokers'.
 
-Peer membership is proven by the cluster secret (``auth``); TLS adds confidentiality and
+Peer membership is proven by the cluster secret (``ledger.auth``); TLS adds confidentiality and
 lets an operator require client certificates. Every node presents its certificate both
 when it listens and when it dials, and checks the other side against the configured CA,
 including the host name (or IP address) it dialled.
