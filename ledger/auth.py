@@ -29,11 +29,12 @@ import hmac
 import secrets
 import struct
 
+from common.cluster_secret import MIN_SECRET_BYTES
+
 VERSION = 1
 NONCE_BYTES = 32
 TAG_BYTES = 16
 PROOF_BYTES = 32
-MIN_SECRET_BYTES = 16
 HELLO_AUTH = b"A"
 CHALLENGE = b"a"
 PROOF = b"F"

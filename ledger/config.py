@@ -62,12 +62,11 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, parse_host_port
 from common.tls import client_context, server_context
 
-from .auth import MIN_SECRET_BYTES
 from .raft import RaftConfig
 
 #: Default of ``NodeConfig.durable_mark_interval_s`` (seconds between durable marks).
@@ -178,8 +177,10 @@ class NodeConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self._validate_bounds()
-        self.secret = self._load_secret("cluster_secret")
-        accepted = self._load_secret("cluster_secret_accepted")
+        self.secret = load_cluster_secret(self.cluster_secret, self.cluster_secret_file)
+        accepted = load_cluster_secret(
+            self.cluster_secret_accepted, self.cluster_secret_accepted_file, "cluster_secret_accepted"
+        )
         if accepted and not self.secret:
             raise ConfigError("key 'cluster_secret_accepted' needs a cluster_secret or cluster_secret_file")
         self.accepted_secrets = (accepted,) if accepted else ()
@@ -207,25 +208,6 @@ class NodeConfig:
             raise ConfigError("key 'max_buffered_bytes' must be at least max_frame_bytes + 4")
         if self.max_client_write_buffer_bytes < 1 << 16:
             raise ConfigError("key 'max_client_write_buffer_bytes' must be at least 64 KiB")
-
-    def _load_secret(self, key: str) -> bytes:
-        """A secret from setting ``key`` or from file ``{key}_file`` (trailing newline stripped)."""
-        value, file = getattr(self, key), getattr(self, f"{key}_file")
-        if value and file:
-            raise ConfigError(f"set either '{key}' or '{key}_file', not both")
-        if file:
-            path = Path(file)
-            try:
-                secret = path.read_bytes().rstrip(b"\r\n")
-            except OSError as exc:
-                raise ConfigError(f"key '{key}_file': cannot read {path}: {exc.strerror}") from None
-            where = f"key '{key}_file': {path}"
-        else:
-            secret = value.encode()
-            where = f"key '{key}'"
-        if secret and len(secret) < MIN_SECRET_BYTES:
-            raise ConfigError(f"{where}: the cluster secret must be at least {MIN_SECRET_BYTES} bytes")
-        return secret
 
     def _load_tls(self) -> None:
         cert, key, ca = self.tls_cert_file, self.tls_key_file, self.tls_ca_file
