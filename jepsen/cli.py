@@ -139,7 +139,7 @@ def analyze(
     no_report: bool,
     histories: tuple[str, ...],
 ) -> None:
-    """Check HISTORY files (JSON Lines per shared/HISTORY.md, Jepsen etcd text logs, Jepsen EDN).
+    """Check HISTORY files (JSON Lines per docs/history.md, Jepsen etcd text logs, Jepsen EDN).
 
     \b
     Exit status:

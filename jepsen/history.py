@@ -1,4 +1,4 @@
-"""The history recorder: one JSON Lines shard following ``shared/HISTORY.md`` exactly.
+"""The history recorder: one JSON Lines shard following ``docs/history.md`` exactly.
 
 Every event gets its ``index`` and ``time`` under one lock, from the machine's monotonic
 clock measured from one origin (``clock_origin_ns``, shared by every recording process of

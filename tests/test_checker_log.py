@@ -1,6 +1,6 @@
 """The log workload checker: one hand-made history per anomaly, each with exactly that anomaly.
 
-A checker that cannot fail is a defect, so every anomaly of HISTORY.md gets a small
+A checker that cannot fail is a defect, so every anomaly of docs/history.md gets a small
 history that has it and nothing else, and the clean history must have none. All of
 them (plus synthetic ones) go through ONE analyze call: one set of Spark jobs.
 """
@@ -25,7 +25,7 @@ MS = 1_000_000
 
 
 class H:
-    """Collects operations, then writes them as HISTORY.md JSON Lines in time order."""
+    """Collects operations, then writes them as docs/history.md JSON Lines in time order."""
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""The consistency checker: histories in (shared/HISTORY.md), verdicts and reports out.
+"""The consistency checker: histories in (docs/history.md), verdicts and reports out.
 
 ``analyze.analyze_files`` is the entry point (the ``jepsen analyze`` command wraps it).
 Modules: ``parse`` and ``edn`` read the formats, ``frames`` loads them into Spark and

@@ -1,4 +1,4 @@
-"""The ``log`` workload checker: every anomaly of HISTORY.md as Spark joins, aggregates, windows.
+"""The ``log`` workload checker: every anomaly of docs/history.md as Spark joins, aggregates, windows.
 
 Values are unique and offsets are positions, so the log's order is visible in the
 history itself and no search is needed: each anomaly is a relational query.

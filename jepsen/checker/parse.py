@@ -1,6 +1,6 @@
 """Readers for the history formats the checker accepts, into one common event shape.
 
-Three formats arrive: our JSON Lines contract (``shared/HISTORY.md``), Jepsen's etcd
+Three formats arrive: our JSON Lines contract (``docs/history.md``), Jepsen's etcd
 text logs (``INFO  jepsen.util - 3	:ok	:read	nil``) and Jepsen's EDN histories (one
 ``{:process ..., :type ...}`` map per line). Large JSON Lines histories are read by
 Spark itself (see ``frames.py``); the readers here serve the small Jepsen formats,
@@ -46,7 +46,7 @@ class HistoryError(Exception):
 
 @dataclass(slots=True)
 class Event:
-    """One history line in the common shape (field names follow HISTORY.md)."""
+    """One history line in the common shape (field names follow docs/history.md)."""
 
     index: int
     time: int | None

@@ -1,6 +1,6 @@
 """Recovery per fault, from the history alone: OpenChaos' "failure recovery time" and more.
 
-For every fault in a history (``shared/HISTORY.md``, "faults"), how long until every key
+For every fault in a history (``docs/history.md``, "Faults and recovery"), how long until every key
 that was being served before it was served again (``recovery_ms``), the longest stretch
 with no successful operation at all (``gap_ms``), and the ok throughput before, during and
 after. Nothing but the history is used, so it works for any system's history that records
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jepsen.checker.timeline import Timeline
 
-WINDOW_NS = 10_000_000_000  # "the 10 s before it", "end + 10 s" (HISTORY.md)
+WINDOW_NS = 10_000_000_000  # "the 10 s before it", "end + 10 s" (docs/history.md)
 BUCKET_NS = 1_000_000  # aggregates are per millisecond
 MS = 1e6
 
@@ -54,7 +54,7 @@ HEALS: dict[str, tuple[str, ...]] = {
     "strobe-clock": ("reset-clock",),
 }
 HEALING = frozenset(f for fs in HEALS.values() for f in fs)
-#: operations of a run's final phase (HISTORY.md: a drain runs after every fault is healed)
+#: operations of a run's final phase (docs/history.md: a drain runs after every fault is healed)
 FINAL_READS = frozenset({"drain"})
 ANNOTATIONS = frozenset({"corrupt"})
 
