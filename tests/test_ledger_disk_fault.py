@@ -1,4 +1,4 @@
-"""A leader whose disk refuses writes (ENOSPC) hands over, reports it, and resumes later (issue 17).
+"""A leader whose disk refuses writes (ENOSPC) hands over, reports it, and resumes later (storage healing).
 
 Three real ledger nodes (sockets, files, fsync) run in this process so a fault-injecting
 file layer can fail exactly one node's writes: ``os.pwrite`` as the log store sees it is

@@ -1,4 +1,4 @@
-"""A ledger node that lost its hard-state file must never vote twice in a term (issue 17).
+"""A ledger node that lost its hard-state file must never vote twice in a term (storage healing).
 
 Real files throughout: ``HardState`` and its term bound on disk, and a ``LedgerNode`` (its
 store, hard state and core, not started) driven by hand-crafted peer messages, so each step

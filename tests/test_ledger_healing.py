@@ -1,4 +1,4 @@
-"""A ledger follower that lost data on disk is repaired from its peers (issue 17), with real
+"""A ledger follower that lost data on disk is repaired from its peers (storage healing), with real
 processes and files: the follower is SIGKILLed, its segment files are emptied or cut short,
 and after a restart it must catch up to the leader's commit index with a log identical to
 the leader's, while every acknowledged append stays readable.
