@@ -16,7 +16,7 @@ from pathlib import Path
 from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, parse_host_port
 from ledger.config import NodeConfig
-from remoting.config import RemotingConfig
+from remoting.config import RemotingConfig, listener_limits
 from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
@@ -243,16 +243,7 @@ class BrokerConfig:
         say which limit a body broke."""
         return RemotingConfig(
             max_body_bytes=max(self.max_batch_bytes, self.max_message_bytes) + (64 << 10),
-            max_connections=self.max_connections,
-            handshake_timeout_s=self.handshake_timeout_s,
-            idle_timeout_s=self.idle_timeout_s,
-            max_buffered_frame_bytes=self.max_buffered_frame_bytes,
-            frame_timeout_s=self.frame_timeout_s,
-            frame_min_bytes_per_s=self.frame_min_bytes_per_s,
-            max_inflight_requests=self.max_inflight_requests,
-            max_inflight_request_bytes=self.max_inflight_request_bytes,
-            max_output_bytes=self.max_output_bytes,
-            max_dispatch_per_turn=self.max_dispatch_per_turn,
+            **listener_limits(self),  # type: ignore[arg-type]
             reply_flush_bytes=self.reply_flush_bytes,
             tls_mode=self.tls_server_mode,
             server_ssl=self.server_ssl,

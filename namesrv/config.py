@@ -14,7 +14,7 @@ from typing import Any
 
 from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, load_settings
-from remoting.config import RemotingConfig
+from remoting.config import RemotingConfig, listener_limits
 from remoting.protocol import MAX_HEADER_WIRE_BYTES
 from remoting.tls import TLS_DISABLED, server_ssl
 
@@ -149,16 +149,7 @@ class NamesrvConfig:
         return RemotingConfig(
             max_body_bytes=self.max_body_bytes,
             max_header_bytes=self.max_header_bytes,
-            max_connections=self.max_connections,
-            handshake_timeout_s=self.handshake_timeout_s,
-            idle_timeout_s=self.idle_timeout_s,
-            max_buffered_frame_bytes=self.max_buffered_frame_bytes,
-            frame_timeout_s=self.frame_timeout_s,
-            frame_min_bytes_per_s=self.frame_min_bytes_per_s,
-            max_inflight_requests=self.max_inflight_requests,
-            max_inflight_request_bytes=self.max_inflight_request_bytes,
-            max_output_bytes=self.max_output_bytes,
-            max_dispatch_per_turn=self.max_dispatch_per_turn,
+            **listener_limits(self),  # type: ignore[arg-type]
             tls_mode=self.tls_server_mode,
             server_ssl=self.server_ssl,
         )

@@ -21,6 +21,27 @@ from remoting.tls import TLS_DISABLED, TLS_MODES
 _AUTO_OUTPUT_FLOOR = 64 * 1024 * 1024  # max_output_bytes=0: never below this
 
 
+#: The listener limits a server's own settings carry under the same names (a broker's and a
+#: nameserver's config): ``listener_limits(settings)`` hands them over in one place.
+LISTENER_LIMITS: tuple[str, ...] = (
+    "max_connections",
+    "handshake_timeout_s",
+    "idle_timeout_s",
+    "max_buffered_frame_bytes",
+    "frame_timeout_s",
+    "frame_min_bytes_per_s",
+    "max_inflight_requests",
+    "max_inflight_request_bytes",
+    "max_output_bytes",
+    "max_dispatch_per_turn",
+)
+
+
+def listener_limits(settings: object) -> dict[str, object]:
+    """The LISTENER_LIMITS of a server's settings object, as RemotingConfig keyword arguments."""
+    return {name: getattr(settings, name) for name in LISTENER_LIMITS}
+
+
 @dataclass(frozen=True, slots=True)
 class RemotingConfig:
     """Limits and switches of one remoting endpoint."""

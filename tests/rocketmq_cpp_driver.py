@@ -126,10 +126,20 @@ def pull(namesrv: str, topic: str, group: str, expect: int, timeout_s: float) ->
     return {"messages": got}
 
 
-def push(namesrv: str, topic: str, group: str, expect: int, timeout_s: float, expression: str) -> dict:
+def push(
+    namesrv: str,
+    topic: str,
+    group: str,
+    expect: int,
+    timeout_s: float,
+    expression: str,
+    orderly: bool = False,
+) -> dict:
+    """A push consumer; ``orderly``: RocketMQ's orderly one, which locks its queues with
+    LOCK_BATCH_MQ before consuming each in order."""
     from rocketmq.client import PushConsumer
 
-    consumer = PushConsumer(group)
+    consumer = PushConsumer(group, orderly=orderly)
     consumer.set_namesrv_addr(namesrv)
     got: list[dict[str, Any]] = []
     lock = threading.Lock()
@@ -207,33 +217,6 @@ def failing(namesrv: str, topic: str, group: str, expect: int, failures: int, ti
     return {"deliveries": deliveries}
 
 
-def orderly(namesrv: str, topic: str, group: str, expect: int, timeout_s: float) -> dict:
-    """An orderly push consumer (it locks its queues with LOCK_BATCH_MQ before consuming)."""
-    from rocketmq.client import PushConsumer
-
-    consumer = PushConsumer(group, orderly=True)
-    consumer.set_namesrv_addr(namesrv)
-    got: list[dict[str, Any]] = []
-    lock = threading.Lock()
-
-    def on_message(m: Any) -> None:
-        with lock:
-            got.append(_recv(m))
-
-    consumer.subscribe(topic, on_message)
-    consumer.start()
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            with lock:
-                if len({g["body"] for g in got}) >= expect:
-                    break
-            time.sleep(0.1)
-    finally:
-        consumer.shutdown()
-    return {"messages": got}
-
-
 def main(argv: list[str]) -> int:
     cmd, namesrv, topic, group, *rest = argv
     if cmd == "produce":
@@ -248,7 +231,7 @@ def main(argv: list[str]) -> int:
     elif cmd == "failing":
         out = failing(namesrv, topic, group, int(rest[0]), int(rest[1]), float(rest[2]))
     elif cmd == "orderly":
-        out = orderly(namesrv, topic, group, int(rest[0]), float(rest[1]))
+        out = push(namesrv, topic, group, int(rest[0]), float(rest[1]), "*", orderly=True)
     else:
         raise SystemExit(f"unknown command {cmd!r}")
     sys.stdout.write(json.dumps(out) + "\n")
