@@ -70,7 +70,7 @@ class NamesrvConfig:
     """Admin operations (KV put/delete, topic delete, broker write permission) and broker
     registration then need a request signed by an admin account of ``acl_file``."""
     acl_file: str = ""
-    """TOML file of ACL accounts (see remoting/acl.py and the README's security section)."""
+    """TOML file of ACL accounts (see remoting/acl.py and docs/broker.md, section Security)."""
     acl_admin_access_key: str = ""
     """A superuser account given in settings/env instead of (or besides) ``acl_file``."""
     acl_admin_secret_key: str = field(default="", repr=False)
