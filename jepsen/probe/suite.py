@@ -3,7 +3,7 @@
 Every probe is one attack on one listener over a real socket, followed by a normal request
 to the same listener; it passes only when the listener reacted as expected (closed the
 connection, answered with an error, refused the connection) AND still served that normal
-request afterwards. The probes:
+request afterwards. The probes (``PROBES``, in the order they run):
 
 * malformed frames (``garbage``, ``oversize-length``, ``truncated-header``, ``bad-json-header``,
   ``unknown-code``) to every listener: nameserver, broker (main and fast port), ledger;
@@ -12,19 +12,34 @@ request afterwards. The probes:
 * ``flood``: connections past ``max_connections`` (or, on a ledger listener, past its
   unfinished-handshake limit) are closed at once while an established client is still served;
 * ``peer-old-hello`` / ``peer-wrong-secret`` against ledger listeners: a forged peer is refused;
-* ``heartbeat-growth``: heartbeats from more client ids than ``max_heartbeat_clients``; the
-  excess is refused (SYSTEM_BUSY) so the table stays bounded;
+* ``ledger-no-secret``: a client without the cluster secret is refused by a ledger listener;
+* ``namesrv-register``: a registration without the cluster proof is refused (NO_PERMISSION);
+* ``trickle``: one frame, then the next a byte at a time: closed by ``frame_timeout_s``;
+* ``compressed-body``, ``int-range``, ``nested-heartbeat``: a compressed flag on a body that
+  does not inflate, integers a record cannot hold, JSON nested 100,000 deep: refused with a
+  clear code and, where the probe reads the server's log, no traceback;
+* ``acl-bypass``: sends that name two topics and message queries, by an account allowed one;
+* ``max-message``: a message of exactly ``max_message_bytes`` sent and pulled back;
+* ``pipelined-pulls``: pulls of a large message never read: RSS bounded, connection closed;
 * ``dedup-growth``: idempotent producers sending more distinct keys than ``dedup_window``;
   the broker keeps at most the window and its RSS (read from /proc when the process runs
-  on this machine) grows less than a stated bound.
+  on this machine) grows less than a stated bound;
+* ``heartbeat-growth``: heartbeats from more client ids than ``max_heartbeat_clients``; the
+  excess is refused (SYSTEM_BUSY) so the table stays bounded;
+* ``client-flood``: heartbeats with fresh ids and new topics while sends go on: the master
+  keeps its leadership and every send is acknowledged;
+* ``unappliable-entry``: entries no replica can apply, appended with the cluster secret, are
+  skipped by every broker.
 
 The limits the probes expect are the servers' defaults unless given (``--remoting-max-connections``
 and friends); with no address at all, the command stands up a local group itself (one
-nameserver, one broker with its ledger member) with small limits, probes it and stops it.
-With ``--tls-ca-file`` every probe speaks TLS (as the clients of a ``tls_server_mode``
-listener must) except the flood, whose plain sockets must be bounded all the same.
-Heartbeat and de-dup probes leave forged entries behind until they expire: point them at a
-production group with care.
+nameserver, one broker with its ledger member, ACL on, the nameserver holding the cluster
+secret) with small limits, probes it and stops it. Against other groups, probes that need
+what they were not given (``--cluster-secret-file``, ``--acl-admin``/``--acl-user``,
+``--topic``) are listed as not run. With ``--tls-ca-file`` every probe speaks TLS (as the
+clients of a ``tls_server_mode`` listener must) except the flood, whose plain sockets must
+be bounded all the same. The broker probes leave traces (messages, topics, heartbeat
+entries, skipped log entries; see ``broker_probes``): point them at a production group with care.
 """
 
 from __future__ import annotations
@@ -34,19 +49,20 @@ import contextlib
 import json
 import os
 import resource
+import secrets
 import socket
-import ssl
 import struct
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
 
+from common.cluster_secret import load_cluster_secret, write_cluster_secret
 from common.settings import ConfigError
 from jepsen.faults.forge import forged_append, old_hello, wrong_secret  # the attacks themselves
 from jepsen.localgroup import LocalBrokerGroup
@@ -54,142 +70,37 @@ from ledger.auth import PeerAuth
 from ledger.client import LedgerClient
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.codes import response_code_name
-from remoting.config import RemotingConfig
 from remoting.exceptions import ProtocolError, RemotingError
 from remoting.protocol import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES, FrameDecoder, encode_command
 from remoting.tls import client_ssl
 
-NAMESRV, BROKER, LEDGER = "namesrv", "broker", "ledger"
+from . import broker_probes
+from .base import (
+    BROKER,
+    LEDGER,
+    NAMESRV,
+    NEEDS_SECRET,
+    REACTION_WAIT_S,
+    Account,
+    Limits,
+    NotRun,
+    Row,
+    Target,
+    close_writer,
+    main_brokers,
+    needs_secret,
+    open_conn,
+    pid_listening_on,
+    reaction,
+    rss_kib,
+    rss_note,
+    with_serving_check,
+)
+
 HTTP_GARBAGE = b"GET / HTTP/1.1\r\nHost: probe\r\nUser-Agent: jepsen-probe\r\n\r\n"
-REACTION_WAIT_S = 3.0  # how long a listener has to react to a malformed frame
 SLOWLORIS_CONNECTIONS = 16
 FLOOD_EXTRA = 50  # connections opened past the listener's limit
 _FD_MARGIN = 128
-
-
-@dataclass(frozen=True)
-class Target:
-    kind: str  # NAMESRV, BROKER or LEDGER
-    addr: str
-    label: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"{self.label or self.kind}@{self.addr}"
-
-    @property
-    def host_port(self) -> tuple[str, int]:
-        host, port = self.addr.rsplit(":", 1)
-        return host.strip("[]"), int(port)
-
-
-@dataclass
-class Limits:
-    """What the probed servers are configured with (defaults: the servers' own defaults)."""
-
-    remoting_handshake_timeout_s: float = 10.0
-    ledger_handshake_timeout_s: float = 5.0
-    remoting_max_connections: int = 4096
-    ledger_max_connections: int = 1024
-    ledger_max_pending_handshakes: int = 128
-    max_heartbeat_clients: int = 20_000
-    dedup_window: int = 100_000
-    rss_bound_mib: float = 64.0
-    topic: str = ""
-    ledger_secret: bytes | None = field(default=None, repr=False)
-    ledger_claim: str = ""
-    """Member id a forged peer claims; default the leader's (the node's own id when it leads)."""
-    tls: ssl.SSLContext | None = field(default=None, repr=False)
-    """Set: the probes speak TLS to every listener (as its clients must), floods stay plain TCP."""
-
-    def remoting_client(self, name: str) -> RemotingClient:
-        return RemotingClient(RemotingConfig(client_ssl=self.tls), name=name)
-
-    def ledger_client(self, t: Target) -> LedgerClient:
-        return LedgerClient(
-            [t.addr], timeout=3.0, attempt_timeout=3.0, secret=self.ledger_secret, ssl=self.tls
-        )
-
-    def handshake_timeout(self, t: Target) -> float:
-        return self.ledger_handshake_timeout_s if t.kind == LEDGER else self.remoting_handshake_timeout_s
-
-    def connection_cap(self, t: Target) -> tuple[int, str]:
-        """Connections that say nothing the listener holds before refusing new ones at once, and
-        the setting that bounds them (a ledger listener caps unfinished handshakes first)."""
-        if t.kind == LEDGER:
-            if self.ledger_max_pending_handshakes < self.ledger_max_connections:
-                return self.ledger_max_pending_handshakes, "max_pending_handshakes"
-            return self.ledger_max_connections, "max_connections"
-        return self.remoting_max_connections, "max_connections"
-
-
-@dataclass
-class Row:
-    probe: str
-    target: str
-    expected: str
-    outcome: str
-    passed: bool | None  # None: skipped (cannot run here), neither pass nor fail
-
-    @property
-    def verdict(self) -> str:
-        return "skip" if self.passed is None else "pass" if self.passed else "FAIL"
-
-
-# --- sockets --------------------------------------------------------------------------------------
-
-
-async def _open(t: Target, limits: Limits) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = t.host_port
-    tls = limits.tls
-    return await asyncio.wait_for(
-        asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None), 3.0
-    )
-
-
-async def _reaction(reader: asyncio.StreamReader, timeout: float) -> tuple[str, bytes]:
-    """('closed', b'') when the peer hung up, ('answered', first bytes) when it wrote, ('silent', b'')."""
-    try:
-        data = await asyncio.wait_for(reader.read(65536), timeout)
-    except TimeoutError:
-        return "silent", b""
-    except (ConnectionError, OSError):
-        return "closed", b""
-    return ("answered", data) if data else ("closed", b"")
-
-
-def _close(writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(Exception):
-        writer.transport.abort()
-
-
-# --- normal requests ------------------------------------------------------------------------------
-
-
-async def serves(t: Target, limits: Limits) -> str | None:
-    """None when the listener answers a normal request on a fresh connection, else why not."""
-    try:
-        if t.kind == LEDGER:
-            async with limits.ledger_client(t) as lc:
-                await lc.status(t.addr)
-            return None
-        code = (
-            RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER
-            if t.kind == NAMESRV
-            else RequestCode.GET_BROKER_RUNTIME_INFO
-        )
-        async with limits.remoting_client("probe") as rc:
-            resp = await rc.invoke_sync(t.addr, RemotingCommand.request(code), 3.0)
-        return None if resp.is_success else f"answered {response_code_name(resp.code)}"
-    except Exception as exc:  # noqa: BLE001 - any failure is the finding
-        return f"{type(exc).__name__}: {exc}"[:160]
-
-
-async def _with_serving_check(t: Target, limits: Limits, outcome: str, ok: bool) -> tuple[str, bool]:
-    failure = await serves(t, limits)
-    if failure is None:
-        return f"{outcome}; still serves", ok
-    return f"{outcome}; NOT serving afterwards ({failure})", False
 
 
 # --- malformed frames -----------------------------------------------------------------------------
@@ -199,8 +110,9 @@ def _remoting_frame(header: bytes, serialize_type: int = 0) -> bytes:
     return struct.pack(">II", 4 + len(header), (serialize_type << 24) | len(header)) + header
 
 
-def malformed_payloads(kind: str) -> dict[str, tuple[list[bytes], set[str], str]]:
-    """Per probe name: the frames sent, the acceptable reactions, and what is expected in words."""
+def malformed_payloads(kind: str, limits: Limits) -> dict[str, tuple[list[bytes], set[str], str]]:
+    """Per probe name: the frames sent, the acceptable reactions, and what is expected in words.
+    The unknown code is signed when the probe has an ACL account (or ACL would answer first)."""
     if kind == LEDGER:
         cut_hello = PeerAuth(b"p" * 32).hello("n1", "n2")[0]
         le = struct.Struct("<I")
@@ -227,7 +139,7 @@ def malformed_payloads(kind: str) -> dict[str, tuple[list[bytes], set[str], str]
                 "closed or error answer",
             ),
         }
-    unknown = RemotingCommand.request(9999)
+    unknown = limits.sign(RemotingCommand.request(9999))
     unknown.opaque = 7
     return {
         "garbage": ([HTTP_GARBAGE], {"closed"}, "closed (an HTTP request is no RocketMQ frame)"),
@@ -270,9 +182,9 @@ def _describe_answer(kind: str, data: bytes) -> str:
 
 async def probe_malformed(t: Target, limits: Limits) -> list[Row]:
     rows = []
-    for name, (frames, accept, expected) in malformed_payloads(t.kind).items():
+    for name, (frames, accept, expected) in malformed_payloads(t.kind, limits).items():
         try:
-            reader, writer = await _open(t, limits)
+            reader, writer = await open_conn(t, limits)
         except (OSError, TimeoutError) as exc:
             rows.append(Row(name, t.name, expected, f"cannot connect: {exc}", False))
             continue
@@ -282,14 +194,14 @@ async def probe_malformed(t: Target, limits: Limits) -> list[Row]:
                 writer.write(f)
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
-            reaction, data = await _reaction(reader, REACTION_WAIT_S)
+            seen, data = await reaction(reader, REACTION_WAIT_S)
         finally:
-            _close(writer)
-        if reaction == "answered":
-            reaction = _describe_answer(t.kind, data)
-        ok = reaction in accept or reaction.split(":")[0] in accept
-        outcome = f"{reaction} after {time.monotonic() - started:.2f}s"
-        outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+            close_writer(writer)
+        if seen == "answered":
+            seen = _describe_answer(t.kind, data)
+        ok = seen in accept or seen.split(":")[0] in accept
+        outcome = f"{seen} after {time.monotonic() - started:.2f}s"
+        outcome, ok = await with_serving_check(t, limits, outcome, ok)
         rows.append(Row(name, t.name, expected, outcome, ok))
     return rows
 
@@ -311,26 +223,26 @@ async def probe_slowloris(t: Target, limits: Limits) -> Row:
     conns = []
     try:
         for _ in range(SLOWLORIS_CONNECTIONS):
-            reader, writer = await _open(t, limits)
+            reader, writer = await open_conn(t, limits)
             writer.write(_partial_frame(t.kind))
             conns.append((reader, writer))
         started = time.monotonic()
 
         async def until_closed(reader: asyncio.StreamReader) -> float | None:
-            reaction, _ = await _reaction(reader, allowed)
-            while reaction == "answered":  # nothing is owed to half a frame, but keep reading
-                reaction, _ = await _reaction(reader, max(0.01, allowed - (time.monotonic() - started)))
-            return time.monotonic() - started if reaction == "closed" else None
+            seen, _ = await reaction(reader, allowed)
+            while seen == "answered":  # nothing is owed to half a frame, but keep reading
+                seen, _ = await reaction(reader, max(0.01, allowed - (time.monotonic() - started)))
+            return time.monotonic() - started if seen == "closed" else None
 
         waits = await asyncio.gather(*(until_closed(r) for r, _ in conns))
     except (OSError, TimeoutError) as exc:
         return Row("slowloris", t.name, expected, f"cannot connect: {exc}", False)
     finally:
         for _, w in conns:
-            _close(w)
+            close_writer(w)
     closed = [w for w in waits if w is not None]
     outcome = f"{len(closed)}/{len(waits)} closed" + (f", slowest {max(closed):.1f}s" if closed else "")
-    outcome, ok = await _with_serving_check(t, limits, outcome, len(closed) == len(waits))
+    outcome, ok = await with_serving_check(t, limits, outcome, len(closed) == len(waits))
     return Row("slowloris", t.name, expected, outcome, ok)
 
 
@@ -403,7 +315,7 @@ class _Established:
             resp = await self.remoting.invoke_sync(t.addr, RemotingCommand.request(code), 3.0)
             return None if resp.is_success else f"answered {response_code_name(resp.code)}"
         except Exception as exc:  # noqa: BLE001
-            return f"{type(exc).__name__}: {exc}"[:160]
+            return NEEDS_SECRET if needs_secret(t, self.limits, exc) else f"{type(exc).__name__}: {exc}"[:160]
 
     async def close(self) -> None:
         if self.ledger is not None:
@@ -422,6 +334,8 @@ async def probe_flood(t: Target, limits: Limits) -> Row:
     socks: list[socket.socket] = []
     try:
         before = await established.call()
+        if before == NEEDS_SECRET:
+            return Row("flood", t.name, expected, NEEDS_SECRET, None)
         if before is not None:
             return Row("flood", t.name, expected, f"could not connect before the flood: {before}", False)
         host, port = t.host_port
@@ -438,7 +352,7 @@ async def probe_flood(t: Target, limits: Limits) -> Row:
     )
     ok = refused >= FLOOD_EXTRA and during is None
     await asyncio.sleep(0.2)  # let the listener see the flood go
-    outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+    outcome, ok = await with_serving_check(t, limits, outcome, ok)
     return Row("flood", t.name, expected, outcome, ok)
 
 
@@ -466,78 +380,23 @@ async def probe_peer_hello(t: Target, limits: Limits) -> list[Row]:
             target_id, term = str(st["id"]), int(st.get("term") or 0)
             claim = limits.ledger_claim or str(st.get("leader") or target_id)
             forged = forged_append(term, target_id, claim, int(st.get("last_index") or 0), term)
-            reaction = await attack(claim, target_id, forged)
+            verdict = await attack(claim, target_id, forged)
             after = int((await _ledger_status(t, limits)).get("term") or 0)
         except Exception as exc:  # noqa: BLE001 - the row says what stopped the attempt
-            rows.append(Row(name, t.name, expected, f"{type(exc).__name__}: {exc}"[:200], False))
+            if needs_secret(t, limits, exc):
+                rows.append(Row(name, t.name, expected, NEEDS_SECRET, None))
+            else:
+                rows.append(Row(name, t.name, expected, f"{type(exc).__name__}: {exc}"[:200], False))
             continue
         own = ", its own id" if claim == target_id else ""
-        outcome = f"{reaction} (claimed {claim}{own}); term {term} -> {after}"
-        ok = reaction == "refused" and after < term + 100
-        outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+        outcome = f"{verdict} (claimed {claim}{own}); term {term} -> {after}"
+        ok = verdict == "refused" and after < term + 100
+        outcome, ok = await with_serving_check(t, limits, outcome, ok)
         rows.append(Row(name, t.name, expected, outcome, ok))
     return rows
 
 
 # --- broker tables and memory ---------------------------------------------------------------------
-
-
-def _proc_net_ip(host: str) -> set[str]:
-    """How /proc/net/tcp spells ``host`` as a listener's address (and the wildcard that covers it)."""
-    try:
-        packed = socket.inet_aton(socket.gethostbyname(host))
-    except OSError:
-        return set()
-    return {packed[::-1].hex().upper(), "00000000"}  # little-endian IPv4, or 0.0.0.0
-
-
-def pid_listening_on(addr: str) -> int | None:
-    """The PID of a process of this machine listening on ``addr`` (via /proc), else None.
-
-    A listening socket on this host and port (or the wildcard address) is looked up in
-    /proc/net/tcp, then the process holding that socket in /proc/<pid>/fd; a remote
-    address, or a process of another user, gives None.
-    """
-    try:
-        host, port_text = addr.rsplit(":", 1)
-        port, ips = int(port_text), _proc_net_ip(host.strip("[]"))
-        inodes = set()
-        with open("/proc/net/tcp") as f:
-            for line in f.readlines()[1:]:
-                cols = line.split()
-                ip, _, hex_port = cols[1].partition(":")
-                if cols[3] == "0A" and ip in ips and int(hex_port, 16) == port:  # 0A: LISTEN
-                    inodes.add(f"socket:[{cols[9]}]")
-        if not inodes:
-            return None
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            fd_dir = f"/proc/{pid}/fd"
-            with contextlib.suppress(OSError):
-                for fd in os.listdir(fd_dir):
-                    with contextlib.suppress(OSError):
-                        if os.readlink(f"{fd_dir}/{fd}") in inodes:
-                            return int(pid)
-    except (ValueError, IndexError, OSError):
-        return None
-    return None
-
-
-def rss_kib(pid: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return None
-
-
-def _rss_note(pid: int | None, before: int | None, bound_mib: float) -> tuple[str, bool]:
-    if pid is None or before is None:
-        return "RSS not measured (process not on this machine)", True
-    after = rss_kib(pid)
-    if after is None:
-        return "RSS not measured (process gone?)", False
-    grown = (after - before) / 1024
-    return f"RSS {grown:+.1f} MiB (bound {bound_mib:g})", grown <= bound_mib
 
 
 async def probe_heartbeats(t: Target, limits: Limits) -> Row:
@@ -569,10 +428,10 @@ async def probe_heartbeats(t: Target, limits: Limits) -> Row:
     except (RemotingError, OSError, TimeoutError) as exc:
         return Row("heartbeat-growth", t.name, expected, f"heartbeats failed: {exc}", False)
     ok_count, busy = codes.get(ResponseCode.SUCCESS, 0), codes.get(ResponseCode.SYSTEM_BUSY, 0)
-    rss, rss_ok = _rss_note(pid, before, limits.rss_bound_mib)
+    rss, rss_ok = rss_note(pid, before, limits.rss_bound_mib)
     outcome = f"{ok_count} accepted, {busy} SYSTEM_BUSY, {count - ok_count - busy} other; {rss}"
     ok = ok_count <= cap and busy >= count - cap and rss_ok
-    outcome, ok = await _with_serving_check(t, limits, outcome, ok)
+    outcome, ok = await with_serving_check(t, limits, outcome, ok)
     return Row("heartbeat-growth", t.name, expected, outcome, ok)
 
 
@@ -586,7 +445,6 @@ async def _dedup_keys(addr: str, limits: Limits) -> tuple[str, int] | None:
 
 
 async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Limits) -> Row:
-    from client.instance import ClientInstance
     from client.producer import Producer
     from remoting.message import Message
 
@@ -614,7 +472,7 @@ async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Lim
         before = rss_kib(pid) if pid else None
         ns = ";".join(n.addr for n in namesrvs)
         for p in range(producers):
-            instance = ClientInstance(ns, name=f"probe-dedup-{p}", tls=limits.tls)
+            instance = limits.client_instance(ns, f"probe-dedup-{p}")
             try:
                 async with Producer(
                     f"jepsen-probe-dedup-{p}", instance=instance, idempotent=True
@@ -628,18 +486,13 @@ async def probe_dedup(brokers: list[Target], namesrvs: list[Target], limits: Lim
     except Exception as exc:  # noqa: BLE001 - report, do not crash the table
         return Row("dedup-growth", target, expected, f"{type(exc).__name__}: {exc}"[:200], False)
     keys = info[1] if info else -1
-    rss, rss_ok = _rss_note(pid, before, limits.rss_bound_mib)
+    rss, rss_ok = rss_note(pid, before, limits.rss_bound_mib)
     outcome = f"{keys} keys kept; {rss}"
-    outcome, ok = await _with_serving_check(master, limits, outcome, 0 < keys <= window and rss_ok)
+    outcome, ok = await with_serving_check(master, limits, outcome, 0 < keys <= window and rss_ok)
     return Row("dedup-growth", target, expected, outcome, ok)
 
 
 # --- the whole run --------------------------------------------------------------------------------
-
-
-def _brokers(targets: list[Target]) -> list[Target]:
-    """The brokers' main listeners among ``targets`` (the fast port takes no sends or heartbeats)."""
-    return [t for t in targets if t.kind == BROKER and not t.label.endswith("fast")]
 
 
 async def _every_malformed(targets: list[Target], limits: Limits) -> list[Row]:
@@ -666,34 +519,53 @@ async def _every_peer_hello(targets: list[Target], limits: Limits) -> list[Row]:
 
 
 async def _dedup(targets: list[Target], limits: Limits) -> list[Row]:
-    brokers, namesrvs = _brokers(targets), [t for t in targets if t.kind == NAMESRV]
+    brokers, namesrvs = main_brokers(targets), [t for t in targets if t.kind == NAMESRV]
     if brokers and namesrvs and limits.topic:
         return [await probe_dedup(brokers, namesrvs, limits)]
     return [Row("dedup-growth", "-", "needs --broker, --namesrv and --topic", "skipped", None)]
 
 
 async def _every_heartbeats(targets: list[Target], limits: Limits) -> list[Row]:
-    return [await probe_heartbeats(t, limits) for t in _brokers(targets)]
+    return [await probe_heartbeats(t, limits) for t in main_brokers(targets)]
 
 
 #: every probe, in the order they run: each takes all targets (and picks those it applies to)
-#: and returns its rows. A new probe is one function and one line here. The de-dup probe
-#: runs before the heartbeat probe fills the broker's client table.
+#: and returns its rows, or raises NotRun when it lacks what it needs (the summary says what).
+#: A new probe is one function and one line here. The de-dup and the size probes run before
+#: the heartbeat probes fill the broker's client table; the unappliable entries go last.
 PROBES: tuple[tuple[str, Callable[[list[Target], Limits], Awaitable[list[Row]]]], ...] = (
     ("malformed", _every_malformed),
     ("slowloris", _every_slowloris),
     ("flood", _every_flood),
     ("peer-hello", _every_peer_hello),
+    ("ledger-no-secret", broker_probes.ledger_unauthenticated),
+    ("namesrv-register", broker_probes.namesrv_register),
+    ("trickle", broker_probes.trickle),
+    ("compressed-body", broker_probes.compressed_body),
+    ("int-range", broker_probes.integer_range),
+    ("nested-heartbeat", broker_probes.nested_heartbeat),
+    ("acl-bypass", broker_probes.acl_bypass),
+    ("max-message", broker_probes.max_message),
+    ("pipelined-pulls", broker_probes.pipelined_pulls),
     ("dedup-growth", _dedup),
     ("heartbeat-growth", _every_heartbeats),
+    ("client-flood", broker_probes.client_flood),
+    ("unappliable-entry", broker_probes.unappliable_entry),
 )
 
 
-async def run_probes(targets: list[Target], limits: Limits) -> list[Row]:
-    """Every probe that applies to ``targets``; the group is checked to serve after each one."""
+async def run_probes(
+    targets: list[Target], limits: Limits, not_run: dict[str, str] | None = None
+) -> list[Row]:
+    """Every probe that applies to ``targets``; the group is checked to serve after each one.
+    Probes that could not run are put in ``not_run`` with the reason."""
     rows: list[Row] = []
-    for _name, run in PROBES:
-        rows += await run(targets, limits)
+    for name, run in PROBES:
+        try:
+            rows += await run(targets, limits)
+        except NotRun as exc:
+            if not_run is not None:
+                not_run[name] = str(exc)
     return rows
 
 
@@ -708,11 +580,21 @@ def format_table(rows: list[Row]) -> str:
 
 # --- a local group to probe -----------------------------------------------------------------------
 
+LOCAL_TOPIC = "ProbeTopic"
+LOCAL_FORBIDDEN_TOPIC = "ProbeForbidden"
+
 
 class ProbeGroup(LocalBrokerGroup):
-    """One nameserver and a broker group with small limits, so every probe runs in seconds."""
+    """One nameserver and a broker group with small limits, so every probe runs in seconds; ACL
+    on (an admin and a user account), and the nameserver holds the cluster secret as well."""
 
-    NAMESRV_SETTINGS: dict[str, Any] = {"max_connections": 64, "handshake_timeout_s": 1.5}  # noqa: RUF012
+    NAMESRV_SETTINGS: dict[str, Any] = {  # noqa: RUF012
+        "max_connections": 64,
+        "handshake_timeout_s": 1.5,
+        "frame_timeout_s": 2.0,
+    }
+    signer: Callable[[RemotingCommand], None] | None = None
+    """Signs the group's own status requests (its brokers refuse unsigned ones)."""
 
     def start_namesrv(self, ns: str) -> None:
         from common.process import write_toml
@@ -720,11 +602,25 @@ class ProbeGroup(LocalBrokerGroup):
         host, port = self.ns_addr[ns].rsplit(":", 1)
         d = self.base_dir / ns
         d.mkdir(parents=True, exist_ok=True)
-        write_toml(
-            d / "namesrv.toml",
-            {"listen_host": host, "listen_port": int(port), "node_name": ns, **self.NAMESRV_SETTINGS},
-        )
+        conf = {
+            "listen_host": host,
+            "listen_port": int(port),
+            "node_name": ns,
+            "cluster_secret_file": self.cluster_secret_file(),
+            **self.NAMESRV_SETTINGS,
+        }
+        write_toml(d / "namesrv.toml", conf)
         self.spawn(ns, [self.python, "-m", "namesrv", "--config", str(d / "namesrv.toml")], d / "namesrv.log")
+
+    async def runtime_info(self, client: RemotingClient, nid: str) -> dict[str, Any] | None:
+        req = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+        if self.signer is not None:
+            self.signer(req)
+        try:
+            resp = await client.invoke_sync(self.broker_addr[nid], req, 1.0)
+        except Exception:  # noqa: BLE001 - a broker that is down or starting
+            return None
+        return json.loads(bytes(resp.body)) if resp.is_success else None
 
 
 LOCAL_LIMITS = Limits(
@@ -734,42 +630,77 @@ LOCAL_LIMITS = Limits(
     max_heartbeat_clients=200,
     dedup_window=500,
     rss_bound_mib=48.0,
-    topic="ProbeTopic",
+    frame_timeout_s=2.0,
+    max_output_bytes=16 << 20,  # the least remoting allows (twice write_buffer_high_bytes)
+    flood_topics=300,
+    topic=LOCAL_TOPIC,
+    acl_forbidden_topic=LOCAL_FORBIDDEN_TOPIC,
 )
 
 
+def _accounts(base_dir: Path) -> tuple[Path, Account, Account]:
+    """An ACL accounts file for the local group: an admin, and a user who may send to and pull
+    from the probe topic only; written readable by its owner only."""
+    admin = Account("probe-admin", secrets.token_hex(16))
+    user = Account("probe-user", secrets.token_hex(16))
+    doc = (
+        f'[[accounts]]\naccess_key = "{admin.access_key}"\nsecret_key = "{admin.secret_key}"\nadmin = true\n\n'
+        f'[[accounts]]\naccess_key = "{user.access_key}"\nsecret_key = "{user.secret_key}"\n'
+        f'topic_perms = ["{LOCAL_TOPIC}=PUB|SUB"]\ndefault_group_perm = "SUB"\n'
+    )
+    path = base_dir / "acl.toml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(doc)
+    return path, admin, user
+
+
 @contextlib.contextmanager
-def local_group(base_dir: Path, brokers: int) -> Iterator[tuple[list[Target], ProbeGroup]]:
-    """Start a ProbeGroup, wait for its master, yield its listeners; always stops every process."""
-    secret = base_dir / "cluster.secret"
+def local_group(base_dir: Path, brokers: int) -> Iterator[tuple[list[Target], Limits]]:
+    """Start a ProbeGroup, wait for its master, yield its listeners and the limits to probe them
+    with (its secret, accounts and logs among them); always stops every process."""
     base_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(os.urandom(32).hex() + "\n")
+    secret = write_cluster_secret(base_dir / "cluster.secret")
+    acl_file, admin, user = _accounts(base_dir)
     g = ProbeGroup(
         base_dir,
         brokers=brokers,
         nameservers=1,
-        topics=("ProbeTopic:2",),
+        topics=(f"{LOCAL_TOPIC}:2", f"{LOCAL_FORBIDDEN_TOPIC}:1"),
         settings={
             "cluster_secret_file": str(secret),
             "max_connections": LOCAL_LIMITS.remoting_max_connections,
             "handshake_timeout_s": LOCAL_LIMITS.remoting_handshake_timeout_s,
+            "frame_timeout_s": LOCAL_LIMITS.frame_timeout_s,
+            "max_output_bytes": LOCAL_LIMITS.max_output_bytes,
             "max_heartbeat_clients": LOCAL_LIMITS.max_heartbeat_clients,
             "dedup_window": LOCAL_LIMITS.dedup_window,
             "register_interval_s": 10,
+            "acl_enable": True,
+            "acl_file": str(acl_file),
         },
     )
+    g.signer = admin.signer()
     try:
         g.start()
         asyncio.run(g.wait_for_master(timeout=60))
         targets = [Target(NAMESRV, a) for a in g.namesrv_addrs]
+        logs = {a: base_dir / ns / "namesrv.log" for ns, a in g.ns_addr.items()}
         for nid in g.node_ids:
             host, port = g.broker_addr[nid].rsplit(":", 1)
+            fast = f"{host}:{int(port) - 2}"
             targets.append(Target(BROKER, g.broker_addr[nid], "broker"))
-            targets.append(Target(BROKER, f"{host}:{int(port) - 2}", "broker-fast"))
+            targets.append(Target(BROKER, fast, "broker-fast"))
             targets.append(Target(LEDGER, g.ledger_addr[nid]))
-        yield targets, g
+            log = base_dir / g.name_of(nid) / "broker.log"
+            logs.update({g.broker_addr[nid]: log, fast: log, g.ledger_addr[nid]: log})
+        limits = LOCAL_LIMITS.replace(
+            ledger_secret=load_cluster_secret("", str(secret)),
+            acl_admin=admin,
+            acl_user=user,
+            log_files=logs,
+        )
+        yield targets, limits
     finally:
         g.stop()
 
@@ -789,6 +720,15 @@ def _check_addrs(kind: str, addrs: tuple[str, ...]) -> list[Target]:
     return out
 
 
+def _account(value: str | None, option: str) -> Account | None:
+    if not value:
+        return None
+    try:
+        return Account.parse(value, option)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
 @click.command()
 @click.option(
     "--namesrv", "namesrvs", multiple=True, metavar="HOST:PORT", help="A nameserver to probe (repeatable)."
@@ -799,7 +739,7 @@ def _check_addrs(kind: str, addrs: tuple[str, ...]) -> list[Target]:
 @click.option(
     "--ledger", "ledgers", multiple=True, metavar="HOST:PORT", help="A ledger node / broker's ledger port."
 )
-@click.option("--topic", default="", help="Topic for the de-dup probe (needs --namesrv and --broker).")
+@click.option("--topic", default="", help="A topic the broker probes may send to (and the ACL user may use).")
 @click.option("--remoting-handshake-timeout-s", type=float, default=10.0, show_default=True)
 @click.option("--ledger-handshake-timeout-s", type=float, default=5.0, show_default=True)
 @click.option("--remoting-max-connections", type=int, default=4096, show_default=True)
@@ -810,12 +750,47 @@ def _check_addrs(kind: str, addrs: tuple[str, ...]) -> list[Target]:
 @click.option(
     "--rss-bound-mib", type=float, default=64.0, show_default=True, help="Allowed RSS growth per probe."
 )
+@click.option("--frame-timeout-s", type=float, default=30.0, show_default=True)
+@click.option("--max-message-bytes", type=int, default=4 << 20, show_default=True)
+@click.option(
+    "--max-output-bytes", type=int, default=0, show_default=True, help="0: the servers' automatic value."
+)
+@click.option(
+    "--flood-clients",
+    type=int,
+    default=0,
+    help="Fresh client ids in the client flood (default 3 x the table).",
+)
+@click.option(
+    "--flood-topics", type=int, default=1000, show_default=True, help="New topics in the client flood."
+)
 @click.option("--tls-ca-file", default="", help="Speak TLS to every listener, trusting this CA (PEM).")
 @click.option("--tls-cert-file", default="", help="Client certificate for listeners that require one.")
 @click.option("--tls-key-file", default="", help="Key of --tls-cert-file.")
 @click.option("--ledger-claim", default="", help="Member id forged peers claim (default: the leader's).")
 @click.option(
-    "--ledger-secret-file", type=click.Path(dir_okay=False, exists=True), help="For ledgers with client_auth."
+    "--cluster-secret-file",
+    "--ledger-secret-file",
+    "ledger_secret_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="The deployment's cluster secret: ledger clients prove it; probes that need it run only with it.",
+)
+@click.option(
+    "--ledger-open-to-clients",
+    is_flag=True,
+    help="The --ledger nodes take clients without the secret (a standalone ledger without client_auth).",
+)
+@click.option(
+    "--acl-admin", metavar="AK:SK|@FILE", help="An ACL superuser: every probe request is signed by it."
+)
+@click.option(
+    "--acl-user", metavar="AK:SK|@FILE", help="An ACL account with PUB|SUB on --topic only (the ACL probe)."
+)
+@click.option(
+    "--acl-forbidden-topic",
+    default="JepsenProbeForbidden",
+    show_default=True,
+    help="A topic --acl-user has no right to (the admin creates it if missing).",
 )
 @click.option(
     "--local-brokers",
@@ -833,6 +808,9 @@ def probe(
     ledgers: tuple[str, ...],
     topic: str,
     ledger_secret_file: str | None,
+    ledger_open_to_clients: bool,
+    acl_admin: str | None,
+    acl_user: str | None,
     local_brokers: int,
     work_dir: str | None,
     tls_ca_file: str,
@@ -840,36 +818,50 @@ def probe(
     tls_key_file: str,
     **limit_opts: Any,
 ) -> None:
-    """Replay malformed-frame, slowloris, flood, forged-peer and growth probes; print a table.
+    """Replay hostile-input probes (malformed frames, slowloris, floods, forged peers and
+    clients, entries no replica can apply, size and number limits, ACL bypasses, trickles,
+    unread answers, unproven registrations); print a table.
 
-    Without addresses, stands up a local group (nameserver + broker + its ledger member),
-    probes it and stops it. Exit status 1 when any probe fails.
+    Without addresses, stands up a local group (nameserver + broker + its ledger member, ACL
+    on), probes it and stops it. Exit status 1 when any probe fails.
     """
     targets = _check_addrs(NAMESRV, namesrvs) + _check_addrs(BROKER, brokers) + _check_addrs(LEDGER, ledgers)
-    secret = Path(ledger_secret_file).read_bytes().rstrip(b"\r\n") if ledger_secret_file else None
     try:
+        secret = load_cluster_secret("", ledger_secret_file) if ledger_secret_file else None
         tls = client_ssl(bool(tls_ca_file), tls_ca_file, tls_cert_file, tls_key_file)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     started = time.monotonic()
+    not_run: dict[str, str] = {}
     if targets:
-        limits = Limits(topic=topic, ledger_secret=secret, tls=tls, **limit_opts)
-        rows = asyncio.run(run_probes(targets, limits))
+        limits = Limits(
+            topic=topic,
+            ledger_secret=secret,
+            ledger_client_auth=not ledger_open_to_clients,
+            tls=tls,
+            acl_admin=_account(acl_admin, "--acl-admin"),
+            acl_user=_account(acl_user, "--acl-user"),
+            **limit_opts,
+        )
+        rows = asyncio.run(run_probes(targets, limits, not_run))
     else:
         base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="jepsen-probe-"))
         click.echo(f"no addresses given: starting a local group in {base}", err=True)
         try:
-            with local_group(base, local_brokers) as (local_targets, _group):
-                rows = asyncio.run(run_probes(local_targets, LOCAL_LIMITS))
+            with local_group(base, local_brokers) as (local_targets, local_limits):
+                rows = asyncio.run(run_probes(local_targets, local_limits, not_run))
         except (TimeoutError, OSError, RuntimeError) as exc:
             raise click.ClickException(f"the local group did not start: {exc} (logs in {base})") from None
     click.echo(format_table(rows))
+    for name, why in not_run.items():
+        click.echo(f"not run: {name}: {why}", err=True)
     failed = sum(1 for r in rows if r.passed is False)
     summary = {
         "probes": [asdict(r) | {"result": r.verdict} for r in rows],
         "passed": sum(1 for r in rows if r.passed),
         "failed": failed,
         "skipped": sum(1 for r in rows if r.passed is None),
+        "not_run": not_run,
         "seconds": round(time.monotonic() - started, 1),
     }
     click.echo(json.dumps(summary, sort_keys=True))
