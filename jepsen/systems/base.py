@@ -19,7 +19,6 @@ import asyncio
 import errno
 import os
 import random
-import secrets
 import shutil
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from common.cluster_secret import write_cluster_secret as common_write_cluster_secret
 from common.process import ProcessSet
 from jepsen.net.proxy import Link, LinkProxy
 from jepsen.systems.clients import LogClient, QueueClient, RegisterClient, RegisterReplica
@@ -55,13 +55,9 @@ class Unsupported(Exception):
 
 
 def write_cluster_secret(base_dir: Path) -> Path:
-    """A fresh random cluster secret in ``base_dir/cluster.secret``, readable by its owner only."""
-    base_dir.mkdir(parents=True, exist_ok=True)
-    path = base_dir / "cluster.secret"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
-    return path
+    """A fresh random cluster secret in ``base_dir/cluster.secret``, readable by its owner only:
+    where every backend keeps its run's secret, written the one way every launcher writes it."""
+    return common_write_cluster_secret(base_dir / "cluster.secret")
 
 
 #: how ``lose-data`` can damage a stopped follower (see ``ProcessBackend.lose_data``)
