@@ -16,6 +16,7 @@ limit would otherwise decide, and that depends on the caller's stack). Anything 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,9 +80,23 @@ class LockOp:
     expires: int
 
 
-MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp
+@dataclass(frozen=True, slots=True)
+class BrokerAddrOp:
+    """Members' broker addresses (node id -> host:port), replicated so that every broker of a
+    group whose membership changes at run time can name any member's broker address (the
+    master's, to a client that asked a slave; a removed member's, to unregister it). ``set``
+    adds or moves entries; ``drop`` forgets ids. See ``broker.membership``."""
+
+    set: tuple[tuple[str, str], ...]
+    drop: tuple[str, ...] = ()
+
+
+MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp | BrokerAddrOp
 TXN_ACTIONS = ("rollback", "discard")
 MAX_LOCK_QUEUES = 1024  # queues one lock request may name
+MAX_BROKER_ADDRS = 64  # entries one broker-address record may set or drop (the ledger's MAX_MEMBERS)
+MAX_ADDR_CHARS = 255  # a broker host:port (the ledger's bound on a member address)
+_MEMBER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 def encode_meta(op: str, **fields: Any) -> bytes:
@@ -204,7 +219,46 @@ def parse_meta(data: bytes | memoryview) -> MetaOp:
             _int(doc, "now", 0, _MAX_OFFSET, where),
             expires,
         )
+    if op == "brokers":
+        return _broker_addrs(doc)
     raise MetaError(f"unknown metadata op {op[:40]!r}")
+
+
+def _member_id(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _MEMBER_ID.fullmatch(value):
+        raise MetaError(
+            f"{where}: member id {str(value)[:80]!r} must be a letter then up to 63 of A-Z a-z 0-9 _ -"
+        )
+    return value
+
+
+def _host_port(value: Any, where: str) -> str:
+    """A ``host:port`` string (IPv6 hosts in brackets), checked as far as every replica can agree."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ADDR_CHARS or not value.isprintable():
+        raise MetaError(f"{where}: address must be printable text of 1..{MAX_ADDR_CHARS} characters")
+    host, sep, port = value.rpartition(":")
+    if (
+        not sep
+        or not host
+        or not port.isdigit()
+        or not 0 < int(port) < 65536
+        or any(c in host for c in " /@,=")
+    ):
+        raise MetaError(f"{where}: address {value[:80]!r} is not host:port")
+    return value
+
+
+def _broker_addrs(doc: dict[str, Any]) -> BrokerAddrOp:
+    where = "brokers record"
+    entries, drop = doc.get("set", {}), doc.get("drop", [])
+    if not isinstance(entries, dict) or len(entries) > MAX_BROKER_ADDRS:
+        raise MetaError(f"{where}: 'set' must map at most {MAX_BROKER_ADDRS} member ids to host:port")
+    if not isinstance(drop, list) or len(drop) > MAX_BROKER_ADDRS:
+        raise MetaError(f"{where}: 'drop' must be a list of at most {MAX_BROKER_ADDRS} member ids")
+    if not entries and not drop:
+        raise MetaError(f"{where}: sets and drops nothing")
+    pairs = tuple((_member_id(k, where), _host_port(v, f"{where} {k!r}")) for k, v in entries.items())
+    return BrokerAddrOp(pairs, tuple(_member_id(d, where) for d in drop))
 
 
 def topic_op(name: str, read_queue_nums: int, write_queue_nums: int, perm: int, order: bool = False) -> bytes:
@@ -233,6 +287,11 @@ def lock_op(group: str, client: str, queues: list[tuple[str, int]], now_ms: int,
 
 def unlock_op(group: str, client: str, queues: list[tuple[str, int]], now_ms: int) -> bytes:
     return encode_meta("unlock", group=group, client=client, queues=[list(q) for q in queues], now=now_ms)
+
+
+def broker_addrs_op(entries: dict[str, str], drop: list[str] | tuple[str, ...] = ()) -> bytes:
+    """Set members' broker addresses (node id -> host:port) and forget ``drop``."""
+    return encode_meta("brokers", set=dict(entries), drop=list(drop))
 
 
 def snapshot_op(topics: dict[str, Any], offsets: list[list[Any]]) -> bytes:

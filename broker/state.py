@@ -37,7 +37,17 @@ from remoting.topic import DataVersion, TopicConfig, TopicConfigWrapper, topic_e
 from . import codec
 from .codec import KIND_DERIVED, KIND_META, SLOT_BITS, CodecError, Record
 from .consume_queue import ConsumeQueue
-from .meta import LockOp, MetaError, OffsetOp, SnapshotOp, TopicOp, TxnEndOp, parse_meta, snapshot_op
+from .meta import (
+    BrokerAddrOp,
+    LockOp,
+    MetaError,
+    OffsetOp,
+    SnapshotOp,
+    TopicOp,
+    TxnEndOp,
+    parse_meta,
+    snapshot_op,
+)
 from .schedule import Half, HalfMessages, QueueLocks, Schedule, TakenKeys
 from .system_topics import HALF, SCHEDULE_TOPIC, SCHEDULED, queue_kind
 
@@ -46,6 +56,7 @@ log = logging.getLogger("broker.state")
 DEFAULT_DEDUP_WINDOW = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
 DEFAULT_DEDUP_TTL_S = 600.0
 MAX_LISTED_QUEUES = 1024  # queues a status answer lists by name
+MAX_BROKER_ADDR_TABLE = 256  # members' broker addresses kept (broker.membership); the oldest go first
 MAX_LOCK_OUTCOMES = 4096  # lock entries whose grants are kept for their answers  # ... and for at most this long (by the records' store time); 0: no limit
 
 
@@ -117,6 +128,8 @@ class BrokerState:
         self._delay_cursors: dict[
             int, int
         ] = {}  # schedule queue id -> offset before which all were delivered
+        # members' broker addresses as the log says them (BrokerAddrOp; broker.membership)
+        self.broker_addrs: dict[str, str] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -472,6 +485,9 @@ class BrokerState:
             else:
                 self.locks.unlock(op.group, op.client, op.queues)
             return False
+        if type(op) is BrokerAddrOp:
+            self._set_broker_addrs(op)
+            return False
         if type(op) is OffsetOp:
             key = (op.group, op.topic, op.queue)
             offset = op.offset
@@ -568,6 +584,18 @@ class BrokerState:
                 offset += 1
             self._delay_cursors[level] = out[level] = offset
         return out
+
+    def _set_broker_addrs(self, op: BrokerAddrOp) -> None:
+        """Drops, then sets (a set entry moves to the end); past the bound the oldest entries go,
+        the same ones on every broker (log order decides)."""
+        table = self.broker_addrs
+        for nid in op.drop:
+            table.pop(nid, None)
+        for nid, addr in op.set:
+            table.pop(nid, None)
+            table[nid] = addr
+        while len(table) > MAX_BROKER_ADDR_TABLE:
+            del table[next(iter(table))]
 
     def _set_topic(self, op: TopicOp) -> None:
         tc = self.topics[op.name] = TopicConfig(op.name, op.read, op.write, op.perm, order=op.order)
