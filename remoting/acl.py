@@ -388,6 +388,11 @@ ADMIN_CODES: Final = frozenset(
         RequestCode.DELETE_SUBSCRIPTIONGROUP,
         RequestCode.REGISTER_BROKER,
         RequestCode.UNREGISTER_BROKER,
+        # a broker group's membership: who holds the commit log (changes prove the cluster secret too)
+        RequestCode.GET_GROUP_MEMBERS,
+        RequestCode.ADD_GROUP_MEMBER,
+        RequestCode.PROMOTE_GROUP_MEMBER,
+        RequestCode.REMOVE_GROUP_MEMBER,
     }
 )
 

@@ -86,6 +86,14 @@ class RequestCode(IntEnum):
     # --- ledgermq only ----------------------------------------------------------------
     GET_LEDGER_STATUS = 1000
     """Raft state of a broker group member (role, term, commit index); for admin tools and Jepsen."""
+    GET_GROUP_MEMBERS = 1010
+    """A broker group's members (voters, learners, their broker and ledger addresses, progress), from its master."""
+    ADD_GROUP_MEMBER = 1011
+    """Add a broker to the group as a learner (and promote it once caught up); proves the cluster secret."""
+    PROMOTE_GROUP_MEMBER = 1012
+    """Make a learner of the group a voter once it has caught up; proves the cluster secret."""
+    REMOVE_GROUP_MEMBER = 1013
+    """Remove a broker from the group; proves the cluster secret."""
 
 
 class ResponseCode(IntEnum):
@@ -136,6 +144,9 @@ class ResponseCode(IntEnum):
     """The header map or body could not be decoded, or a required field is missing or invalid."""
     REPLICATION_TIMEOUT = 1005
     """The ledger did not commit the entry within the timeout; the outcome is unknown, not failed."""
+    MEMBERSHIP_REFUSED = 1006
+    """The group refused a membership change (the remark says why); header ``retryable`` is true when
+    the same request may succeed shortly (another change in progress, a learner still catching up)."""
 
 
 POP_REQUEST_NAMES = {
