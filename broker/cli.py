@@ -23,6 +23,17 @@ from .config import BrokerConfig
 @click.option("--node-id", help="this member's id in 'group' (e.g. n1)")
 @click.option("--namesrv-addr", help="nameservers, ';' or ',' separated host:port (env BROKER_NAMESRV_ADDR)")
 @click.option("--data-dir", help="directory for the ledger and metadata")
+@click.option(
+    "--group",
+    help="the group's members as comma-separated id=broker_host:port@ledger_host:port, this broker included",
+)
+@click.option(
+    "--join",
+    is_flag=True,
+    default=None,
+    help="start outside a running group (asking the others in --group for its configuration) and wait "
+    "to be added: ledgermq-admin member-add --broker-name NAME ID=BROKER_HOST:PORT",
+)
 @click.option("--metrics-port", type=int, help="Prometheus port (0: off)")
 @click.option("--log-level", help="debug, info, warning or error")
 @click.pass_context

@@ -4,6 +4,12 @@ A broker group is one ledger group: every broker of the group runs one ledger no
 the broker whose node leads is the master. ``group`` lists every member once as
 ``node id=broker host:port@ledger host:port``, so any broker can name the current master
 to a client that asked the wrong one.
+
+Membership changes at run time (``broker.membership``): a broker started with ``join``
+(``--join``) lists in ``group`` itself and some members of a running group; it comes up
+outside the group, is added as a learner (``ledgermq-admin member-add``), catches up and
+serves as a slave once promoted. The log then says who the members are and where their
+brokers listen; ``group`` only bootstraps that.
 """
 
 from __future__ import annotations
@@ -113,6 +119,7 @@ class BrokerConfig:
     tls_require_client_cert: bool = False  # refuse TLS clients without a certificate from tls_ca_file
     tls_enable: bool = False  # dial the nameservers with TLS (RocketMQ's tls.enable)
     ledger_tls: bool = False  # the group's ledger members talk TLS too, with the same three files
+    join: bool = False  # start outside the group and wait to be added (the others in 'group' are asked)
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
@@ -143,6 +150,11 @@ class BrokerConfig:
             members[nid] = GroupMember(nid, baddr, laddr, int(m.group(1)))
         if self.node_id not in members:
             raise ConfigError(f"key 'group' must include this broker's node_id {self.node_id!r}")
+        if self.join and len(members) < 2:
+            raise ConfigError(
+                "key 'join': 'group' must list this broker and at least one member of the running "
+                "group (id=broker_host:port@ledger_host:port) to ask for its configuration"
+            )
         self.members = members
         if not self.listen_host:  # listen where the group (and so every client) says this broker is
             self.listen_host = parse_host_port("group", members[self.node_id].broker_addr)[0].strip("[]")
@@ -274,10 +286,15 @@ class BrokerConfig:
         return self.me.number + 1
 
     def ledger_config(self) -> NodeConfig:
+        others = [m for m in self.members.values() if m.node_id != self.node_id]
         cfg = NodeConfig(
             id=self.node_id,
             listen=self.me.ledger_addr,
-            peers=[f"{m.node_id}={m.ledger_addr}" for m in self.members.values()],
+            # a joining broker is no member yet: the group's configuration comes from the others
+            peers=[
+                f"{m.node_id}={m.ledger_addr}" for m in self.members.values() if not self.join or m is self.me
+            ],
+            join=[m.ledger_addr for m in others] if self.join else [],
             data_dir=str(Path(self.data_dir) / "ledger"),
             tick_ms=self.tick_ms,
             election_ticks=self.election_ticks,

@@ -11,6 +11,10 @@ Roles follow the ledger (DLedger's role-change handler). A follower is a slave (
 master never serves sends or pulls from state that misses committed entries; while a
 backlog is being applied the event loop keeps running (votes, heartbeats, other
 requests). Every switch re-registers with every nameserver at once.
+
+Membership (``broker.membership``): only a voter of the ledger's configuration registers; a
+learner catching up does not, and a removed member unregisters. Members' broker addresses
+come from the log (``brokers`` records), the config's ``group`` only bootstrapping them.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from remoting.topic import PERM_READ, PERM_WRITE
 
 from .config import BrokerConfig
 from .delivery import ScheduledDelivery, TransactionChecker
+from .membership import GroupMembership
 from .message_store import MessageStore
-from .meta import topic_op
+from .meta import broker_addrs_op, topic_op
 from .processors import DEFAULT_TOPIC, PERM_INHERIT, Processors
 from .registration import BrokerIdentity, BrokerOuterAPI, PeriodicRegistration
 from .system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
@@ -65,6 +70,7 @@ class BrokerController:
         self._tasks: list[asyncio.Task[None]] = []
         self._master_tasks: list[asyncio.Task[None]] = []
         self.loop_lag = LoopLagMonitor()  # how late the event loop runs: what floods would cost
+        self.membership = GroupMembership(self)  # follows the ledger's configuration once initialized
 
     # ------------------------------------------------------------------ life cycle
 
@@ -75,6 +81,7 @@ class BrokerController:
         self._store = MessageStore(
             self.ledger, cfg.broker_name, cfg.dedup_window, cfg.apply_slice_bytes, cfg.dedup_ttl_s
         )
+        self.membership.attach()
         self.ledger.on_role(self._on_role)
         self.ledger.on_leader_ready(self._on_leader_ready)
         self._store.topic_listeners.append(self._topics_changed)
@@ -87,6 +94,8 @@ class BrokerController:
         fast = RemotingServer(cfg.listen_host, cfg.fast_port, rcfg, name="broker-fast")
         self.processors.register(main, pulls=True)
         self.processors.register(fast, pulls=False)  # the VIP channel serves everything but pulls
+        for server in (main, fast):
+            self.membership.register(server)
         self.servers = [main, fast]
         if cfg.acl_enable:
             accounts = server_accounts(cfg.acl_file, cfg.acl_admin_access_key, cfg.acl_admin_secret_key)
@@ -160,6 +169,7 @@ class BrokerController:
             return
         for t in [*self._tasks, *self._master_tasks]:
             t.cancel()
+        await self.membership.close()
         self.loop_lag.stop()
         if self.registration is not None:  # None: start failed before the broker registered
             await self.registration.stop()
@@ -214,6 +224,7 @@ class BrokerController:
         self.trigger_register()
         loop = asyncio.get_running_loop()
         self._bootstrap_task = loop.create_task(self._create_configured_topics())
+        self._tasks.append(loop.create_task(self._record_member_addresses(term)))
 
         def still_master() -> bool:
             return self.is_master and self._leader_term == term
@@ -249,6 +260,17 @@ class BrokerController:
                 log.warning("could not create configured topic", extra={"topic": name, "error": str(exc)})
                 return
 
+    async def _record_member_addresses(self, term: int) -> None:
+        """Put into the log, once, the broker addresses of members it lacks that this broker's
+        ``group`` names: a broker that joins later may list only some of the group."""
+        missing = self.membership.missing_addresses()
+        if not missing or self._leader_term != term:
+            return
+        try:
+            await self.store.append_async([broker_addrs_op(missing)])
+        except Exception as exc:  # noqa: BLE001 - the next master tries again
+            log.warning("could not record member broker addresses", extra={"error": str(exc)})
+
     async def _checkpoint_metadata(self) -> None:
         """With retention on, re-state topics and offsets well within the retention period."""
         interval = max(1.0, min(600.0, self.config.retention_hours * 3600 / 4))
@@ -256,7 +278,8 @@ class BrokerController:
             await asyncio.sleep(interval)
             if self.is_master and (self.store.topics or self.store.offsets):
                 try:
-                    await self.store.append_async([self.store.snapshot_record()])
+                    addrs = self.membership.table_record()  # retention must not lose them either
+                    await self.store.append_async([self.store.snapshot_record(), *([addrs] if addrs else [])])
                 except Exception as exc:  # noqa: BLE001 - the next round or the next master retries
                     log.warning("metadata checkpoint failed", extra={"error": str(exc)})
 
@@ -265,8 +288,7 @@ class BrokerController:
         if self.is_master:
             return self.config.broker_addr
         leader = self.ledger.leader_id
-        member = self.config.members.get(leader) if leader else None
-        return member.broker_addr if member else None
+        return self.membership.broker_addr(leader) if leader else None
 
     @property
     def leader_known(self) -> bool:
@@ -294,12 +316,18 @@ class BrokerController:
             self.registration.trigger(force=True)
 
     async def _register(self, force: bool) -> None:
+        if not self.membership.is_voter:
+            return  # a learner (still catching up) or a removed member: no replica clients may use
+        self.membership.registered = True
         results = await self.outer_api.register_if_needed(
             self.identity(),
             self.store.topic_config_wrapper(),
             force=force,
             timeout_s=self.config.register_timeout_s,
         )
+        if not self.membership.is_voter:  # removed while this round was on its way
+            await self.membership.unregister_self()
+            return
         if results:
             failed = [r for r in results if getattr(r, "error", None)]
             if failed:
@@ -325,4 +353,5 @@ class BrokerController:
             "loopLag": self.loop_lag.summary(lag_since),
             "delivery": self.delivery.stats(),
             "transactions": self.transaction_checks.stats(),
+            "membership": self.membership.status(),
         }

@@ -11,16 +11,23 @@ so that fault scripts (``jepsen run --system rocketmq --kill-cmd ...``) can kill
 an operator would. Once every group is ready, a broker that dies is reported and the rest keep
 running (failover is the point); a broker started again by such a script is that script's to
 stop. A death before the cluster is ready (a bad config, a port taken) still stops everything.
+
+A broker that dies is also a machine to replace: the command writes a fresh broker's config
+(the next node id, new ports, ``join = true``) and prints the three commands that replace
+the dead one: take it out of the group, start the new broker, add it (it catches up and
+serves as a slave; the nameserver's routes follow). The new broker is the caller's to stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +62,28 @@ def group_name(i: int) -> str:
     return f"broker-{chr(ord('a') + i)}"
 
 
+@dataclass(frozen=True)
+class Replacement:
+    """A fresh broker planned to replace ``dead`` in group ``group``: its id, addresses and config."""
+
+    group: str
+    dead: str
+    node: str
+    broker_addr: str
+    ledger_addr: str
+    config: Path
+
+    def commands(self, namesrv_addr: str, secret_file: Path) -> list[str]:
+        """What an operator runs, in order: remove the dead member, start the new one, add it."""
+        admin = f"ledgermq-admin -n {namesrv_addr}"
+        secret = f"--cluster-secret-file {shlex.quote(str(secret_file))}"
+        return [
+            f"{admin} member-remove -b {self.group} {secret} {self.dead}",
+            f"broker --config {shlex.quote(str(self.config))} &",
+            f"{admin} member-add -b {self.group} {secret} {self.node}={self.broker_addr}",
+        ]
+
+
 class LocalCluster(ProcessSet):
     """A nameserver and ``groups`` broker groups of three brokers each, under ``base_dir``."""
 
@@ -75,6 +104,7 @@ class LocalCluster(ProcessSet):
         self.namesrv_addr = f"{HOST}:{namesrv_port or free_port(HOST)}"
         self.groups = [group_name(i) for i in range(groups)]
         self.brokers: dict[str, dict[str, tuple[str, str]]] = {}  # group -> node -> (broker, ledger)
+        self.replaced: dict[str, Replacement] = {}  # "group/node" that died -> its planned replacement
         for name in self.groups:
             self.brokers[name] = {
                 f"n{k + 1}": (f"{HOST}:{_free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}")
@@ -91,21 +121,40 @@ class LocalCluster(ProcessSet):
         for name, members in self.brokers.items():
             peers = [f"{nid}={baddr}@{laddr}" for nid, (baddr, laddr) in members.items()]
             for nid in members:
-                d = self.base_dir / name / nid
-                d.mkdir(parents=True, exist_ok=True)
-                conf: dict[str, Any] = {
-                    "cluster_name": self.cluster_name,
-                    "broker_name": name,
-                    "node_id": nid,
-                    "group": peers,
-                    "namesrv_addr": [self.namesrv_addr],
-                    "data_dir": str(d / "data"),
-                    "listen_host": HOST,
-                    "cluster_secret_file": str(self.secret_file),
-                }
-                path = d / "broker.toml"
-                write_toml(path, conf)
-                path.chmod(0o600)
+                self._write_broker_config(name, nid, peers)
+
+    def _write_broker_config(self, name: str, nid: str, peers: list[str], join: bool = False) -> Path:
+        d = self.base_dir / name / nid
+        d.mkdir(parents=True, exist_ok=True)
+        conf: dict[str, Any] = {
+            "cluster_name": self.cluster_name,
+            "broker_name": name,
+            "node_id": nid,
+            "group": peers,
+            "namesrv_addr": [self.namesrv_addr],
+            "data_dir": str(d / "data"),
+            "listen_host": HOST,
+            "cluster_secret_file": str(self.secret_file),
+            **({"join": True} if join else {}),
+        }
+        path = d / "broker.toml"
+        write_toml(path, conf)
+        path.chmod(0o600)
+        return path
+
+    def plan_replacement(self, name: str, dead: str) -> Replacement:
+        """A fresh broker to replace ``dead`` of group ``name``: the next node id, new ports, and a
+        config with ``join = true`` listing the members still standing (and itself)."""
+        members = self.brokers[name]
+        gone = {r.dead for r in self.replaced.values() if r.group == name} | {dead}
+        nid = f"n{max(int(n[1:]) for n in members) + 1}"
+        baddr, laddr = f"{HOST}:{_free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}"
+        members[nid] = (baddr, laddr)
+        peers = [f"{n}={b}@{le}" for n, (b, le) in members.items() if n not in gone]
+        path = self._write_broker_config(name, nid, peers, join=True)
+        plan = Replacement(name, dead, nid, baddr, laddr, path)
+        self.replaced[f"{name}/{dead}"] = plan
+        return plan
 
     def start(self) -> None:
         self.write_configs()
@@ -185,6 +234,16 @@ def run(base_dir: Path, groups: int, namesrv_port: int) -> int:
                 gone.add(name)
                 code = cluster.procs[name].returncode
                 print(f"{name} exited (status {code}); the others keep running", file=sys.stderr, flush=True)
+                group, _, node = name.partition("/")
+                if group in cluster.brokers:  # a machine to replace, if it does not come back
+                    plan = cluster.plan_replacement(group, node)
+                    lines = plan.commands(cluster.namesrv_addr, cluster.secret_file)
+                    print(
+                        f"to replace {name} with a fresh broker {group}/{plan.node}:\n  "
+                        + "\n  ".join(lines),
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if len(reported) < len(cluster.groups):
                 for name, addr in sorted(asyncio.run(cluster.masters()).items()):
                     if name not in reported:
