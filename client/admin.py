@@ -30,6 +30,7 @@ from client.message_props import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPI
 from client.namesrv_client import NAMESRV_ADDR_ENV, parse_namesrv_addrs
 from client.producer import Producer
 from client.route import MessageQueue
+from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError
 from remoting.exceptions import RemotingError
 from remoting.message import Message
@@ -203,7 +204,7 @@ def main(
     tls_cert_file: str,
     tls_key_file: str,
 ) -> None:
-    """Administer a ledgermq cluster: topics, routes, brokers, messages, consumer offsets."""
+    """Administer a ledgermq cluster: topics, routes, brokers, group members, messages, consumer offsets."""
     if bool(access_key) != bool(secret_key):
         raise click.UsageError("--access-key and --secret-key go together (or neither)")
     try:
@@ -647,6 +648,170 @@ def transaction_status(ctx: _Ctx, cluster: str | None, broker_addr: str | None) 
         else:
             for key, value in _flatten(status):
                 click.echo(f"{key:<36}: {value}")
+
+
+# --- broker group membership -----------------------------------------------------------------------
+CLUSTER_SECRET_FILE_ENV = "LEDGERMQ_CLUSTER_SECRET_FILE"
+
+
+def _member_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option(
+        "--broker-addr",
+        "via",
+        metavar="HOST:PORT",
+        help="A member of the group to ask first (when the nameservers list none of it).",
+    )(f)
+    return click.option("-b", "--broker-name", required=True, help="The broker group (e.g. broker-a).")(f)
+
+
+def _secret_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--cluster-secret-file",
+        envvar=CLUSTER_SECRET_FILE_ENV,
+        metavar="FILE",
+        help=f"The group's cluster secret (the brokers' cluster_secret_file): a change must prove it "
+        f"(env {CLUSTER_SECRET_FILE_ENV}).",
+    )(f)
+
+
+def _read_secret(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return load_cluster_secret("", path) or None
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--cluster-secret-file'") from None
+
+
+def _print_members(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    rows = []
+    for kind in ("voters", "learners"):
+        for nid, m in (doc.get(kind) or {}).items():
+            bid = m.get("brokerId")
+            lag = m.get("lag")
+            rows.append(
+                (
+                    nid,
+                    str(m.get("role", "-")).upper(),
+                    "-" if bid is None else bid,
+                    m.get("brokerAddr") or "-",
+                    m.get("ledgerAddr") or "-",
+                    "-" if lag is None else lag,
+                )
+            )
+    _table(("#Node", "#Role", "#BID", "#BrokerAddr", "#LedgerAddr", "#Lag"), rows)
+    state = "committed" if doc.get("committed") else "not committed yet"
+    click.echo(
+        f"{doc.get('brokerName', '?')}: leader {doc.get('leader') or '-'}; configuration of log index "
+        f"{doc.get('index')} ({state})"
+    )
+
+
+@main.command("member-list")
+@_member_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@pass_ctx
+def member_list(ctx: _Ctx, broker_name: str, via: str | None, as_json: bool) -> None:
+    """A broker group's members, as its master sees them: role, broker id, addresses, lag."""
+    _print_members(ctx.run(lambda a: a.group_members(broker_name, via=via)), as_json)
+
+
+@main.command("member-add")
+@_member_options
+@_secret_option
+@click.option("--no-promote", is_flag=True, help="Leave it a learner (member-promote later).")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0, 600),
+    default=60.0,
+    show_default=True,
+    help="Seconds to catch up.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.argument("member_spec", metavar="ID=BROKER_HOST:PORT[@LEDGER_HOST:PORT]")
+@pass_ctx
+def member_add(
+    ctx: _Ctx,
+    broker_name: str,
+    via: str | None,
+    cluster_secret_file: str | None,
+    no_promote: bool,
+    wait_s: float,
+    as_json: bool,
+    member_spec: str,
+) -> None:
+    """Add a broker started with --join to the group: a learner that catches up, then (unless
+    --no-promote) a voter serving as slave. Its ledger address is asked of it unless given."""
+    nid, sep, rest = member_spec.partition("=")
+    baddr, _, laddr = rest.partition("@")
+    if not sep or not nid or not baddr:
+        raise click.BadParameter(
+            f"expected ID=BROKER_HOST:PORT[@LEDGER_HOST:PORT], got {member_spec!r}", param_hint="MEMBER_SPEC"
+        )
+    secret = _read_secret(cluster_secret_file)
+    doc = ctx.run(
+        lambda a: a.add_member(
+            broker_name,
+            nid,
+            baddr,
+            laddr or None,
+            secret=secret,
+            promote=not no_promote,
+            wait_s=wait_s,
+            via=via,
+        )
+    )
+    _print_members(doc, as_json)
+
+
+@main.command("member-promote")
+@_member_options
+@_secret_option
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0, 600),
+    default=60.0,
+    show_default=True,
+    help="Seconds to catch up.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.argument("node_id", metavar="ID")
+@pass_ctx
+def member_promote(
+    ctx: _Ctx,
+    broker_name: str,
+    via: str | None,
+    cluster_secret_file: str | None,
+    wait_s: float,
+    as_json: bool,
+    node_id: str,
+) -> None:
+    """Make a learner of the group a voter (a slave), once it has caught up."""
+    secret = _read_secret(cluster_secret_file)
+    _print_members(
+        ctx.run(lambda a: a.promote_member(broker_name, node_id, secret=secret, wait_s=wait_s, via=via)),
+        as_json,
+    )
+
+
+@main.command("member-remove")
+@_member_options
+@_secret_option
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+@click.argument("node_id", metavar="ID")
+@pass_ctx
+def member_remove(
+    ctx: _Ctx, broker_name: str, via: str | None, cluster_secret_file: str | None, as_json: bool, node_id: str
+) -> None:
+    """Remove a broker from the group (the nameservers drop its route); refused if the voters
+    left that answer would not be a majority."""
+    secret = _read_secret(cluster_secret_file)
+    _print_members(ctx.run(lambda a: a.remove_member(broker_name, node_id, secret=secret, via=via)), as_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ creation); the CLI in ``client.admin`` only parses arguments and prints.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,10 @@ from client.errors import BrokerError, ClientError, NoBrokerAvailableError
 from client.instance import ClientInstance
 from client.message_props import dlq_topic, retry_topic
 from client.route import MessageQueue
+from remoting.cluster_auth import CLUSTER_SIGNATURE, CLUSTER_TIME
+from remoting.cluster_auth import _proof as cluster_proof
 from remoting.codes import RequestCode, ResponseCode, response_code_name
-from remoting.exceptions import RemotingCommandError, RemotingError
+from remoting.exceptions import RemotingCommandError, RemotingError, RemotingTimeoutError
 from remoting.message import Message, parse_offset_msg_id
 from remoting.protocol import HeaderValue, RemotingCommand
 from remoting.route import MASTER_ID, BrokerData, ClusterInfo, TopicRouteData
@@ -66,6 +69,20 @@ class QueueProgress:
         if self.broker_offset is None:
             return None
         return self.broker_offset - (self.consumer_offset or 0)
+
+
+class MembershipRefusedError(BrokerError):
+    """The group refused a membership change; ``retryable`` when the same request may succeed
+    shortly (another change in progress, the learner still catching up)."""
+
+    def __init__(self, remark: str, addr: str, retryable: bool) -> None:
+        super().__init__(ResponseCode.MEMBERSHIP_REFUSED, remark, addr, "membership change")
+        self.retryable = retryable
+
+
+#: redirects (NOT_MASTER) and elections (no master yet) a membership request follows or waits out
+MEMBER_CALL_TRIES = 8
+MEMBER_RETRY_S = 0.5
 
 
 class AdminClient(ConsumerBase):
@@ -360,6 +377,176 @@ class AdminClient(ConsumerBase):
             what="topic config",
         )
         return json_body(response, addr, "topic config")
+
+    # --- membership (broker.membership): the group's master takes the changes ------------------
+    async def _member_call(
+        self,
+        broker_name: str,
+        code: int,
+        headers: dict[str, HeaderValue],
+        *,
+        secret: bytes | None,
+        timeout_s: float,
+        via: str | None = None,
+    ) -> dict[str, Any]:
+        """One membership request to ``broker_name``'s master (``via``, a member's address, is
+        asked first): a slave's NOT_MASTER is followed, a group electing its master waited for;
+        signed with the cluster secret when given. A request sent and never answered is not
+        sent again (it may have taken effect): the error says to look at member-list."""
+        addrs = [via] if via else []
+        try:
+            groups = await self.broker_groups()
+        except ClientError:
+            if not addrs:
+                raise
+            groups = {}
+        bd = groups.get(broker_name)
+        if bd is not None:
+            master = bd.broker_addrs.get(MASTER_ID)
+            addrs += ([master] if master else []) + [a for _, a in sorted(bd.broker_addrs.items())]
+        pending = list(dict.fromkeys(a for a in addrs if a))
+        if not pending:
+            known = ", ".join(sorted(groups)) or "none"
+            raise NoBrokerAvailableError(
+                f"broker group {broker_name} is not known to the nameserver (groups: {known}); "
+                f"name one of its brokers with --broker-addr"
+            )
+        errors: list[str] = []
+        addr = pending.pop(0)
+        for _ in range(MEMBER_CALL_TRIES):
+            request = RemotingCommand.request(code, dict(headers))
+            if secret:
+                request.headers[CLUSTER_TIME] = str(int(time.time() * 1000))
+                request.headers[CLUSTER_SIGNATURE] = cluster_proof(
+                    secret, code, request.headers, request.body
+                )
+            try:
+                response = await self.instance.remoting.invoke_sync(addr, request, timeout_s)
+            except RemotingTimeoutError as exc:
+                raise ClientError(
+                    f"{addr} did not answer within {timeout_s:g} s ({exc}): the change may still take "
+                    f"effect; see member-list --broker-name {broker_name}"
+                ) from None
+            except RemotingError as exc:
+                errors.append(f"{addr}: {exc}")
+                if not pending:
+                    raise NoBrokerAvailableError(
+                        f"no broker of {broker_name} answered ({'; '.join(errors)})"
+                    ) from None
+                addr = pending.pop(0)
+                continue
+            if response.code == ResponseCode.SUCCESS:
+                doc = json_body(response, addr, "membership")
+                if not isinstance(doc, dict):
+                    raise BrokerError(response.code, "membership answer is not a JSON object", addr)
+                return doc
+            if response.code == ResponseCode.MEMBERSHIP_REFUSED:
+                retryable = response.header_bool("retryable", False)
+                raise MembershipRefusedError(response.remark or "", addr, retryable)
+            hint = response.header_str(B.MASTER_ADDR, "")
+            if response.code == ResponseCode.NOT_MASTER and hint and hint != addr:
+                addr = hint
+                continue
+            if response.code in (ResponseCode.NOT_MASTER, ResponseCode.SERVICE_NOT_AVAILABLE):
+                await asyncio.sleep(MEMBER_RETRY_S)  # an election: the group names its master shortly
+                continue
+            raise BrokerError(response.code, response.remark or "", addr, "membership")
+        raise NoBrokerAvailableError(
+            f"broker group {broker_name}: no master took the request in {MEMBER_CALL_TRIES} tries"
+        )
+
+    async def group_members(self, broker_name: str, *, via: str | None = None) -> dict[str, Any]:
+        """The group's configuration from its master: ``voters`` and ``learners`` (each member's
+        role, broker and ledger address, broker id, lag), ``leader``, ``index``, ``committed``."""
+        return await self._member_call(
+            broker_name,
+            RequestCode.GET_GROUP_MEMBERS,
+            {},
+            secret=None,
+            timeout_s=self.call_timeout_s,
+            via=via,
+        )
+
+    async def joining_ledger_addr(self, broker_name: str, node_id: str, broker_addr: str) -> str:
+        """Ask the broker started with ``--join`` at ``broker_addr`` where its ledger node listens,
+        checking it is ``node_id`` of ``broker_name``: the operator names only the broker address."""
+        info = await self.broker_runtime_info(broker_addr)
+        ledger = info.get("ledger")
+        ledger = ledger if isinstance(ledger, dict) else {}
+        name, nid, laddr = info.get("brokerName"), ledger.get("id"), ledger.get("address")
+        if name != broker_name or nid != node_id:
+            raise ClientError(
+                f"the broker at {broker_addr} is {nid} of {name}, not {node_id} of {broker_name}"
+            )
+        if not isinstance(laddr, str) or not laddr:
+            raise ClientError(f"the broker at {broker_addr} does not say where its ledger node listens")
+        return laddr
+
+    async def add_member(
+        self,
+        broker_name: str,
+        node_id: str,
+        broker_addr: str,
+        ledger_addr: str | None = None,
+        *,
+        secret: bytes | None,
+        promote: bool = True,
+        wait_s: float = 60.0,
+        via: str | None = None,
+    ) -> dict[str, Any]:
+        """Add the broker ``node_id`` (started with ``--join``; its ledger address asked of it
+        unless given) to ``broker_name`` as a learner and, with ``promote``, make it a voter once
+        it has caught up (within ``wait_s``); it then registers as a slave."""
+        if ledger_addr is None:
+            ledger_addr = await self.joining_ledger_addr(broker_name, node_id, broker_addr)
+        headers: dict[str, HeaderValue] = {
+            "nodeId": node_id,
+            "brokerAddr": broker_addr,
+            "ledgerAddr": ledger_addr,
+            "promote": promote,
+            "waitMs": int(wait_s * 1000),
+        }
+        return await self._member_call(
+            broker_name,
+            RequestCode.ADD_GROUP_MEMBER,
+            headers,
+            secret=secret,
+            timeout_s=self.call_timeout_s + wait_s,
+            via=via,
+        )
+
+    async def promote_member(
+        self,
+        broker_name: str,
+        node_id: str,
+        *,
+        secret: bytes | None,
+        wait_s: float = 60.0,
+        via: str | None = None,
+    ) -> dict[str, Any]:
+        """Make learner ``node_id`` a voter once it has caught up (within ``wait_s``)."""
+        return await self._member_call(
+            broker_name,
+            RequestCode.PROMOTE_GROUP_MEMBER,
+            {"nodeId": node_id, "waitMs": int(wait_s * 1000)},
+            secret=secret,
+            timeout_s=self.call_timeout_s + wait_s,
+            via=via,
+        )
+
+    async def remove_member(
+        self, broker_name: str, node_id: str, *, secret: bytes | None, via: str | None = None
+    ) -> dict[str, Any]:
+        """Remove ``node_id`` from ``broker_name`` (the nameservers drop its route); refused if
+        the voters left that answer would not be a majority."""
+        return await self._member_call(
+            broker_name,
+            RequestCode.REMOVE_GROUP_MEMBER,
+            {"nodeId": node_id},
+            secret=secret,
+            timeout_s=self.call_timeout_s + 10.0,
+            via=via,
+        )
 
     # --- messages -----------------------------------------------------------------------------------
     async def _group_addrs_by_name(self, broker_name: str) -> list[str]:

@@ -1,0 +1,147 @@
+"""Broker membership without processes: the broker-address record, the state's table, the
+config's ``join``, the proof of the cluster secret, the admin commands' arguments, ACL rules."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from broker.config import BrokerConfig
+from broker.membership import MEMBER_CODES, host_port_error, node_number, proof_problem
+from broker.meta import BrokerAddrOp, MetaError, broker_addrs_op, parse_meta, topic_op
+from broker.state import MAX_BROKER_ADDR_TABLE, BrokerState
+from client.admin import main as admin_main
+from common.settings import ConfigError
+from remoting.acl import OPEN_CODES, RULES
+from remoting.cluster_auth import CLUSTER_SIGNATURE, CLUSTER_TIME
+from remoting.cluster_auth import _proof as cluster_proof
+from remoting.codes import RequestCode
+from remoting.protocol import RemotingCommand
+
+SECRET = b"0123456789abcdef0123456789abcdef"
+
+
+def apply(state: BrokerState, *payloads: bytes) -> None:
+    state.apply([(state.applied + 1 + i, p) for i, p in enumerate(payloads)])
+
+
+def test_broker_address_records_set_move_and_drop_entries_the_same_way_everywhere() -> None:
+    state = BrokerState()
+    apply(
+        state,
+        broker_addrs_op({"n1": "127.0.0.1:10911", "n2": "127.0.0.2:10911"}),
+        broker_addrs_op({"n4": "[::1]:10911"}, drop=["n2"]),
+        broker_addrs_op({"n1": "127.0.0.9:10911"}),  # a set moves its entry to the end
+    )
+    assert list(state.broker_addrs.items()) == [("n4", "[::1]:10911"), ("n1", "127.0.0.9:10911")]
+    assert state.skipped_entries == 0 and state.data_version.counter == 0  # no topic changed
+    assert parse_meta(broker_addrs_op({"n1": "h:1"}, ["n2"])) == BrokerAddrOp((("n1", "h:1"),), ("n2",))
+
+
+def test_the_broker_address_table_is_bounded_oldest_first() -> None:
+    state = BrokerState()
+    for i in range(MAX_BROKER_ADDR_TABLE // 64 + 1):
+        apply(state, broker_addrs_op({f"n{i * 64 + k}": f"h:{k + 1}" for k in range(64)}))
+    assert len(state.broker_addrs) == MAX_BROKER_ADDR_TABLE
+    assert "n0" not in state.broker_addrs and f"n{MAX_BROKER_ADDR_TABLE + 63}" in state.broker_addrs
+
+
+BAD_BROKER_RECORDS = [
+    b'\x02{"op":"brokers"}',  # sets and drops nothing
+    b'\x02{"op":"brokers","set":[["n1","h:1"]]}',
+    b'\x02{"op":"brokers","set":{"n1":"no-port"}}',
+    b'\x02{"op":"brokers","set":{"n1":"h:0"}}',
+    b'\x02{"op":"brokers","set":{"n1":"h:65536"}}',
+    b'\x02{"op":"brokers","set":{"n1":"a b:1"}}',
+    b'\x02{"op":"brokers","set":{"n1":7}}',
+    b'\x02{"op":"brokers","set":{"1n":"h:1"}}',
+    b'\x02{"op":"brokers","set":{"n=1":"h:1"}}',
+    b'\x02{"op":"brokers","set":{"n1":"' + b"h" * 300 + b':1"}}',
+    b'\x02{"op":"brokers","drop":"n1"}',
+    b'\x02{"op":"brokers","drop":[1]}',
+    b'\x02{"op":"brokers","set":{' + b",".join(b'"n%d":"h:1"' % i for i in range(65)) + b"}}",
+]
+
+
+@pytest.mark.parametrize("payload", BAD_BROKER_RECORDS, ids=range(len(BAD_BROKER_RECORDS)))
+def test_a_broker_address_record_no_replica_can_apply_is_skipped_and_the_rest_goes_on(payload: bytes) -> None:
+    with pytest.raises(MetaError):
+        parse_meta(payload)
+    state = BrokerState()
+    apply(state, broker_addrs_op({"n1": "h:1"}), payload, topic_op("T", 1, 1, 6))
+    assert state.applied == 3 and state.skipped_entries == 1
+    assert state.broker_addrs == {"n1": "h:1"} and "T" in state.topics
+
+
+def _config(tmp_path: Path, **kw: object) -> BrokerConfig:
+    cfg = BrokerConfig(
+        broker_name="broker-a",
+        node_id=str(kw.pop("node_id", "n4")),
+        group=list(
+            kw.pop("group", ["n1=127.0.0.1:10911@127.0.0.1:20911", "n4=127.0.0.4:10911@127.0.0.4:20911"])
+        ),  # type: ignore[arg-type]
+        namesrv_addr=["127.0.0.1:9876"],
+        data_dir=str(tmp_path),
+        cluster_secret=SECRET.decode(),
+        **kw,  # type: ignore[arg-type]
+    )
+    cfg.validate()
+    return cfg
+
+
+def test_a_joining_broker_asks_the_others_and_bootstraps_no_configuration(tmp_path: Path) -> None:
+    led = _config(tmp_path, join=True).ledger_config()
+    assert led.join == ["127.0.0.1:20911"] and led.peers == ["n4=127.0.0.4:20911"]
+    plain = _config(tmp_path).ledger_config()
+    assert plain.join == [] and len(plain.peers) == 2
+    with pytest.raises(ConfigError, match="at least one member of the running group"):
+        _config(tmp_path, join=True, group=["n4=127.0.0.4:10911@127.0.0.4:20911"])
+
+
+def _signed(code: int, secret: bytes, *, skew_ms: int = 0) -> RemotingCommand:
+    req = RemotingCommand.request(code, {"nodeId": "n4"})
+    req.headers[CLUSTER_TIME] = str(int(time.time() * 1000) + skew_ms)
+    req.headers[CLUSTER_SIGNATURE] = cluster_proof(secret, code, req.headers, req.body)
+    return req
+
+
+def test_membership_changes_must_prove_the_cluster_secret() -> None:
+    code = RequestCode.REMOVE_GROUP_MEMBER
+    assert proof_problem((SECRET,), _signed(code, SECRET), 300) is None
+    unsigned = RemotingCommand.request(code, {"nodeId": "n4"})
+    assert "--cluster-secret-file" in (proof_problem((SECRET,), unsigned, 300) or "")
+    other = _signed(code, b"another secret of 32 bytes......")
+    assert "does not verify" in (proof_problem((SECRET,), other, 300) or "")
+    tampered = _signed(code, SECRET)
+    tampered.headers["nodeId"] = "n1"  # the proof covers the headers: a replay cannot aim elsewhere
+    assert "does not verify" in (proof_problem((SECRET,), tampered, 300) or "")
+    assert "clock" in (proof_problem((SECRET,), _signed(code, SECRET, skew_ms=-600_000), 300) or "")
+
+
+def test_every_membership_code_is_for_admins_only() -> None:
+    for code in MEMBER_CODES:
+        assert RULES[int(code)].admin and int(code) not in OPEN_CODES, code.name
+
+
+def test_node_ids_and_addresses() -> None:
+    assert node_number("n4") == 4 and node_number("broker7") == 7 and node_number("n") is None
+    assert node_number("4") is None and host_port_error("127.0.0.1:10911") is None
+    assert host_port_error("127.0.0.1") and host_port_error("h:0") and host_port_error("h@x:1")
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["member-add", "-b", "broker-a", "n4"], "expected ID=BROKER_HOST:PORT"),
+        (["member-add", "-b", "broker-a", "=h:1"], "expected ID=BROKER_HOST:PORT"),
+        (["member-add", "n4=h:1"], "Missing option '-b'"),
+        (["member-remove", "-b", "broker-a", "--cluster-secret-file", "/nonexistent", "n2"], "cannot read"),
+        (["member-list", "-b", "broker-a"], "no nameserver address"),
+    ],
+)
+def test_admin_membership_commands_refuse_bad_arguments_plainly(args: list[str], words: str) -> None:
+    result = CliRunner().invoke(admin_main, args, env={"NAMESRV_ADDR": ""})
+    assert result.exit_code == 2 and words in result.output, result.output
