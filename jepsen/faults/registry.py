@@ -16,6 +16,7 @@ from jepsen.faults.disk import (
     LoseDataWipe,
 )
 from jepsen.faults.forge import ForgePeer
+from jepsen.faults.membership import MembershipChange
 from jepsen.faults.network import LossyNetwork, SlowNetwork
 from jepsen.faults.partition import Bridge, PartitionLeader, PartitionMajoritiesRing, PartitionRandomHalves
 from jepsen.faults.process import KillLeader, KillMajority, KillRandom, PauseLeader, PauseRandom, RestartAll
@@ -44,6 +45,7 @@ FAULTS: dict[str, type[Fault]] = {
         LoseDataHardstate,
         ForgePeer,
         DiskFull,
+        MembershipChange,
     )
 }
 

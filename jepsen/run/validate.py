@@ -149,12 +149,37 @@ def load_refusal(cfg: RunConfig) -> str | None:
     return None
 
 
+#: faults that cut or shape the local backend's per-link proxies
+LINK_FAULTS = (
+    "partition-leader",
+    "partition-random-halves",
+    "partition-majorities-ring",
+    "bridge",
+    "slow-network",
+    "lossy-network",
+)
+
+
+def nemesis_refusal(cfg: RunConfig) -> str | None:
+    """Why the run's faults do not combine: after a membership change every node dials the
+    addresses the group's configuration names, which the local backend's per-link proxies do
+    not sit behind, so a partition would cut other links than it records."""
+    links = [f for f in cfg.nemesis if f in LINK_FAULTS]
+    if "membership" in cfg.nemesis and links and cfg.backend == "local":
+        return (
+            f"--nemesis membership does not combine with {_and(links)} on the local backend: once the "
+            "members change, nodes dial the addresses in the group's configuration, not the per-link "
+            "proxies those faults cut (it needs per-node dial addresses in the ledger)"
+        )
+    return None
+
+
 def validated(cfg: RunConfig) -> RunConfig:
     """``cfg`` as it will run: the system its workload needs, the load filled in, every
     combination checked (``Unsupported`` says what does not combine)."""
     if cfg.workload in WORKLOADS:
         cfg.system = system_for(cfg.workload, cfg.system)
-    reason = workload_refusal(cfg.system, cfg.workload) or backend_refusal(cfg)
+    reason = workload_refusal(cfg.system, cfg.workload) or backend_refusal(cfg) or nemesis_refusal(cfg)
     if reason:
         raise Unsupported(reason)
     resolve_load(cfg)

@@ -12,6 +12,16 @@ retries such an append; ``NOT_LEADER`` answers are retried and, when the deadlin
 out, surface as ``UNAVAILABLE`` — which for an append therefore means every attempt was
 refused or never sent. ``FAILED`` (overwritten by a newer leader), ``BUSY`` (refused: too many appends await commit),
 ``BAD_REQUEST`` and ``TOO_LARGE`` are definite. Reads have no effect, so every read error is a ``fail``.
+
+Membership (the ``membership`` nemesis, ``jepsen.faults.membership``): when a run names it,
+the backend plans ``MEMBERSHIP_SPARES`` more nodes up front (``plan_faults``), each with its
+own loopback address for the whole run, so that every client knows every address a member
+may ever have. ``nodes`` is then the group's current members (what the other faults aim
+at); a removed node is killed and its data deleted, and one added starts empty with
+``join`` and is added as a learner, then promoted once caught up. Nodes that join dial
+their peers at the addresses the group's configuration names: the link proxies only carry
+the links of the first members' own config files, which is why ``jepsen.run.validate``
+refuses the link faults with ``membership`` on this backend.
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.process import write_toml
+from common.process import free_port, write_toml
 from jepsen.net.proxy import LinkProxy
 from jepsen.systems.base import ProcessBackend, Unsupported
 from jepsen.systems.clients import (
@@ -42,6 +52,10 @@ from ledger.localcluster import LocalCluster
 from ledger.wire import BAD_REQUEST, BUSY, FAILED, NOT_LEADER, TOO_LARGE, UNAVAILABLE, LedgerError
 
 SYSTEM = "ledger"
+#: nodes planned beyond the first members when a run changes membership (grow to 5, replace one)
+MEMBERSHIP_SPARES = 3
+#: seconds a node added by the membership nemesis has to catch up before it is promoted
+PROMOTE_WAIT_S = 30.0
 
 
 def classify_append_error(exc: BaseException) -> Exception:
@@ -272,12 +286,38 @@ class LocalLedgerBackend(ProcessBackend):
         self.cluster = _ProxiedCluster(Path(base_dir), n, settings=settings)
         super().__init__(base_dir, self.cluster)
         self.nodes = list(self.cluster.ids)
+        self.spares: list[str] = []  # nodes planned for membership changes (plan_faults)
         self._status_client = self.loop_client(
             lambda: LedgerClient(self.cluster.addresses, timeout=0.5, attempt_timeout=0.5)
         )
 
+    @property
+    def pool(self) -> list[str]:
+        """Every node the run may start: the first members, then the spares."""
+        return [*self.cluster.ids, *self.spares]
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every address a member may have during the run (what clients are given)."""
+        return [self.cluster.address(n) for n in self.pool]
+
+    def plan_faults(self, faults: Sequence[str]) -> None:
+        """With ``membership``: the spare nodes' addresses, before anything starts."""
+        if "membership" not in faults or self.spares:
+            return
+        first = len(self.cluster.ids)
+        for k in range(first + 1, first + 1 + MEMBERSHIP_SPARES):
+            nid = f"n{k}"
+            host = f"127.0.0.{k}" if len(set(self.cluster.hosts.values())) > 1 else "127.0.0.1"
+            self.cluster.hosts[nid] = host
+            self.cluster.ports[nid] = free_port(host)
+            self.spares.append(nid)
+
+    def listen_addresses(self) -> list[str]:
+        return [self.cluster.address(n) for n in self.spares]
+
     def peer_addresses(self) -> dict[str, str]:
-        return {n: self.cluster.address(n) for n in self.nodes}
+        return {n: self.cluster.address(n) for n in self.cluster.ids}
 
     def launch(self) -> None:
         self.cluster.proxy = self.proxy
@@ -296,9 +336,96 @@ class LocalLedgerBackend(ProcessBackend):
     def names(self) -> dict[str, str]:
         """Any address a node can be reached or named by -> node id."""
         assert self.proxy is not None
-        out = {self.cluster.address(n): n for n in self.nodes}
+        out = {self.cluster.address(n): n for n in self.pool}
         out.update({addr: dst for (_, dst), addr in self.proxy.addresses.items()})
         return out
+
+    # ------------------------------------------------------------------ membership (the nemesis's primitives)
+
+    def membership_refusal(self) -> str | None:
+        """Why this backend cannot change membership (None: it can, once spares are planned)."""
+        return None if self.spares else "no spare nodes were planned (plan_faults without 'membership')"
+
+    def _member_client(self, timeout: float = 10.0) -> DirectLedgerClient:
+        return DirectLedgerClient(
+            self.addresses,
+            self.direct,
+            timeout=timeout,
+            attempt_timeout=1.0,
+            secret=self.cluster.client_secret,
+        )
+
+    async def group_members(self, group: Sequence[str]) -> dict[str, Any]:
+        """The leader's configuration: ``voters``, ``learners`` (node ids) and ``leader``."""
+        async with self._member_client() as client:
+            doc = await client.members()
+        return self._follow(doc)
+
+    def spare_nodes(self, group: Sequence[str]) -> list[str]:
+        """Nodes of the pool outside the group and not running: what can be added fresh."""
+        return [n for n in self.pool if n not in self.nodes and not self.procs.is_running(n)]
+
+    def _follow(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Take the group's configuration as the nodes the other faults aim at; its summary."""
+        voters, learners = list(doc.get("voters") or {}), list(doc.get("learners") or {})
+        self.nodes = [n for n in self.pool if n in voters or n in learners]
+        return {"voters": sorted(voters), "learners": sorted(learners), "leader": doc.get("leader")}
+
+    def wipe(self, nid: str) -> None:
+        """SIGKILL the node and delete its data: a machine whose disk is gone (not a fault to heal)."""
+        self.procs.kill(self.process_name(nid))
+        self.killed.discard(nid)
+        self.paused.discard(nid)
+        shutil.rmtree(self.base_dir / nid / "data", ignore_errors=True)
+
+    def _start_joining(self, nid: str, join: list[str]) -> None:
+        """Start ``nid`` empty, asking ``join`` for the group's configuration (``ledger start --join``)."""
+        self.wipe(nid)
+        d = self.base_dir / nid
+        d.mkdir(parents=True, exist_ok=True)
+        conf = {
+            "id": nid,
+            "listen": self.cluster.address(nid),
+            "peers": [f"{nid}={self.cluster.address(nid)}"],
+            "data_dir": str(d / "data"),
+            "join": join,
+            **self.cluster.settings,
+        }
+        write_toml(self.cluster.config_path(nid), conf)
+        self.cluster.start_node(nid)
+
+    async def member_add(self, nid: str) -> dict[str, Any]:
+        """Start ``nid`` fresh, add it as a learner, promote it once it has caught up."""
+        join = [self.cluster.address(n) for n in self.nodes]
+        await asyncio.to_thread(self._start_joining, nid, join)
+        address = self.cluster.address(nid)
+        async with self._member_client(timeout=PROMOTE_WAIT_S + 10.0) as client:
+            try:
+                added = await client.add_learner(nid, address)
+                await caught_up(client, nid, int(added.get("index") or 0), PROMOTE_WAIT_S)
+                doc = await client.promote(nid, wait_s=PROMOTE_WAIT_S)
+            except BaseException:
+                await self._refresh(client)
+                raise
+        return self._follow(doc)
+
+    async def member_remove(self, nid: str) -> dict[str, Any]:
+        """Remove ``nid`` from the group, then kill it and delete its data (it leaves for good)."""
+        async with self._member_client() as client:
+            try:
+                doc = await client.remove_member(nid)
+            except BaseException:
+                await self._refresh(client)
+                raise
+        await asyncio.to_thread(self.wipe, nid)
+        return self._follow(doc)
+
+    async def _refresh(self, client: LedgerClient) -> None:
+        """After a failed change: follow whatever configuration the group has now."""
+        try:
+            self._follow(await client.members())
+        except Exception:  # noqa: BLE001 - the change's own error is what the history records
+            pass
 
     async def status(self, nid: str) -> dict[str, Any] | None:
         st = await self._status_client.get().status(self.cluster.address(nid))
@@ -325,12 +452,12 @@ class LocalLedgerBackend(ProcessBackend):
         }
 
     def log_client(self) -> LogClient:
-        return LedgerLogClient(self.cluster.addresses, self.direct, self.names, timeout=self.client_timeout)
+        return LedgerLogClient(self.addresses, self.direct, self.names, timeout=self.client_timeout)
 
     def client_spec(self) -> dict[str, Any]:
         return {
             "system": self.system,
-            "addresses": list(self.cluster.addresses),
+            "addresses": self.addresses,
             "direct": self.direct,
             "names": self.names,
             "timeout": self.client_timeout,
@@ -341,15 +468,34 @@ class LocalLedgerBackend(ProcessBackend):
 
     def register_client(self, replica: LedgerRegisterReplica) -> RegisterClient:
         return LedgerRegisterClient(
-            self.cluster.addresses, self.direct, self.names, replica, timeout=self.client_timeout
+            self.addresses, self.direct, self.names, replica, timeout=self.client_timeout
         )
 
     def log_files(self) -> dict[str, Path]:
-        return {n: self.base_dir / n / "node.log" for n in self.nodes}
+        return {
+            n: self.base_dir / n / "node.log"
+            for n in self.pool
+            if n in self.nodes or (self.base_dir / n).exists()
+        }
 
     def cleanup_data(self) -> None:
-        for n in self.nodes:
+        for n in self.pool:
             shutil.rmtree(self.base_dir / n / "data", ignore_errors=True)
+
+
+async def caught_up(client: LedgerClient, nid: str, index: int, timeout: float) -> None:
+    """Wait until learner ``nid`` holds the log up to ``index`` (the entry that added it), so that
+    it is promoted only once it has answered: the leader promotes a learner whose lag is small
+    even if it never replied (a young log), and a voter that never started weakens the quorum."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        doc = await client.members()
+        if int(doc.get("progress", {}).get(nid, {}).get("match") or 0) >= index:
+            return
+        if loop.time() >= deadline:
+            raise TimeoutError(f"learner {nid} did not reach index {index} within {timeout:g} s")
+        await asyncio.sleep(0.05)
 
 
 class _ProxiedCluster(LocalCluster):
