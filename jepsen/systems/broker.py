@@ -41,6 +41,7 @@ from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
 from jepsen.net.proxy import Link, LinkProxy
 from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
 from jepsen.systems.base import ProcessBackend, Unsupported, write_cluster_secret
+from jepsen.systems.broker_membership import BrokerMembership
 from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair, decode_value
 from jepsen.systems.credentials import Credentials
 from jepsen.systems.rocketmq_compat import rocketmq_instance
@@ -114,7 +115,7 @@ class _BrokerProcessBackend(ProcessBackend):
         }
 
 
-class LocalBrokerBackend(_BrokerProcessBackend):
+class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
     """Two nameservers and a 3-broker group of local processes; faults hit the brokers."""
 
     system = SYSTEM
@@ -176,7 +177,7 @@ class _ProxiedBrokerGroups(LocalBrokerGroups):
         return self.proxy.address(nid, peer)
 
 
-class LocalBrokerGroupsBackend(_BrokerProcessBackend):
+class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
     """Two nameservers and ``groups`` 3-broker groups of local processes (``--groups``, ``--port-base``).
 
     Nodes are named ``<broker name>/<node>`` (``broker-b/n2``), so the history's ``node``
