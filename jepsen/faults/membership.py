@@ -164,6 +164,8 @@ class MembershipChange(Fault):
             if voters is None:
                 continue
             short = MIN_VOTERS - len(voters)
-            spares = b.spare_nodes(group)
-            if short > 0 and spares:
-                await self._change(ctx, "member-add", spares[:short], {"variant": "heal"})
+            for nid in b.spare_nodes(group):  # one at a time: a spare that fails is passed over
+                if short <= 0:
+                    break
+                if await self._change(ctx, "member-add", [nid], {"variant": "heal"}) is not None:
+                    short -= 1

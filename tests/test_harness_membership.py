@@ -1,0 +1,171 @@
+"""The ``membership`` nemesis: its changes on a fake group, what combines with it, and short
+real runs of the log, register and queue workloads with it (and with leader kills)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jepsen.faults.base import FaultContext, Scope
+from jepsen.faults.membership import MIN_VOTERS, VARIANTS, MembershipChange
+from jepsen.faults.registry import FAULTS, check_faults
+from jepsen.history import History, read_history, validate_history
+from jepsen.run.config import RunConfig, RunResult
+from jepsen.run.runner import run
+from jepsen.run.validate import validated
+from jepsen.systems.base import Unsupported
+
+
+class FakeGroup:
+    """A backend with the membership primitives over an in-memory configuration."""
+
+    system = "fake"
+
+    def __init__(self) -> None:
+        self.nodes = ["n1", "n2", "n3"]
+        self.pool = [*self.nodes, "n4", "n5", "n6"]
+        self.fail_add: set[str] = set()
+
+    def node_groups(self) -> dict[str, list[str]]:
+        return {"": list(self.nodes)}
+
+    def membership_refusal(self) -> str | None:
+        return None
+
+    async def group_members(self, group: Sequence[str]) -> dict[str, Any]:
+        return {"voters": sorted(self.nodes), "learners": [], "leader": self.nodes[0]}
+
+    def spare_nodes(self, group: Sequence[str]) -> list[str]:
+        return [n for n in self.pool if n not in self.nodes]
+
+    async def member_add(self, nid: str) -> dict[str, Any]:
+        if nid in self.fail_add:
+            raise TimeoutError(f"learner {nid} did not catch up")
+        self.nodes.append(nid)
+        return await self.group_members(self.nodes)
+
+    async def member_remove(self, nid: str) -> dict[str, Any]:
+        self.nodes.remove(nid)
+        return await self.group_members(self.nodes)
+
+
+def _context(backend: FakeGroup, tmp_path: Path) -> tuple[FaultContext, History]:
+    history = History(tmp_path / "history.jsonl")
+    ctx = FaultContext(backend, history, random.Random(5), tmp_path / "nemesis.log", lose_data="wipe")  # type: ignore[arg-type]
+    return ctx, history
+
+
+def test_each_way_of_changing_a_group_is_recorded_with_the_configuration_it_left(tmp_path: Path) -> None:
+    backend = FakeGroup()
+    ctx, history = _context(backend, tmp_path)
+    fault = MembershipChange()
+
+    async def cycle() -> None:
+        for _ in range(len(VARIANTS)):
+            await fault.start(ctx, Scope([list(backend.nodes)], {}))
+            await fault.stop(ctx)
+            assert len(backend.nodes) == MIN_VOTERS
+
+    asyncio.run(cycle())
+    history.close()
+    events = [e for e in read_history(tmp_path / "history.jsonl") if e["process"] == "nemesis"]
+    ends = events[1::2]
+    assert {e["f"] for e in events} == {"member-add", "member-remove"} and not ctx.errors
+    assert {e["value"]["variant"] for e in ends} == set(VARIANTS)
+    for e in ends:  # each change names its nodes and the voters it left
+        assert e["value"]["nodes"] and e["value"]["fault"] == "membership"
+        assert sorted(e["value"]["voters"]) == e["value"]["voters"]
+    grown = next(e for e in ends if e["value"]["variant"] == "grow" and e["f"] == "member-add")
+    assert len(grown["value"]["voters"]) == MIN_VOTERS + 2
+
+
+def test_a_change_that_fails_half_way_is_recorded_and_healed_back_to_three_voters(tmp_path: Path) -> None:
+    backend = FakeGroup()
+    ctx, history = _context(backend, tmp_path)
+    fault = MembershipChange()
+    fault.turn = VARIANTS.index("readd")
+
+    async def go() -> None:
+        await fault.start(ctx, Scope([list(backend.nodes)], {}))
+        victim = fault.pending[0][2][0]
+        backend.fail_add.add(victim)
+        await fault.stop(ctx)  # the add fails: recorded as the operation's error
+        assert len(backend.nodes) == MIN_VOTERS - 1
+        await fault.heal(ctx)
+
+    asyncio.run(go())
+    history.close()
+    assert len(backend.nodes) == MIN_VOTERS and ctx.errors and "did not catch up" in ctx.errors[0]
+    events = [e for e in read_history(tmp_path / "history.jsonl") if e["process"] == "nemesis"]
+    assert {e["value"].get("variant") for e in events[-4:]} == {"heal"}  # a failed spare, then one that joins
+
+
+def test_membership_is_a_registered_fault_that_only_some_backends_have() -> None:
+    assert FAULTS["membership"] is MembershipChange
+    d = MembershipChange.describe()
+    assert d.breaks == "member-remove" and d.heals is None and "grow to five" in d.summary
+
+    class NoMembership:
+        system = "nothing"
+
+    with pytest.raises(Unsupported, match="cannot change a group's members"):
+        check_faults(["membership"], NoMembership())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("link_fault", ["partition-leader", "slow-network"])
+def test_membership_is_refused_with_the_faults_that_cut_the_proxies(link_fault: str) -> None:
+    cfg = RunConfig(workload="log", nemesis=("membership", link_fault))
+    with pytest.raises(Unsupported, match=f"does not combine with {link_fault} on the local backend"):
+        validated(cfg)
+    validated(RunConfig(workload="log", nemesis=("membership", "kill-leader", "pause-random", "lose-data")))
+
+
+# ------------------------------------------------------------------ real runs
+
+
+def _run(tmp_path: Path, **kw: Any) -> RunResult:
+    settings: dict[str, Any] = {
+        "out": tmp_path,
+        "progress": False,
+        "time": 14,
+        "interval": 1.5,
+        "rate": 40,
+        "clients": 4,
+        "seed": 21,
+        **kw,
+    }
+    return run(RunConfig(**settings))
+
+
+def _changes(result: RunResult) -> list[dict[str, Any]]:
+    events = read_history(result.history)
+    assert validate_history(events) == []
+    nem = [e for e in events if e["process"] == "nemesis"]
+    return [e for e in nem[1::2] if e["f"] in ("member-add", "member-remove")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workload", "nemesis"),
+    [
+        ("log", ("membership", "kill-leader")),
+        ("register", ("membership",)),
+        ("queue", ("membership", "kill-leader")),
+    ],
+)
+def test_a_short_run_with_membership_changes_is_valid(
+    tmp_path: Path, workload: str, nemesis: tuple[str, ...]
+) -> None:
+    result = _run(tmp_path, workload=workload, nemesis=nemesis)
+    changes = _changes(result)
+    assert result.valid is True, result.summary.get("check")
+    assert len(changes) >= 2 and not any("error" in e for e in changes), changes
+    assert all(len(e["value"]["voters"]) >= 2 for e in changes)
+    counts = Counter(e["f"] for e in changes)
+    assert counts["member-add"] and counts["member-remove"], counts
