@@ -17,12 +17,25 @@ Measures, each on the group as ``ledger start`` runs it (peer authentication on)
   SIGKILLed (and restarted) every few changes; every acknowledged append is then read back
   from every member: ``lost_acks`` must be 0.
 
+With ``--broker-changes N`` (24 by default, 8 with ``--quick``; 0 skips it), the same on a
+broker group (2 nameservers, 3 brokers) under a producer's load: each change through
+``ledgermq-admin``'s client (a fresh broker on new ports added, then promoted, the newest
+non-master voter removed and wiped), the master SIGKILLed and restarted every
+``--kill-every`` changes; every acknowledged message is then pulled from every member:
+``broker_lost_acks`` must be 0; ``broker_sends_per_s_during_vs_between_pct`` compares the
+send rate while a change is in flight (add, promote, remove) with the rate between changes,
+and ``broker_catchup_vs_between_pct`` the rate while a learner catches up (start-ups of the
+new brokers and failovers are left out of both).
+
 Prints figures as it goes and ends with one JSON line: catchup_mb_per_s, catchup_mb,
 change_commit_ms_p50, change_commit_heartbeats_p50, change_commit_heartbeats_max,
 entries_per_s_before, entries_per_s_during_catchup, catchup_under_load_mb_per_s,
 entries_per_s_during, entries_per_s_between, changes_during, entries_per_s_after,
 during_vs_before_pct (during vs between),
-catchup_vs_before_pct, changes, leader_kills, acked, lost_acks, errors.
+catchup_vs_before_pct, changes, leader_kills, acked, lost_acks, errors, and broker_changes,
+broker_master_kills, broker_acked, broker_lost_acks, broker_send_errors,
+broker_sends_per_s_during, broker_sends_per_s_between, broker_sends_per_s_during_vs_between_pct,
+broker_sends_per_s_during_catchup, broker_catchup_vs_between_pct, broker_change_ms_p50.
 """
 
 from __future__ import annotations
@@ -30,17 +43,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from client.admin_api import AdminClient, MembershipRefusedError
+from client.errors import ClientError
+from client.producer import Producer
+from jepsen.localgroup import LocalBrokerGroup
+from jepsen.systems.broker_membership import start_joining_broker
 from ledger.client import LedgerClient
 from ledger.loadgen import AppendLoad, missing_acks
 from ledger.localcluster import LocalCluster
 from ledger.localjoin import start_joining_node
 from ledger.wire import LedgerError
+from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from remoting.message import Message, decode_stored_messages
 
 ENTRY = b"x" * 1024
 TICK_MS = 50  # NodeConfig's defaults: one heartbeat per tick
@@ -293,6 +314,211 @@ async def changes_under_faults(cluster: LocalCluster, args: argparse.Namespace, 
     )
 
 
+BROKER_TOPIC = "MembershipBench"
+BROKER_QUEUES = 4
+
+
+async def _broker_master(g: LocalBrokerGroup, adm: AdminClient) -> str | None:
+    """The node id of the group's master as the nameservers route it (None while there is none)."""
+    bd = (await adm.cluster_info()).broker_addr_table.get(g.broker_name)
+    addr = bd.broker_addrs.get(0) if bd else None
+    return next((n for n, a in g.broker_addr.items() if a == addr), None)
+
+
+async def _answers(client: RemotingClient, addr: str) -> bool:
+    """Whether the broker at ``addr`` answers (it has started)."""
+    try:
+        req = RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO)
+        return (await client.invoke_sync(addr, req, 1.0)).code == ResponseCode.SUCCESS
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False
+
+
+async def _held_messages(client: RemotingClient, addr: str) -> dict[tuple[int, int], bytes]:
+    """Every message of the bench topic ``addr`` serves: (queue, offset) -> body."""
+    out: dict[tuple[int, int], bytes] = {}
+    for q in range(BROKER_QUEUES):
+        offset = 0
+        for _ in range(100_000):
+            headers = {
+                "consumerGroup": "bench",
+                "topic": BROKER_TOPIC,
+                "queueId": q,
+                "queueOffset": offset,
+                "maxMsgNums": 1024,
+                "suspendTimeoutMillis": 0,
+            }
+            req = RemotingCommand.request(RequestCode.PULL_MESSAGE, headers)
+            resp = await client.invoke_sync(addr, req, 10)
+            if resp.code != ResponseCode.SUCCESS:
+                break
+            for m in decode_stored_messages(resp.body):
+                out[(q, m.queue_offset)] = bytes(m.body)
+            offset = resp.header_int("nextBeginOffset")
+    return out
+
+
+async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """``--broker-changes`` changes of a broker group under a producer's load, through the
+    admin client as an operator makes them, the master killed every ``--kill-every`` changes."""
+    g = LocalBrokerGroup(
+        base, topics=(f"{BROKER_TOPIC}:{BROKER_QUEUES}",), settings={"register_interval_s": 10}
+    )
+    g.start()
+    try:
+        await g.wait_for_master(30)
+        secret = Path(g.cluster_secret_file()).read_bytes().rstrip(b"\r\n")
+        producer = Producer("membership-bench", g.namesrv_addrs, send_timeout_s=5, retries=2)
+        await producer.start()
+        acked: list[tuple[float, int, int, bytes]] = []  # (time, queue, offset, body)
+        errors = 0
+        stopping = False
+        counter = iter(range(10**12))
+
+        async def send() -> None:
+            nonlocal errors
+            while not stopping:
+                body = f"m{next(counter)}".encode()
+                try:
+                    r = await producer.send(Message(BROKER_TOPIC, body))
+                except ClientError:
+                    errors += 1
+                    await asyncio.sleep(0.02)
+                    continue
+                acked.append((time.perf_counter(), r.queue_id, r.queue_offset, body))
+
+        senders = [asyncio.create_task(send()) for _ in range(args.concurrency)]
+        in_change: list[tuple[float, float]] = []  # a configuration change in flight
+        by_kind: dict[str, list[tuple[float, float]]] = {"add": [], "promote": [], "remove": []}
+        catchup: list[tuple[float, float]] = []  # a learner catching up (from its add to lag <= 64)
+        aside: list[tuple[float, float]] = []  # a broker starting, a master killed (until 2 s after)
+        done = kills = next_host = 0
+        voters = set(g.node_ids)
+        learner: str | None = None
+        async with AdminClient(g.namesrv_addrs, timeout_s=5) as adm, RemotingClient() as rc:
+            await asyncio.sleep(1.0)
+            for _ in range(args.broker_changes * 5):  # bounded: refusals and lost changes are retried
+                if done >= args.broker_changes:
+                    break
+                try:
+                    if learner is None and len(voters) <= 3:
+                        nid = f"n{4 + next_host}"
+                        host = f"127.0.0.{4 + next_host % 200}"
+                        next_host += 1
+                        s0 = time.perf_counter()
+                        baddr, laddr = start_joining_broker(g, nid, host)
+                        for _ in range(300):  # up to 30 s for the process to answer
+                            if await _answers(rc, baddr):
+                                break
+                            await asyncio.sleep(0.1)
+                        aside.append((s0, time.perf_counter()))
+                        t0 = time.perf_counter()
+                        await adm.add_member(g.broker_name, nid, baddr, laddr, secret=secret, promote=False)
+                        in_change.append((t0, time.perf_counter()))
+                        by_kind["add"].append(in_change[-1])
+                        learner = nid
+                        c0 = time.perf_counter()
+                        for _ in range(1200):  # up to 60 s to catch up
+                            lag = (await adm.group_members(g.broker_name))["learners"].get(nid, {}).get("lag")
+                            if lag is not None and lag <= 64:
+                                break
+                            await asyncio.sleep(0.05)
+                        catchup.append((c0, time.perf_counter()))
+                    elif learner is not None:
+                        t0 = time.perf_counter()
+                        await adm.promote_member(g.broker_name, learner, secret=secret, wait_s=60)
+                        in_change.append((t0, time.perf_counter()))
+                        by_kind["promote"].append(in_change[-1])
+                        voters.add(learner)
+                        learner = None
+                    else:
+                        master = await _broker_master(g, adm)
+                        victim = max((v for v in voters if v != master), key=lambda v: int(v[1:]))
+                        t0 = time.perf_counter()
+                        await adm.remove_member(g.broker_name, victim, secret=secret)
+                        in_change.append((t0, time.perf_counter()))
+                        by_kind["remove"].append(in_change[-1])
+                        voters.discard(victim)
+                        g.kill_broker(victim)
+                        shutil.rmtree(g.base_dir / g.name_of(victim) / "data", ignore_errors=True)
+                    done += 1
+                except (MembershipRefusedError, ClientError) as exc:
+                    print(f"change failed ({exc}); retrying", flush=True)
+                    await asyncio.sleep(0.5)
+                    continue
+                if done // args.kill_every > kills:
+                    master = await _broker_master(g, adm)
+                    if master is not None:
+                        k0 = time.perf_counter()
+                        g.kill_broker(master)
+                        kills += 1
+                        await asyncio.sleep(1.0)
+                        g.start_broker(master)  # back with its log, still a member
+                        await asyncio.sleep(2.0)
+                        aside.append((k0, time.perf_counter()))
+                await asyncio.sleep(0.5)
+            stopping = True
+            await asyncio.gather(*senders)
+            await producer.shutdown(grace_s=0.5)
+            members = await adm.group_members(g.broker_name)
+        lost_total = 0
+        want = {(q, o): b for _, q, o, b in acked}
+        async with RemotingClient() as rc:
+            for nid, m in members["voters"].items():
+                deadline = time.monotonic() + 60
+                while True:
+                    held = await _held_messages(rc, m["brokerAddr"])
+                    lost = [k for k, b in want.items() if held.get(k) != b]
+                    if not lost or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
+                if lost:
+                    print(f"{nid}: {len(lost)} acknowledged messages missing, e.g. {lost[:3]}", flush=True)
+                lost_total += len(lost)
+        # send rates while a change is in flight, while a learner catches up, and in between
+        # (broker start-ups and failovers left out of all three)
+        t_first = in_change[0][0] if in_change else 0.0
+        t_last = acked[-1][0] if acked else t_first
+
+        def rate(windows: list[tuple[float, float]]) -> float:
+            span = sum(b - a for a, b in windows)
+            n = sum(1 for t, *_ in acked if any(a <= t < b for a, b in windows))
+            return n / span if span > 0 else 0.0
+
+        windows = sorted(in_change + catchup + aside)
+        gaps, edge = [], t_first
+        for a, b in windows:
+            if a > edge:
+                gaps.append((edge, a))
+            edge = max(edge, b)
+        gaps.append((edge, t_last))
+        during, between, catching = rate(in_change), rate(gaps), rate(catchup)
+        out["broker_changes"] = done
+        out["broker_master_kills"] = kills
+        out["broker_acked"] = len(acked)
+        out["broker_lost_acks"] = lost_total
+        out["broker_send_errors"] = errors
+        out["broker_sends_per_s_during"] = round(during)
+        out["broker_sends_per_s_between"] = round(between)
+        out["broker_sends_per_s_during_vs_between_pct"] = (
+            round(100 * (during / between - 1), 1) if between else None
+        )
+        out["broker_sends_per_s_by_change"] = {k: round(rate(w)) for k, w in by_kind.items()}
+        out["broker_sends_per_s_during_catchup"] = round(catching)
+        out["broker_catchup_vs_between_pct"] = round(100 * (catching / between - 1), 1) if between else None
+        spans = [b - a for a, b in in_change]
+        out["broker_change_ms_p50"] = round(1000 * statistics.median(spans), 1) if spans else None
+        print(
+            f"broker group: {done} changes under load with {kills} master kills: {len(acked)} sends "
+            f"acknowledged ({errors} failed), {lost_total} lost; {during:,.0f} sends/s during changes vs "
+            f"{between:,.0f} between; {catching:,.0f} while a learner catches up; change p50 "
+            f"{out['broker_change_ms_p50']} ms",
+            flush=True,
+        )
+    finally:
+        g.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller log, shorter windows, fewer changes")
@@ -300,29 +526,37 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=None, help="throughput window before and after")
     ap.add_argument("--changes", type=int, default=None, help="changes under load with leader kills")
     ap.add_argument("--kill-every", type=int, default=4, help="kill the leader every N changes")
+    ap.add_argument("--broker-changes", type=int, default=None, help="changes of a broker group (0: skip)")
+    ap.add_argument("--ledger", action=argparse.BooleanOptionalAction, default=True, help="the ledger part")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args()
     args.preload_mb = args.preload_mb or (64.0 if args.quick else 256.0)
     args.seconds = args.seconds or (3.0 if args.quick else 6.0)
     args.changes = args.changes if args.changes is not None else (8 if args.quick else 24)
+    args.broker_changes = (
+        args.broker_changes if args.broker_changes is not None else (8 if args.quick else 24)
+    )
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="membership-bench-") as d:
-        cluster = LocalCluster(Path(d), 3)
-        cluster.start()
-        try:
-            asyncio.run(cluster.wait_for_leader(30))
-            asyncio.run(replacement(cluster, args, out))
-        finally:
-            cluster.stop()
-        cluster = LocalCluster(Path(d) / "changes", 3)
-        cluster.start()
-        try:
-            asyncio.run(cluster.wait_for_leader(30))
-            if args.changes:
-                asyncio.run(changes_under_faults(cluster, args, out))
-        finally:
-            cluster.stop()
+        if args.ledger:
+            cluster = LocalCluster(Path(d), 3)
+            cluster.start()
+            try:
+                asyncio.run(cluster.wait_for_leader(30))
+                asyncio.run(replacement(cluster, args, out))
+            finally:
+                cluster.stop()
+            cluster = LocalCluster(Path(d) / "changes", 3)
+            cluster.start()
+            try:
+                asyncio.run(cluster.wait_for_leader(30))
+                if args.changes:
+                    asyncio.run(changes_under_faults(cluster, args, out))
+            finally:
+                cluster.stop()
+        if args.broker_changes:
+            asyncio.run(broker_changes_under_faults(Path(d) / "brokers", args, out))
     print(json.dumps(out))
 
 

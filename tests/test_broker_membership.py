@@ -20,8 +20,9 @@ import pytest
 from client.admin_api import AdminClient
 from client.errors import ClientError
 from client.producer import Producer
-from common.process import ProcessSet, free_port, write_toml
-from jepsen.localgroup import LocalBrokerGroup, free_port_pair
+from common.process import ProcessSet
+from jepsen.localgroup import LocalBrokerGroup
+from jepsen.systems.broker_membership import start_joining_broker
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import Message, decode_stored_messages
 
@@ -37,30 +38,6 @@ def admin(namesrv: str, *args: str) -> subprocess.CompletedProcess[str]:
         timeout=120,
         env={**os.environ, "NAMESRV_ADDR": ""},
     )
-
-
-def start_joining_broker(g: LocalBrokerGroup, nid: str, host: str) -> tuple[str, str]:
-    """Start broker ``nid`` of ``g`` empty with ``join = true``; its (broker, ledger) addresses."""
-    baddr, laddr = f"{host}:{free_port_pair(host)}", f"{host}:{free_port(host)}"
-    d = g.base_dir / g.name_of(nid)
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    group = [f"{n}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in g.node_ids] + [f"{nid}={baddr}@{laddr}"]
-    conf = {
-        "broker_name": g.broker_name,
-        "node_id": nid,
-        "group": group,
-        "namesrv_addr": g.namesrv_addrs,
-        "data_dir": str(d / "data"),
-        "listen_host": host,
-        **g.settings,
-        "join": True,
-    }
-    write_toml(d / "broker.toml", conf)
-    g.spawn(
-        g.name_of(nid), [sys.executable, "-m", "broker", "--config", str(d / "broker.toml")], d / "broker.log"
-    )
-    return baddr, laddr
 
 
 async def runtime_info(client: RemotingClient, addr: str) -> dict[str, Any] | None:

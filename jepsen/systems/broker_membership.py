@@ -37,6 +37,32 @@ SPARES = 3
 PROMOTE_WAIT_S = 30.0
 
 
+def start_joining_broker(g: LocalBrokerGroup, nid: str, host: str) -> tuple[str, str]:
+    """Grow ``g`` by broker ``nid`` on ``host`` (new ports), started empty with ``join = true``;
+    returns its broker and ledger addresses. ``g`` reaps it with the others (tests, benchmarks)."""
+    if nid in g.broker_addr:
+        raise ValueError(f"{nid!r} is already one of the group's brokers")
+    g.broker_addr[nid], g.ledger_addr[nid] = f"{host}:{free_port_pair(host)}", f"{host}:{free_port(host)}"
+    d = g.base_dir / g.name_of(nid)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    conf = {
+        "broker_name": g.broker_name,
+        "node_id": nid,
+        "group": [f"{n}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in g.broker_addr],
+        "namesrv_addr": g.namesrv_addrs,
+        "data_dir": str(d / "data"),
+        "listen_host": host,
+        "topics": g.topics,
+        **g.settings,
+        "cluster_secret_file": g.cluster_secret_file(),
+        "join": True,
+    }
+    write_toml(d / "broker.toml", conf)
+    g.start_broker(nid)
+    return g.broker_addr[nid], g.ledger_addr[nid]
+
+
 class BrokerMembership:
     """Mixin of a local broker backend (a ``ProcessBackend`` whose ``group`` is a
     ``LocalBrokerGroup`` or ``LocalBrokerGroups``): spare brokers and membership changes."""
