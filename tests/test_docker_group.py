@@ -42,6 +42,9 @@ from jepsen.docker.compose import (  # noqa: E402
     free_port,
 )
 from jepsen.docker.images import build_image  # noqa: E402
+from jepsen.docker.layout import SECRET_FILE  # noqa: E402
+from ledger.client import LedgerClient  # noqa: E402
+from ledger.wire import LedgerError  # noqa: E402
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode  # noqa: E402
 from remoting.acl import RequestSigner  # noqa: E402
 from remoting.config import RemotingConfig  # noqa: E402
@@ -127,9 +130,9 @@ def group(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comp
         net=free_net_prefix(start=40),
         image=image,
         published_ports={name: free_port() for name in LAYOUT},
-        # ACL is on, as docker-compose.yml has it; a fresh superuser secret and cluster secret
+        # ACL is on, as docker-compose.yml has it, with a fresh superuser secret; no cluster
+        # secret, as a user's plain `docker-compose up`: the nodes make one and share it
         secret_key=secrets.token_hex(24),
-        cluster_secret=secrets.token_hex(32),
     )
     assert g.acl_enabled, "docker-compose.yml's default is ACL on; the test group must keep it"
     t0 = time.monotonic()
@@ -215,6 +218,36 @@ def test_acl_is_on_unsigned_requests_are_refused_signed_ones_served(group: Compo
             assert (await admin.invoke_sync(ns, kv_put(), 5)).code == ResponseCode.SUCCESS
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_nodes_share_the_secret_the_first_one_made_and_prove_it(group: ComposeGroup) -> None:
+    """With no LEDGERMQ_CLUSTER_SECRET, every node holds the one secret the first to start made
+    (readable by its owner only); the nameservers refuse a registration without its proof, and
+    a broker's ledger port serves a client that proves it and no other."""
+    held = {name: group.read_cluster_secret(name) for name in (*NAMESERVERS, *BROKERS)}
+    assert len(set(held.values())) == 1, "the nodes disagree on the cluster secret"
+    secret = held[NAMESERVERS[0]]
+    assert len(secret) == 64
+    assert group.exec(BROKERS[0], "stat", "-c", "%a", SECRET_FILE).strip() == "600"
+    forged = {"brokerName": "forged", "brokerAddr": "192.0.2.1:10911", "clusterName": "c", "brokerId": 0}
+
+    async def scenario() -> None:
+        async with group.remoting_client() as admin:  # signed, so that ACL is not what refuses it
+            for ns in group.namesrv_addrs:
+                resp = await admin.invoke_sync(
+                    ns, RemotingCommand.request(RequestCode.REGISTER_BROKER, forged), 5
+                )
+                assert resp.code == ResponseCode.NO_PERMISSION and "cluster secret" in resp.remark, (
+                    resp.remark
+                )
+        ledger = group.ledger_addr(BROKERS[0])
+        async with LedgerClient([ledger], timeout=5.0, secret=secret) as insider:
+            assert (await insider.status(ledger))["id"] == group.node_id(BROKERS[0])
+        async with LedgerClient([ledger], timeout=3.0, attempt_timeout=1.0) as stranger:
+            with pytest.raises(LedgerError):
+                await stranger.status(ledger)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
 def test_produce_kill_leader_container_failover_through_nameserver_consume_all(group: ComposeGroup) -> None:

@@ -1,21 +1,37 @@
-"""The compose layout for N broker groups and the harness's ACL credentials, without a Docker engine.
+"""The compose layout for N broker groups, the harness's ACL credentials and the cluster secret
+the containers share, without a Docker engine.
 
 The generated override must carry exactly the settings docker-compose.yml gives its brokers
 (so a second group runs like the first), and ``docker-compose config`` must accept the two
-files together where the CLI is installed.
+files together where the CLI is installed. Every node runs ``common.cluster_secret ensure``
+before its server: nodes starting at once must agree on one secret, made once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from common.cluster_secret import SECRET_ENV, ensure_cluster_secret, load_cluster_secret
+from common.settings import ConfigError
 from jepsen.docker.compose import COMPOSE_FILE, ComposeGroup
-from jepsen.docker.layout import MAX_GROUPS, broker_service, check_groups, groups_override, layout
+from jepsen.docker.layout import (
+    MAX_GROUPS,
+    SECRET_DIR,
+    SECRET_FILE,
+    SECRET_VOLUME,
+    broker_service,
+    check_groups,
+    groups_override,
+    layout,
+    with_secret,
+)
 from jepsen.systems.broker import QueueEndpoints
 from jepsen.systems.credentials import MAX_CREDENTIALS_BYTES, Credentials
 
@@ -28,6 +44,74 @@ def test_generated_broker_service_matches_docker_compose_yml() -> None:
         want = {k: v for k, v in doc["services"][name].items() if k != "build"}
         assert broker_service(one[name], one) == want, name
     assert sorted(doc["services"]) == sorted(one)
+
+
+def test_every_node_of_the_compose_files_shares_one_secret_file() -> None:
+    """Nameservers and brokers (of every group) run their server after ``ensure`` and read the
+    secret from the shared volume; none is given it inline (it would clash with the file)."""
+    yaml = pytest.importorskip("yaml")
+    doc = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    override = json.loads(groups_override(2).split("\n", 3)[3])
+    services = {**doc["services"], **override["services"]}
+    assert SECRET_VOLUME in doc["volumes"]
+    for name, svc in services.items():
+        kind = "NAMESRV" if name.startswith("namesrv") else "BROKER"
+        server = (
+            ["broker"]
+            if kind == "BROKER"
+            else ["namesrv", "--listen-host", "0.0.0.0", "--listen-port", "9876"]
+        )
+        assert svc["command"] == with_secret(server), name
+        assert f"{SECRET_VOLUME}:{SECRET_DIR}" in svc["volumes"], name
+        env = svc["environment"]
+        assert env[f"{kind}_CLUSTER_SECRET_FILE"] == SECRET_FILE, name
+        assert env[SECRET_ENV] == "${LEDGERMQ_CLUSTER_SECRET:-}", name
+        assert f"{kind}_CLUSTER_SECRET" not in env, name
+
+
+def _ensure(path: Path, value: str | None = None, *command: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    if value is not None:
+        env[SECRET_ENV] = value
+    argv = [sys.executable, "-m", "common.cluster_secret", "ensure", str(path)]
+    argv += ["--", *command] if command else []
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_nodes_starting_at_once_agree_on_one_secret_made_once(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "cluster.secret"
+    starters = [_ensure(path) for _ in range(8)]
+    results = [(p.wait(60), p.stderr.read()) for p in starters if p.stderr is not None]
+    assert all(code == 0 for code, _ in results), results
+    assert sum("(created)" in err for _, err in results) == 1, results  # the rest adopted it
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert os.listdir(path.parent) == ["cluster.secret"]  # no temporary file left behind
+    secret = load_cluster_secret("", str(path))
+    assert len(secret) == 64
+    assert ensure_cluster_secret(path) == "kept" and load_cluster_secret("", str(path)) == secret
+
+
+def test_a_given_secret_is_written_a_bad_one_refused_and_the_server_run(tmp_path: Path) -> None:
+    path = tmp_path / "cluster.secret"
+    ensure_cluster_secret(path)
+    given = "an-operator-chosen-secret-0123456789"
+    assert ensure_cluster_secret(path, given) == "given"
+    assert path.read_text() == given + "\n" and path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(ConfigError, match=f"{SECRET_ENV}: .* at least 16 bytes"):
+        ensure_cluster_secret(path, "short")
+    assert path.read_text() == given + "\n"  # a refused value changes nothing
+    path.write_text("tiny\n")
+    with pytest.raises(ConfigError, match="holds no secret of at least 16 bytes"):
+        ensure_cluster_secret(path)
+    path.unlink()
+    ran = _ensure(path, given, sys.executable, "-c", "import os; print(os.getpid())")
+    out, err = ran.communicate(timeout=60)
+    assert ran.returncode == 0, err
+    assert int(out) == ran.pid  # the server replaces the ensure step: it keeps the container's PID 1
+    assert "Traceback" not in err and given not in err and "(given)" in err
+    bad = _ensure(path, "short", "true")
+    _, err = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and err.count("\n") == 1 and "at least 16 bytes" in err
 
 
 def test_two_groups_addresses_names_and_ports() -> None:

@@ -60,6 +60,7 @@ from .layout import (
     DEFAULT_ACCESS_KEY,
     DEFAULT_SECRET_KEY,
     NAMESRV_PORT,
+    SECRET_FILE,
     SPARK_CONNECT_PORT,
     SPARK_MASTER_PORT,
     ServiceSpec,
@@ -234,7 +235,10 @@ class ComposeGroup:
         ``env``: extra variables for compose (e.g. ``LEDGERMQ_BASE_IMAGE``);
         ``log_dir``: where :meth:`down` saves every container's log before removing it;
         ``groups``: broker groups of three; ``access_key``/``secret_key``: the superuser account
-        (see the class docstring); ``cluster_secret``: the ledger peers' shared secret;
+        (see the class docstring); ``cluster_secret``: the secret every node proves to the others
+        (LEDGERMQ_CLUSTER_SECRET; None: the nodes make one on their first start and share it in
+        the project's ``cluster-secret`` volume, as a plain ``docker-compose up`` does, and
+        :meth:`read_cluster_secret` reads it);
         ``spark``: add docker-compose.spark.yml's master, worker and Connect server, which see
         ``runs_dir`` (absolute; default /tmp/ledgermq-runs) at the same path as this host;
         ``small_disk_bytes``: put each broker's data on a tmpfs volume of that size, kept mounted
@@ -798,6 +802,15 @@ class ComposeGroup:
             path.write_text(proc.stdout + proc.stderr, encoding="utf-8", errors="replace")
             out[name] = path
         return out
+
+    def read_cluster_secret(self, service: str | None = None) -> bytes:
+        """The cluster secret a running node holds (``service``, default the first nameserver),
+        as its server reads it: for clients of the ledger ports, which take none without it."""
+        raw = self.exec(service or NAMESERVERS[0], "cat", SECRET_FILE)
+        secret = raw.rstrip("\r\n").encode()
+        if not secret:
+            raise ComposeError(f"{service or NAMESERVERS[0]}: {SECRET_FILE} is empty")
+        return secret
 
     # ------------------------------------------------------------------ the brokers, over the protocol
 

@@ -12,7 +12,8 @@ Group ``g`` (0-based; broker name ``broker-<letter>``) has services ``broker<3g+
 container ports (10911/10921/10931, ledger 20911/20921/20931): addresses differ, so ports
 need not; only the ports published on the host are distinct. The generated services carry
 the same settings as the base file's brokers (``broker_service`` builds both, and a test
-compares it with docker-compose.yml), so an override never drifts from the base file.
+compares it with docker-compose.yml), so an override never drifts from the base file; they
+mount the base file's ``cluster-secret`` volume too, so every group proves the same secret.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ DEFAULT_SECRET_KEY = "ledgermq-admin-secret-change-me"
 NET = "${LEDGERMQ_NET:-172.28.10}"
 #: where each broker keeps its data (BROKER_DATA_DIR; the ledger lives in its ``ledger/``)
 DATA_DIR = "/var/lib/ledgermq"
+#: the volume every nameserver and broker mounts at SECRET_DIR: the cluster secret they share
+SECRET_VOLUME = "cluster-secret"
+SECRET_DIR = "/run/ledgermq"
+SECRET_FILE = f"{SECRET_DIR}/cluster.secret"
+
+
+def with_secret(argv: list[str]) -> list[str]:
+    """A node's command run after ``common.cluster_secret ensure``: SECRET_FILE then holds the
+    operator's LEDGERMQ_CLUSTER_SECRET, or the secret the first node to start made (the server
+    replaces the ensure step in its process, so it keeps PID 1 and Docker's signals)."""
+    return ["python", "-m", "common.cluster_secret", "ensure", SECRET_FILE, "--", *argv]
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
         "image": _var("LEDGERMQ_IMAGE", "ledgermq:latest"),
         "cap_add": ["NET_ADMIN"],
         "stop_grace_period": "10s",
-        "command": ["broker"],
+        "command": with_secret(["broker"]),
         "depends_on": {
             s.name: {"condition": "service_healthy"} for s in services.values() if s.kind == "namesrv"
         },
@@ -149,6 +161,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
         "environment": {
             "LEDGERMQ_ACCESS_KEY": access,
             "LEDGERMQ_SECRET_KEY": secret,
+            "LEDGERMQ_CLUSTER_SECRET": _var("LEDGERMQ_CLUSTER_SECRET", ""),
             "BROKER_ACL_ENABLE": _var("LEDGERMQ_ACL_ENABLE", "true"),
             "BROKER_ACL_ADMIN_ACCESS_KEY": access,
             "BROKER_ACL_ADMIN_SECRET_KEY": secret,
@@ -162,7 +175,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
             "BROKER_DATA_DIR": DATA_DIR,
             "BROKER_TOPICS": "TopicTest:4",
             "BROKER_REGISTER_INTERVAL_S": "10",
-            "BROKER_CLUSTER_SECRET": _var("LEDGERMQ_CLUSTER_SECRET", ""),
+            "BROKER_CLUSTER_SECRET_FILE": SECRET_FILE,
             "BROKER_NODE_ID": spec.node_id,
         },
         "healthcheck": {
@@ -177,7 +190,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
             f"{_var('LEDGERMQ_PUBLISH_HOST', '127.0.0.1')}:"
             f"{_var(spec.publish_env, str(spec.default_published))}:{spec.port}"
         ],
-        "volumes": [f"{spec.name}-data:{DATA_DIR}"],
+        "volumes": [f"{spec.name}-data:{DATA_DIR}", f"{SECRET_VOLUME}:{SECRET_DIR}"],
     }
 
 
