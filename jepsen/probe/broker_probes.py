@@ -50,7 +50,6 @@ from .base import (
     LEDGER,
     NAMESRV,
     REACTION_WAIT_S,
-    Account,
     Limits,
     LogWatch,
     NotRun,
@@ -349,16 +348,7 @@ async def acl_bypass(targets: list[Target], limits: Limits) -> list[Row]:
     master, _ = await find_master(targets, limits)
     user = limits.acl_user
     try:
-        created = await _invoke(
-            master.addr,
-            limits,
-            RemotingCommand.request(
-                RequestCode.UPDATE_AND_CREATE_TOPIC,
-                {"topic": forbidden, "readQueueNums": 1, "writeQueueNums": 1, "perm": 6},
-            ),
-        )
-        if not created.is_success:
-            raise RuntimeError(f"the admin account could not create {forbidden}: {_answer(created)}")
+        await _ensure_topic(master.addr, limits, forbidden)
         key = f"jepsen-probe-{os.getpid()}-{time.time_ns()}"
         secret = await _invoke(
             master.addr, limits, _send(forbidden, b"for the admin only", properties=f"KEYS\x01{key}\x02")
@@ -428,6 +418,26 @@ async def acl_bypass(targets: list[Target], limits: Limits) -> list[Row]:
                 Row("acl-bypass", master.name, expected, outcome, resp.code == ResponseCode.NO_PERMISSION)
             )
     return rows
+
+
+async def _ensure_topic(addr: str, limits: Limits, topic: str) -> None:
+    """Create ``topic`` (one queue) as the admin unless the broker has it: an existing topic is
+    left as it is (UPDATE_AND_CREATE_TOPIC would also change its queues)."""
+    have = await _invoke(addr, limits, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG))
+    if have.is_success:
+        with contextlib.suppress(ValueError, AttributeError):
+            if topic in (json.loads(bytes(have.body)).get("topicConfigTable") or {}):
+                return
+    created = await _invoke(
+        addr,
+        limits,
+        RemotingCommand.request(
+            RequestCode.UPDATE_AND_CREATE_TOPIC,
+            {"topic": topic, "readQueueNums": 1, "writeQueueNums": 1, "perm": 6},
+        ),
+    )
+    if not created.is_success:
+        raise RuntimeError(f"the admin account could not create {topic}: {_answer(created)}")
 
 
 async def _max_offsets(addr: str, limits: Limits, topics: tuple[str, ...]) -> dict[str, int]:
@@ -776,7 +786,6 @@ async def namesrv_register(targets: list[Target], limits: Limits) -> list[Row]:
 
 
 __all__ = [
-    "Account",
     "acl_bypass",
     "client_flood",
     "compressed_body",
