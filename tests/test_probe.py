@@ -117,6 +117,7 @@ def test_probe_of_a_ledger_that_takes_no_client_without_the_secret(tmp_path: Pat
         blind, blind_summary = run_probe(*common, timeout=90)
         secret_file = cluster.settings["cluster_secret_file"]
         told, told_summary = run_probe(*common, "--cluster-secret-file", secret_file, timeout=90)
+        _, one_summary = run_probe(*common, "--only", "ledger-no-secret", timeout=60)
     finally:
         cluster.stop()
     assert blind.returncode == 0, blind.stdout + blind.stderr
@@ -129,6 +130,7 @@ def test_probe_of_a_ledger_that_takes_no_client_without_the_secret(tmp_path: Pat
     rows = [r for r in told_summary["probes"] if r["probe"] != "dedup-growth"]
     assert rows and all(r["result"] == "pass" for r in rows), rows
     assert all("still serves" in r["outcome"] for r in rows), rows
+    assert [r["probe"] for r in one_summary["probes"]] == ["ledger-no-secret"]  # --only
 
 
 def test_every_probe_is_registered_once() -> None:

@@ -555,12 +555,17 @@ PROBES: tuple[tuple[str, Callable[[list[Target], Limits], Awaitable[list[Row]]]]
 
 
 async def run_probes(
-    targets: list[Target], limits: Limits, not_run: dict[str, str] | None = None
+    targets: list[Target],
+    limits: Limits,
+    not_run: dict[str, str] | None = None,
+    only: frozenset[str] = frozenset(),
 ) -> list[Row]:
-    """Every probe that applies to ``targets``; the group is checked to serve after each one.
-    Probes that could not run are put in ``not_run`` with the reason."""
+    """Every probe (of ``only``, when given) that applies to ``targets``; the group is checked
+    to serve after each one. Probes that could not run are put in ``not_run`` with the reason."""
     rows: list[Row] = []
     for name, run in PROBES:
+        if only and name not in only:
+            continue
         try:
             rows += await run(targets, limits)
         except NotRun as exc:
@@ -793,6 +798,13 @@ def _account(value: str | None, option: str) -> Account | None:
     help="A topic --acl-user has no right to (the admin creates it if missing).",
 )
 @click.option(
+    "--only",
+    "only",
+    multiple=True,
+    type=click.Choice([name for name, _ in PROBES]),
+    help="Run this probe only (repeatable; default: every probe).",
+)
+@click.option(
     "--local-brokers",
     type=click.IntRange(1, 3),
     default=1,
@@ -811,6 +823,7 @@ def probe(
     ledger_open_to_clients: bool,
     acl_admin: str | None,
     acl_user: str | None,
+    only: tuple[str, ...],
     local_brokers: int,
     work_dir: str | None,
     tls_ca_file: str,
@@ -843,13 +856,13 @@ def probe(
             acl_user=_account(acl_user, "--acl-user"),
             **limit_opts,
         )
-        rows = asyncio.run(run_probes(targets, limits, not_run))
+        rows = asyncio.run(run_probes(targets, limits, not_run, frozenset(only)))
     else:
         base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="jepsen-probe-"))
         click.echo(f"no addresses given: starting a local group in {base}", err=True)
         try:
             with local_group(base, local_brokers) as (local_targets, local_limits):
-                rows = asyncio.run(run_probes(local_targets, local_limits, not_run))
+                rows = asyncio.run(run_probes(local_targets, local_limits, not_run, frozenset(only)))
         except (TimeoutError, OSError, RuntimeError) as exc:
             raise click.ClickException(f"the local group did not start: {exc} (logs in {base})") from None
     click.echo(format_table(rows))
