@@ -124,6 +124,8 @@ def test_membership_is_refused_with_the_faults_that_cut_the_proxies(link_fault: 
     with pytest.raises(Unsupported, match=f"does not combine with {link_fault} on the local backend"):
         validated(cfg)
     validated(RunConfig(workload="log", nemesis=("membership", "kill-leader", "pause-random", "lose-data")))
+    with pytest.raises(Unsupported, match="disk-full"):
+        validated(RunConfig(workload="queue", nemesis=("membership", "disk-full")))
 
 
 # ------------------------------------------------------------------ real runs

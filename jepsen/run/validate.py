@@ -161,9 +161,15 @@ LINK_FAULTS = (
 
 
 def nemesis_refusal(cfg: RunConfig) -> str | None:
-    """Why the run's faults do not combine: after a membership change every node dials the
-    addresses the group's configuration names, which the local backend's per-link proxies do
-    not sit behind, so a partition would cut other links than it records."""
+    """Why the run's faults do not combine with ``membership``: after a change every node dials
+    the addresses the group's configuration names, which the local backend's per-link proxies
+    do not sit behind (a partition would cut other links than it records); and ``disk-full``'s
+    small disks exist for the first members only."""
+    if "membership" in cfg.nemesis and "disk-full" in cfg.nemesis:
+        return (
+            "--nemesis membership does not combine with disk-full: the small disks are laid out for "
+            "the first members before the run, and members added later have none"
+        )
     links = [f for f in cfg.nemesis if f in LINK_FAULTS]
     if "membership" in cfg.nemesis and links and cfg.backend == "local":
         return (
