@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from jepsen.checker import parse, recovery, shards
 from jepsen.checker.frames import Source
-from jepsen.checker.results import error_result, linear_result, log_result, write_json
+from jepsen.checker.results import error_result, linear_result, log_result, semantics_result, write_json
+from jepsen.checker.semantics_model import DEFAULT_TOLERANCES, Tolerances
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -165,7 +166,9 @@ def _locate_problem(src: Source, spark_problem: tuple[int, str], shown: str) -> 
 
 def _choose_workload(requested: str | None, fs: set[str], path: str) -> str:
     if requested:
-        known = {"log": parse.LOG_FS, "register": parse.REGISTER_FS, "kv": parse.KV_FS}[requested]
+        known = {"log": parse.LOG_FS, "register": parse.REGISTER_FS, "kv": parse.KV_FS, **parse.SEMANTICS_FS}[
+            requested
+        ]
         stray = sorted(fs - known)
         if stray:
             raise parse.HistoryError(
@@ -195,6 +198,7 @@ def analyze_files(
     engine: str = "auto",
     history_uris: list[str] | None = None,
     ship: bool | None = None,
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
 ) -> dict[str, Any]:
     """Check every history; write results.json/report.html per file and summary.json.
 
@@ -206,6 +210,9 @@ def analyze_files(
     Histories checked on a cluster must be readable by its executors: ``history_uris``
     (one per path) names where they can (a shared path or any Hadoop URI); otherwise a
     master on another host (or ``ship=True``) gets the history sent through the session.
+
+    ``tolerances``: how far the delay and order checks give clocks and faults
+    (``semantics_model.Tolerances``).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
@@ -228,11 +235,11 @@ def analyze_files(
         engine = "spark"  # the user named where the cluster reads them
     small, large = split_by_engine(sources, engine)
     if small:
-        _check_in_process(small, outcomes, workload, budget, plots, report)
+        _check_in_process(small, outcomes, workload, budget, plots, report, tolerances)
     if large:
         large = _reach_cluster(large, outcomes, master, history_uris, ship)
     if large:
-        _check_sources(large, outcomes, workload, master, budget, plots, report)
+        _check_sources(large, outcomes, workload, master, budget, plots, report, tolerances)
     for i, o in enumerate(outcomes):
         if o.error is not None:
             o.result = error_result(o.error, o.workload or workload)
@@ -327,9 +334,10 @@ def _check_in_process(
     budget: float,
     plots: dict[int, dict[str, Any]],
     report: bool,
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
 ) -> None:
     """The same checks as ``_check_sources``, in this process (see ``inprocess``)."""
-    from jepsen.checker import inprocess, log_rules
+    from jepsen.checker import inprocess, log_rules, semantics_rules
     from jepsen.checker.plotdata import BINS
 
     for s in sources:
@@ -355,6 +363,8 @@ def _check_in_process(
         ops = [r for r in rows if r["kind"] == "op"]
         if w == "log":
             o.result = log_result(log_rules.check_history(ops), base)
+        elif w in parse.SEMANTICS_FS:
+            o.result = semantics_result(w, semantics_rules.check_history(w, rows, tolerances), base)
         else:
             o.result = linear_result(w, inprocess.check_linear(ops, w, budget), base)
         o.valid = o.result["valid"]
@@ -385,6 +395,7 @@ def _check_sources(
     budget: float,
     plots: dict[int, dict[str, Any]],
     report: bool,
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
 ) -> None:
     from jepsen.checker import frames, keyspread
     from jepsen.checker.spark import get_spark, master_in_use, materialize, release
@@ -401,7 +412,7 @@ def _check_sources(
         small = input_bytes(sources) < SMALL_INPUT_BYTES
         ops = materialize(frames.pair_ops(frames.load_events(spark, sources), parts), small)
         try:
-            _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small)
+            _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small, tolerances)
         finally:
             release(ops)
 
@@ -471,10 +482,11 @@ def _check_ops(
     plots: dict[int, dict[str, Any]],
     report: bool,
     small: bool,
+    tolerances: Tolerances = DEFAULT_TOLERANCES,
 ) -> None:
     from pyspark.sql import functions as F
 
-    from jepsen.checker import linear_spark, log_checker, plotdata, timeline
+    from jepsen.checker import linear_spark, log_checker, plotdata, semantics_checker, timeline
 
     overview = _collect_overview(ops)
     by_src = {s.src: s for s in sources}
@@ -496,14 +508,22 @@ def _check_ops(
         o.ops = ov["n"]
     good = ops.filter(F.col("src").isin(list(chosen))) if chosen else None
     log_srcs = [s for s, w in chosen.items() if w == "log"]
-    lin_srcs = {s: w for s, w in chosen.items() if w != "log"}
+    sem_srcs = {s: w for s, w in chosen.items() if w in parse.SEMANTICS_FS}
+    lin_srcs = {s: w for s, w in chosen.items() if w != "log" and w not in parse.SEMANTICS_FS}
     found_log = log_checker.check(good.filter(F.col("src").isin(log_srcs)), small) if log_srcs else {}
     found_lin = linear_spark.check(spark, good, lin_srcs, budget) if lin_srcs and good is not None else {}
+    found_sem = (
+        semantics_checker.check(spark, good, sem_srcs, tolerances, small)
+        if sem_srcs and good is not None
+        else {}
+    )
     for src, w in chosen.items():
         o, ov = outcomes[src], overview[src]
         base = _base_stats(ov, by_src[src].fmt)
         if w == "log":
             o.result = log_result(found_log.get(src, {}), base)
+        elif src in sem_srcs:
+            o.result = semantics_result(w, found_sem.get(src, {}), base)
         else:
             o.result = linear_result(w, found_lin.get(src, {}), base)
         o.valid = o.result["valid"]

@@ -30,7 +30,14 @@ NEMESIS = "nemesis"
 LOG_FS = frozenset({"send", "poll", "drain"})
 REGISTER_FS = frozenset({"read", "write", "cas"})
 KV_FS = frozenset({"get", "put", "append"})
-WORKLOADS = ("log", "register", "kv")
+#: the broker's held-message workloads (docs/history.md): their operations
+SEMANTICS_FS: dict[str, frozenset[str]] = {
+    "delay": frozenset({"send-delayed", "poll", "drain"}),
+    "txn": frozenset({"send-half", "end", "check", "poll", "drain"}),
+    "retry": frozenset({"send", "poll", "drain", "send-back", "ack"}),
+    "order": frozenset({"send", "consume", "lock", "unlock", "drain"}),
+}
+WORKLOADS = ("log", "register", "kv", *SEMANTICS_FS)
 
 
 class HistoryError(Exception):
@@ -387,9 +394,10 @@ def _read_edn(path: Path) -> Iterator[Event]:
 
 
 def infer_workload(fs: set[str]) -> str | None:
-    """Pick the workload from the operation names a history uses (None if ambiguous)."""
+    """Pick the workload from the operation names a history uses (None if ambiguous): the first
+    whose operations include them all (a retry history without send-backs reads as a log)."""
     fs = set(fs)
-    for name, known in (("log", LOG_FS), ("register", REGISTER_FS), ("kv", KV_FS)):
+    for name, known in (("log", LOG_FS), ("register", REGISTER_FS), ("kv", KV_FS), *SEMANTICS_FS.items()):
         if fs and fs <= known:
             return name
     return None

@@ -1,4 +1,4 @@
-"""Assembly of ``results.json`` (the format is in shared/HISTORY.md) and the verdict merge.
+"""Assembly of ``results.json`` (the format is in docs/history.md) and the verdict merge.
 
 Validity merges the way Jepsen's does: any ``false`` makes the whole ``false``, then
 any ``"unknown"`` makes it ``"unknown"``; only all-``true`` is ``true``. So a key whose
@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jepsen.checker import semantics_model
 from jepsen.checker.log_checker import ERRORS, EXAMPLES, INFORMATIONAL
 
 Valid = bool | str  # True, False or "unknown"
@@ -39,6 +40,26 @@ def log_result(found: dict[str, Any], base_stats: dict[str, Any]) -> dict[str, A
         "anomalies": {a: anomalies[a][:EXAMPLES] for a in order if a in anomalies},
         "counts": {a: counts[a] for a in order if counts.get(a)},
         "informational": [a for a in INFORMATIONAL if counts.get(a)],
+        "stats": {**base_stats, **found.get("stats", {})},
+    }
+
+
+def semantics_result(workload: str, found: dict[str, Any], base_stats: dict[str, Any]) -> dict[str, Any]:
+    """results.json for the delay, txn, retry and order workloads (``semantics_model`` names
+    their anomalies), from either checker's counts and examples."""
+    counts: dict[str, int] = found.get("counts", {})
+    anomalies: dict[str, list[Any]] = found.get("anomalies", {})
+    errors = semantics_model.ERRORS[workload]
+    informational = semantics_model.INFORMATIONAL
+    types = [a for a in errors if counts.get(a)]
+    order = [*errors, *informational]
+    return {
+        "valid": not types,
+        "workload": workload,
+        "anomaly-types": types,
+        "anomalies": {a: anomalies[a][:EXAMPLES] for a in order if a in anomalies},
+        "counts": {a: counts[a] for a in order if counts.get(a)},
+        "informational": [a for a in informational if counts.get(a)],
         "stats": {**base_stats, **found.get("stats", {})},
     }
 

@@ -31,9 +31,11 @@ from client.broker_api import (
     parse_pull_response,
     pull_request,
 )
+from client.broker_api import call as broker_call
 from client.consumer import PullConsumer
-from client.errors import ClientError, SendOutcomeUnknownError
+from client.errors import BrokerError, ClientError, SendOutcomeUnknownError
 from client.instance import ClientInstance
+from client.message_props import dlq_topic, retry_topic, set_delay_level, set_deliver_time_ms
 from client.producer import Producer
 from client.route import MessageQueue
 from client.send_attempts import SendStatus
@@ -42,14 +44,33 @@ from jepsen.net.proxy import Link, LinkProxy
 from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
 from jepsen.systems.base import ProcessBackend, Unsupported, write_cluster_secret
 from jepsen.systems.broker_membership import BrokerMembership
+from jepsen.systems.broker_semantics import (
+    RETRY_GROUP,
+    SEMANTICS_SETTINGS,
+    BrokerTiming,
+    HarnessOrderlyConsumer,
+    LockHook,
+    OnCheck,
+    OnHalf,
+    OrderlyListener,
+    Received,
+    TransactionSide,
+    TxnResult,
+    UnlockHook,
+)
 from jepsen.systems.clients import Definite, Indefinite, LogClient, Pair, decode_value
 from jepsen.systems.credentials import Credentials
 from jepsen.systems.rocketmq_compat import rocketmq_instance
 from remoting import RemotingClient, ResponseCode
+from remoting.codes import RequestCode
 from remoting.exceptions import RemotingError
+from remoting.jsonbody import loads_bounded
 from remoting.message import Message
 
 SYSTEM = "broker"
+#: the workloads of the group's held-message semantics (delays, transactions, retries, ordered
+#: consumption), besides the queue workload; the docker group runs them too
+SEMANTICS_WORKLOADS = ("delay", "txn", "retry", "order")
 
 TOPIC = "JepsenQueue"
 #: pulls one poll may make to gather its ``limit`` (brokers cap each pull, see ``BrokerQueueClient.poll``)
@@ -58,6 +79,13 @@ MAX_PULLS_PER_POLL = 64
 #: (a poll never stops short of its limit before the queue's end); at ledgermq's 1024, two
 DRAIN_POLL = 32 * MAX_PULLS_PER_POLL
 MAX_DRAIN_POLLS = 100_000  # a drain's bound in polls (its time is bounded by --drain-timeout)
+#: a master's answers to a pull of a queue that exists: each came past its leadership check
+_PULL_ANSWERS = (
+    ResponseCode.SUCCESS,
+    ResponseCode.PULL_NOT_FOUND,
+    ResponseCode.PULL_RETRY_IMMEDIATELY,
+    ResponseCode.PULL_OFFSET_MOVED,
+)
 
 
 class _ProxiedBrokerGroup(LocalBrokerGroup):
@@ -125,10 +153,11 @@ class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
 
     def __init__(self, base_dir: Path, queues: int = 2, settings: dict[str, Any] | None = None) -> None:
         self.queues = queues
-        settings = {"register_interval_s": 10, **(settings or {})}
+        settings = {"register_interval_s": 10, **SEMANTICS_SETTINGS, **(settings or {})}
         if "cluster_secret" not in settings and "cluster_secret_file" not in settings:
             # the brokers' ledger peers authenticate each other, as in production
             settings["cluster_secret_file"] = str(write_cluster_secret(Path(base_dir)))
+        self.timing = BrokerTiming.from_settings(settings)
         self.group = _ProxiedBrokerGroup(Path(base_dir), topics=(f"{TOPIC}:{queues}",), settings=settings)
         super().__init__(base_dir, self.group)
         self.nodes = list(self.group.node_ids)
@@ -151,7 +180,12 @@ class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
     def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
         return BrokerQueueClient(
-            self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout, broker_name=broker_name
+            self.group.namesrv_addrs,
+            names,
+            self.topic,
+            timeout=self.client_timeout,
+            broker_name=broker_name,
+            timing=self.timing,
         )
 
     def client_spec(self) -> dict[str, Any]:
@@ -203,9 +237,10 @@ class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
         ports: PortPlan | None = None,
     ) -> None:
         self.queues = queues
-        settings = {"register_interval_s": 10, **(settings or {})}
+        settings = {"register_interval_s": 10, **SEMANTICS_SETTINGS, **(settings or {})}
         if "cluster_secret" not in settings and "cluster_secret_file" not in settings:
             settings["cluster_secret_file"] = str(write_cluster_secret(Path(base_dir)))
+        self.timing = BrokerTiming.from_settings(settings)
         self.group = _ProxiedBrokerGroups(
             Path(base_dir), groups=groups, topics=(f"{TOPIC}:{queues}",), settings=settings, ports=ports
         )
@@ -259,7 +294,12 @@ class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
     def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
         return BrokerQueueClient(
-            self.group.namesrv_addrs, names, self.topic, timeout=self.client_timeout, broker_name=broker_name
+            self.group.namesrv_addrs,
+            names,
+            self.topic,
+            timeout=self.client_timeout,
+            broker_name=broker_name,
+            timing=self.timing,
         )
 
     def client_spec(self) -> dict[str, Any]:
@@ -311,6 +351,9 @@ def queue_spec(
         "timeout": backend.client_timeout,
         "broker_name": getattr(backend, "broker_name", None),
     }
+    timing = getattr(backend, "timing", None)
+    if isinstance(timing, BrokerTiming):  # without it: the broker's defaults (the docker group's)
+        spec["timing"] = timing.to_spec()
     if credentials_file is not None:
         spec["credentials_file"] = str(credentials_file)
     return spec
@@ -335,6 +378,7 @@ class QueueEndpoints:
             self.system = "rocketmq"
         cred = spec.get("credentials_file")
         self.credentials = Credentials.read(cred) if cred else None
+        self.timing = BrokerTiming.from_spec(spec.get("timing"))
 
     def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         return BrokerQueueClient(
@@ -345,6 +389,7 @@ class QueueEndpoints:
             broker_name=broker_name or self.broker_name,
             rocketmq=self.rocketmq,
             credentials=self.credentials,
+            timing=self.timing,
         )
 
     def log_client(self) -> LogClient:
@@ -367,6 +412,12 @@ class BrokerQueueClient:
     subscription for). ``credentials``: sign every request with this ACL account (brokers with
     ACL on refuse unsigned ones); without them the LEDGERMQ_ACCESS_KEY/SECRET_KEY variables, if
     set, are used, as for any of our clients.
+
+    The semantics workloads (``delay``, ``txn``, ``retry``, ``order``) use its second half:
+    delayed sends, pulls of any topic that keep each message's store time and try count
+    (:class:`~jepsen.systems.broker_semantics.Received`), send-backs, transactions, orderly
+    consumers, and the group's count of held messages; ``timing`` is the group's configuration
+    they judge it by.
     """
 
     def __init__(
@@ -379,9 +430,12 @@ class BrokerQueueClient:
         broker_name: str | None = None,
         rocketmq: bool = False,
         credentials: Credentials | None = None,
+        timing: BrokerTiming | None = None,
     ) -> None:
         self.topic = topic
+        self.namesrv = list(namesrv)
         self.rocketmq = rocketmq
+        self.timing = timing or BrokerTiming()
         self._instance: ClientInstance | None = None
         if rocketmq:
             self._instance = rocketmq_instance(namesrv, "jepsen-rocketmq")
@@ -403,6 +457,10 @@ class BrokerQueueClient:
         self.node: str | None = None
         self._started = False
         self._broker_name: str | None = broker_name
+        self._retry_consumer: PullConsumer | None = None
+        self._txn: TransactionSide | None = None
+        self._on_check: OnCheck | None = None
+        self._orderly: list[HarnessOrderlyConsumer] = []
 
     def target(self, queue_id: int) -> dict[str, Any]:
         """The send arguments that reach ``queue_id`` (of the pinned group, if there is one)."""
@@ -417,9 +475,13 @@ class BrokerQueueClient:
             self._started = True
 
     async def send(self, queue_id: int, value: int) -> int:
+        return (await self._send(Message(self.topic, str(value).encode()), queue_id)).queue_offset
+
+    async def _send(self, msg: Message, queue_id: int) -> Any:
+        """One message to ``queue_id``; the SendResult once it is stored and replicated."""
         await self._ensure()
         try:
-            r = await self.producer.send(Message(self.topic, str(value).encode()), **self.target(queue_id))
+            r = await self.producer.send(msg, **self.target(queue_id))
         except SendOutcomeUnknownError as exc:
             raise Indefinite(str(exc)) from None
         except ClientError as exc:
@@ -427,7 +489,7 @@ class BrokerQueueClient:
         if r.status is not SendStatus.SEND_OK:  # stored, but neither flushed nor copied for sure
             raise Indefinite(f"stored with status {r.status.value} by {r.broker_addr}")
         self.node = self.names.get(r.broker_addr, r.broker_addr)
-        return r.queue_offset
+        return r
 
     async def send_batch(self, queue_id: int, values: list[int]) -> tuple[list[int], str | None]:
         """``values`` as one batch request to ``queue_id``: their offsets in order and the node
@@ -470,23 +532,49 @@ class BrokerQueueClient:
         most ``MAX_PULLS_PER_POLL``), so that a short poll means what the checker takes it to
         mean (the reader reached the end), for any broker.
         """
-        out: list[Pair] = []
+        got = await self._gather(queue_id, start, limit, self.topic)
+        return [(m.queue_offset, decode_value(m.body)) for m in got]
+
+    async def _gather(self, queue_id: int, start: int, limit: int, topic: str) -> list[Message]:
+        """``poll``'s pulls of ``topic`` (see there), as messages."""
+        out: list[Message] = []
         offset = start
         for _ in range(MAX_PULLS_PER_POLL):
-            batch, end = await self._pull(queue_id, offset, limit - len(out))
+            batch, end = await self._pull(queue_id, offset, limit - len(out), topic)
             out.extend(batch)
             if not batch or len(out) >= limit:
                 break
-            offset = batch[-1][0] + 1
+            offset = batch[-1].queue_offset + 1
             if offset >= end:
                 break
         return out
 
-    async def _pull(self, queue_id: int, start: int, limit: int) -> tuple[list[Pair], int]:
-        """One pull from the master: its pairs and the queue's max offset as the broker reported it."""
+    async def _pull(self, queue_id: int, start: int, limit: int, topic: str) -> tuple[list[Message], int]:
+        """One pull from the master: its messages and the queue's max offset as the broker reported it.
+
+        A group's retry or dead-letter topic exists only once something was sent back: when the
+        master says such a topic does not exist, a pull of the test topic from the same master
+        (which confirms its leadership and applies what was committed first) makes that answer
+        mean "empty"; a deposed master's word on it would not.
+        """
         await self._ensure()
         name, addr = await self._master()
-        req = pull_request("jepsen", self.topic, queue_id, start, limit, 0)
+        resp = await self._pull_from(addr, name, topic, queue_id, start, limit)
+        if resp.code == ResponseCode.TOPIC_NOT_EXIST and topic != self.topic:
+            confirm = await self._pull_from(addr, name, self.topic, 0, 0, 1)
+            if confirm.code in _PULL_ANSWERS:
+                return [], 0
+            raise Definite(f"{addr} said {topic} does not exist, then did not confirm it is the master")
+        result = parse_pull_response(resp, addr, name, start)
+        if result.status is PullStatus.OFFSET_ILLEGAL:
+            raise Definite(f"offset {start} outside [{result.min_offset}, {result.max_offset}]")
+        return result.messages, result.max_offset
+
+    async def _pull_from(
+        self, addr: str, name: str, topic: str, queue_id: int, start: int, limit: int
+    ) -> Any:
+        """The master's answer to one pull (NOT_MASTER and unreachable masters are Definite)."""
+        req = pull_request("jepsen", topic, queue_id, start, limit, 0)
         if self.rocketmq:  # RocketMQ's broker wants the subscription with the pull ("*": every tag)
             req.headers[SUBSCRIPTION] = "*"
             req.headers[EXPRESSION_TYPE] = EXPRESSION_TAG
@@ -504,23 +592,167 @@ class BrokerQueueClient:
             routes = self.consumer.instance.routes
             routes.note_master(name, hint) if hint and hint != addr else routes.forget_master(name, addr)
             raise Definite(f"{addr} is not the master: {resp.remark}")
-        result = parse_pull_response(resp, addr, name, start)
-        if result.status is PullStatus.OFFSET_ILLEGAL:
-            raise Definite(f"offset {start} outside [{result.min_offset}, {result.max_offset}]")
-        pairs = [(m.queue_offset, decode_value(m.body)) for m in result.messages]
-        return pairs, result.max_offset
+        return resp
 
     async def drain(self, queue_id: int) -> list[Pair]:
         """The whole queue from offset 0, in polls of ``DRAIN_POLL`` pairs."""
-        out: list[Pair] = []
+        return [(m.queue_offset, decode_value(m.body)) for m in await self._drain(queue_id, self.topic)]
+
+    async def _drain(self, queue_id: int, topic: str) -> list[Message]:
+        out: list[Message] = []
         for _ in range(MAX_DRAIN_POLLS):
-            batch = await self.poll(queue_id, out[-1][0] + 1 if out else 0, DRAIN_POLL)
+            batch = await self._gather(queue_id, out[-1].queue_offset + 1 if out else 0, DRAIN_POLL, topic)
             out.extend(batch)
             if len(batch) < DRAIN_POLL:
                 return out
         raise Indefinite(f"drain did not reach the end in {MAX_DRAIN_POLLS} polls of {DRAIN_POLL}")
 
+    # --- the semantics workloads ------------------------------------------------------------
+
+    @property
+    def retry_topic(self) -> str:
+        """Where the retry workload's sent-back messages come back (``%RETRY%<its group>``)."""
+        return retry_topic(RETRY_GROUP)
+
+    @property
+    def dlq_topic(self) -> str:
+        """Where the retry workload's messages end after their last try (``%DLQ%<its group>``)."""
+        return dlq_topic(RETRY_GROUP)
+
+    async def send_delayed(
+        self, queue_id: int, value: int, *, level: int | None = None, deliver_ms: int | None = None
+    ) -> None:
+        """``value`` to ``queue_id``, to be delivered after delay ``level`` or at ``deliver_ms``
+        (ms since the epoch, RocketMQ 5's timer)."""
+        msg = Message(self.topic, str(value).encode())
+        if level:
+            set_delay_level(msg, level)
+        if deliver_ms:
+            set_deliver_time_ms(msg, deliver_ms)
+        await self._send(msg, queue_id)
+
+    async def pull_received(
+        self, queue_id: int, start: int, limit: int, *, topic: str | None = None
+    ) -> list[Received]:
+        """``poll`` of ``topic`` (default: the test topic) that keeps what the semantics judge by."""
+        return [Received.of(m) for m in await self._gather(queue_id, start, limit, topic or self.topic)]
+
+    async def drain_received(self, queue_id: int, *, topic: str | None = None) -> list[Received]:
+        """``drain`` of ``topic`` (default: the test topic) as ``pull_received`` sees messages."""
+        return [Received.of(m) for m in await self._drain(queue_id, topic or self.topic)]
+
+    async def send_back(self, received: Received, *, max_reconsume_times: int, delay_level: int) -> None:
+        """CONSUMER_SEND_MSG_BACK of a pulled message for the retry group: a retry after
+        ``delay_level``, or a dead letter once it was tried ``max_reconsume_times`` times."""
+        if received.message is None:
+            raise Definite("only a pulled message can be sent back")
+        name, _ = await self._master()
+        if self._retry_consumer is None:
+            self._retry_consumer = PullConsumer(
+                RETRY_GROUP, self.namesrv, call_timeout_s=self.timeout, instance=self._instance
+            )
+            await self._retry_consumer.start()
+        try:
+            await self._retry_consumer.send_message_back(
+                received.message,
+                name,
+                delay_level=delay_level,
+                max_reconsume_times=max_reconsume_times,
+                timeout_s=self.timeout,
+            )
+        except BrokerError as exc:  # the master answered: it did not store the copy
+            raise Definite(str(exc)) from None
+        except (ClientError, RemotingError) as exc:  # unanswered: it may have
+            raise Indefinite(f"{type(exc).__name__}: {exc}") from None
+
+    async def held_counts(self) -> dict[str, int]:
+        """Delayed messages not yet due (``scheduled``) and unresolved half messages
+        (``halves``) over every group of the topic, as their masters report them."""
+        await self._ensure()
+        names = sorted({q.broker_name for q in await self.consumer.fetch_queues(self.topic)})
+        routes = self.consumer.instance.routes
+        out = {"scheduled": 0, "halves": 0}
+        for name in names:
+            addr = routes.master_addr(name)
+            if addr is None:
+                raise Definite(f"broker group {name} has no master at the moment")
+            try:
+                resp = await broker_call(
+                    self.consumer.instance.remoting,
+                    addr,
+                    RequestCode.GET_BROKER_RUNTIME_INFO,
+                    timeout_s=self.timeout,
+                    what="runtime info",
+                )
+                info = loads_bounded(bytes(resp.body), "runtime info")
+            except (ClientError, RemotingError) as exc:
+                raise Definite(f"runtime info of {addr}: {exc}") from None
+            store = info.get("store") if isinstance(info, dict) else None
+            if not isinstance(store, dict):
+                raise Definite(f"runtime info of {addr} has no store section")
+            out["scheduled"] += int(store.get("scheduled_messages") or 0)
+            out["halves"] += int(store.get("pending_half_messages") or 0)
+        return out
+
+    def set_transaction_checker(self, on_check: OnCheck) -> None:
+        """Who answers the brokers' checks of this client's transactional producer group
+        (before its first transactional send or ``answer_checks``)."""
+        self._on_check = on_check
+
+    def _transactions(self) -> TransactionSide:
+        if self._txn is None:
+            if self._on_check is None:
+                raise Definite("set_transaction_checker first: a transactional producer must answer checks")
+            self._txn = TransactionSide(
+                self.namesrv, timeout=self.timeout, instance=self._instance, on_check=self._on_check
+            )
+        return self._txn
+
+    async def answer_checks(self) -> None:
+        """Start the transactional producer (it heartbeats, so the brokers ask it) without sending."""
+        try:
+            await self._transactions().start(self.topic)
+        except ClientError as exc:
+            raise Definite(str(exc)) from None
+
+    async def send_transactional(self, value: int, outcome: str, on_half: OnHalf) -> TxnResult:
+        """``value`` as a transactional message whose checks are answered from ``outcome``;
+        ``on_half()`` (once the half is stored) decides how this send ends it."""
+        try:
+            return await self._transactions().send(self.topic, value, outcome, on_half)
+        except SendOutcomeUnknownError as exc:
+            raise Indefinite(str(exc)) from None
+        except ClientError as exc:
+            raise Definite(str(exc)) from None
+
+    def orderly_consumer(
+        self, listener: OrderlyListener, *, on_lock: LockHook, on_unlock: UnlockHook, batch_size: int = 8
+    ) -> HarnessOrderlyConsumer:
+        """An orderly consumer of the topic in the order workload's group (closed with the client)."""
+        c = HarnessOrderlyConsumer(
+            self.namesrv,
+            self.topic,
+            listener,
+            on_lock=on_lock,
+            on_unlock=on_unlock,
+            timing=self.timing,
+            instance=self._instance,
+            batch_size=batch_size,
+            timeout=self.timeout,
+        )
+        self._orderly.append(c)
+        return c
+
     async def close(self) -> None:
+        for c in self._orderly:
+            await c.shutdown()
+        self._orderly = []
+        if self._txn is not None:
+            await self._txn.close()
+            self._txn = None
+        if self._retry_consumer is not None:
+            await self._retry_consumer.shutdown()
+            self._retry_consumer = None
         if self._started:
             await self.producer.shutdown(grace_s=0.5)
             await self.consumer.shutdown()

@@ -46,7 +46,7 @@ SYSTEMS: dict[str, System] = {
         System(syncobj.SYSTEM, ("log",), {"local": syncobj.LocalSyncObjBackend}, syncobj.SyncObjEndpoints),
         System(
             broker.SYSTEM,
-            ("queue",),
+            ("queue", *broker.SEMANTICS_WORKLOADS),
             {"local": broker.local_broker_backend, "docker": docker_broker_backend},
             broker.QueueEndpoints,
             placement=True,
