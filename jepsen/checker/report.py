@@ -19,6 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from jepsen.checker.semantics_model import DESCRIPTIONS as SEMANTICS_DESCRIPTIONS
+
 DESCRIPTIONS = {
     "lost-write": "an ok send is missing from the drain (or below the highest offset a later read reached, yet never read)",
     "duplicate": "one value stands at more than one offset",
@@ -33,6 +35,7 @@ DESCRIPTIONS = {
     "recovered": "informational: an info send that is in the log",
     "unseen-info": "informational: an info send that is not in the log",
     "nonlinearizable": "no linearization of the key's operations is consistent with the model",
+    **SEMANTICS_DESCRIPTIONS,
 }
 
 TYPE_COLOURS = {"ok": "#3b8d3b", "fail": "#d62728", "info": "#f0a030"}

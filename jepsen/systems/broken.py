@@ -3,8 +3,9 @@
 ``jepsen run --broken-adapter NAME`` wraps every client of the run in one of these. Each
 breaks a promise a sound system keeps, so a run with it must come out invalid: a checker
 that calls it valid misses exactly that anomaly. Each adapter wraps one kind of client
-(``wraps``: the log interface, which the log and queue workloads drive, or the register
-interface).
+(``wraps``: the log interface, which the log and queue workloads drive, the register
+interface, or the broker client of one of the ``delay``, ``txn``, ``retry`` and ``order``
+workloads).
 """
 
 from __future__ import annotations
@@ -81,6 +82,78 @@ class LocalReadRegisterClient:
         await self.inner.close()
 
 
+class _Inner:
+    """A semantics client (``BrokerQueueClient``) doing everything as the one it wraps, but for
+    the one call a broken adapter below overrides."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class UndelayedClient(_Inner):
+    """delay: sends every message at once, as if the client dropped its delay property.
+
+    The history still says the delay the workload asked for, so the checker must find the
+    messages seen before they were due (``delivered-early``).
+    """
+
+    async def send_delayed(
+        self, queue_id: int, value: int, *, level: int | None = None, deliver_ms: int | None = None
+    ) -> None:
+        await self.inner.send(queue_id, value)
+
+
+class CommitRollbacksClient(_Inner):
+    """txn: ends with a commit every transaction the workload decides to roll back.
+
+    The history records the rollback the workload decided, so the committed message must be
+    found where a rolled back one may never be (``rolled-back-visible``).
+    """
+
+    async def send_transactional(self, value: int, outcome: str, on_half: Callable[[], str]) -> Any:
+        def commit_instead() -> str:
+            decision = on_half()
+            return "commit" if decision == "rollback" else decision
+
+        return await self.inner.send_transactional(value, outcome, commit_instead)
+
+
+class UnsentSendBacksClient(_Inner):
+    """retry: acknowledges the consumer's send-backs without making them.
+
+    A failed message then never comes back from the retry topic (``never-redelivered``).
+    """
+
+    async def send_back(self, received: Any, *, max_reconsume_times: int, delay_level: int) -> None:
+        return None
+
+
+class SkipMessagesClient(_Inner):
+    """order: its orderly consumers skip a message now and then, yet count the batch as consumed.
+
+    Every third delivery loses its first message, so a later message of the queue is consumed
+    while an earlier one never is (``order-broken``).
+    """
+
+    def orderly_consumer(
+        self, listener: Callable[..., Any], *, on_lock: Any, on_unlock: Any, batch_size: int = 8
+    ) -> Any:
+        seen = [0]
+
+        def skipping(broker_name: str, queue_id: int, batch: list[Any]) -> Any:
+            seen[0] += 1
+            if seen[0] % 3 == 0 and batch:
+                batch = batch[1:]
+            return listener(broker_name, queue_id, batch)
+
+        return self.inner.orderly_consumer(
+            skipping, on_lock=on_lock, on_unlock=on_unlock, batch_size=batch_size
+        )
+
+
 @dataclass(frozen=True)
 class BrokenAdapter:
     """One broken adapter: the client interface it wraps (``log`` or ``register``) and how."""
@@ -93,6 +166,10 @@ class BrokenAdapter:
 BROKEN_ADAPTERS: dict[str, BrokenAdapter] = {
     "ack-unsent": BrokenAdapter("log", AckUnsentLogClient),
     "local-reads": BrokenAdapter("register", LocalReadRegisterClient),
+    "undelayed": BrokenAdapter("delay", UndelayedClient),
+    "commit-rollbacks": BrokenAdapter("txn", CommitRollbacksClient),
+    "unsent-send-backs": BrokenAdapter("retry", UnsentSendBacksClient),
+    "skip-messages": BrokenAdapter("order", SkipMessagesClient),
 }
 
 
