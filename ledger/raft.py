@@ -132,7 +132,17 @@ PROBE, REPLICATE = 0, 1
 class Progress:
     """The leader's view of one follower (etcd's Progress, simplified)."""
 
-    __slots__ = ("match", "next", "state", "inflight", "probe_sent", "active", "was_active", "acked_seq")
+    __slots__ = (
+        "match",
+        "next",
+        "state",
+        "inflight",
+        "probe_sent",
+        "active",
+        "was_active",
+        "acked_seq",
+        "joined_at",
+    )
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -143,6 +153,14 @@ class Progress:
         self.active = False  # answered during the current election timeout
         self.was_active = False  # answered during the previous one
         self.acked_seq = 0
+        # the index of the configuration that added this member (0: a member at election):
+        # until it holds that entry it has never answered, whatever ``active`` says
+        self.joined_at = 0
+
+    @property
+    def answering(self) -> bool:
+        """Heard from lately, and at least once since it was added."""
+        return (self.active or self.was_active) and self.match >= self.joined_at
 
     def become_probe(self) -> None:
         self.state = PROBE
@@ -429,7 +447,7 @@ class RaftCore:
         pr = self.progress.get(learner)
         last = self.log.last_index
         lag = last - (pr.match if pr is not None else 0)
-        recent = pr is not None and (pr.active or pr.was_active)
+        recent = pr is not None and pr.answering
         if not recent or lag > self.config.max_promote_lag:
             raise MembershipError(
                 f"learner {learner!r} has not caught up: it holds the log up to "
@@ -442,7 +460,7 @@ class RaftCore:
         reachable = []
         for v in new.voters:
             pr = self.progress.get(v)
-            if v == self.id or (pr is not None and (pr.active or pr.was_active)):
+            if v == self.id or (pr is not None and pr.answering):
                 reachable.append(v)
         if len(reachable) < new.quorum:
             raise MembershipError(
@@ -960,6 +978,7 @@ class RaftCore:
                 # learns its configuration, or tells where its log ends, in one round trip.
                 pr = progress[p] = Progress(max(1, self.log.last_index))
                 pr.active = True  # a full election timeout before it is judged (as at election)
+                pr.joined_at = self.log.last_index  # ... but it counts as answering only once it acks
             self.leaving.pop(p, None)
         for p in list(progress):
             if p not in self._member_ids and p not in self.leaving:

@@ -271,6 +271,28 @@ def test_a_learner_is_promoted_only_once_caught_up() -> None:
     assert leader.commit >= index and net["n4"].is_voter and leader.quorum == 3
 
 
+def test_a_learner_that_never_answered_is_not_promoted_however_short_the_log() -> None:
+    """A new member's progress starts active (a grace period before it is judged), and with a
+    log shorter than max_promote_lag it looked caught up: a learner whose process had not even
+    started was promoted, and the group lost its majority. It must hold its own addition first."""
+    net = Net(group("n1", "n2", "n3"))
+    leader = net.elect("n1")
+    net.propose("n1", b"a few entries")
+    net.change("n1", ADD, "ghost", "nowhere:1")  # never answers
+    with pytest.raises(MembershipError) as info:
+        leader.propose_membership(MembershipChange(PROMOTE, "ghost"))
+    assert info.value.retryable and "has not answered" in str(info.value)
+    net.add("n4", group("n1", "n2", "n3"))
+    net.cut = {("n1", "n4")}
+    net.change("n1", ADD, "n4", "n4:1")
+    with pytest.raises(MembershipError):
+        leader.propose_membership(MembershipChange(PROMOTE, "n4"))
+    net.cut = set()
+    net.tick(2)
+    index = net.change("n1", PROMOTE, "n4")  # now it holds the log: promoted
+    assert leader.commit >= index and net["n4"].is_voter
+
+
 def test_adding_an_unreachable_node_never_blocks_the_group() -> None:
     net = Net(group("n1", "n2", "n3"))
     leader = net.elect("n1")
