@@ -33,7 +33,6 @@ up, or the change would leave fewer than a majority of reachable voters.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
@@ -48,8 +47,7 @@ from ledger.embed import (
     NotLeaderError,
     OutcomeUnknown,
 )
-from remoting.cluster_auth import CLUSTER_SIGNATURE, CLUSTER_TIME, DEFAULT_MAX_SKEW_S
-from remoting.cluster_auth import _proof as cluster_proof
+from remoting.cluster_auth import DEFAULT_MAX_SKEW_S, proof_problem
 from remoting.codes import RequestCode, ResponseCode
 from remoting.protocol import RemotingCommand
 
@@ -106,26 +104,19 @@ def host_port_error(addr: str) -> str | None:
     return None
 
 
-def proof_problem(secrets: tuple[bytes, ...], request: RemotingCommand, max_skew_s: float) -> str | None:
-    """Why ``request`` does not prove one of ``secrets`` (None: it does), in the words an
-    operator needs: the admin tool signs with ``--cluster-secret-file``."""
-    headers = request.headers
-    sent, stamp = headers.get(CLUSTER_SIGNATURE), headers.get(CLUSTER_TIME)
-    if not isinstance(sent, str) or not isinstance(stamp, str):
-        return (
-            "membership changes must prove the group's cluster secret: give ledgermq-admin "
-            "--cluster-secret-file (the file the brokers' cluster_secret_file names)"
-        )
-    if not stamp.isdigit() or len(stamp) > 15:
-        return f"{CLUSTER_TIME} {stamp[:20]!r} is not a time in milliseconds"
-    skew = int(stamp) - int(time.time() * 1000)
-    if abs(skew) > max_skew_s * 1000:
-        return f"{CLUSTER_TIME} is {skew / 1000:+.0f} s from this broker's clock: a replay, or clocks out of sync"
-    if sent.isascii():
-        for secret in secrets:
-            if hmac.compare_digest(sent, cluster_proof(secret, request.code, headers, request.body)):
-                return None
-    return "the cluster signature does not verify (a different cluster secret)"
+def change_proof_problem(
+    secrets: tuple[bytes, ...], request: RemotingCommand, max_skew_s: float
+) -> str | None:
+    """Why a membership change does not prove the group's secret (None: it does), in the
+    words an operator needs: the admin tool signs with ``--cluster-secret-file``."""
+    return proof_problem(
+        secrets,
+        request,
+        int(max_skew_s * 1000),
+        int(time.time() * 1000),
+        "membership changes must prove the group's cluster secret: give ledgermq-admin "
+        "--cluster-secret-file (the file the brokers' cluster_secret_file names)",
+    )
 
 
 class GroupMembership:
@@ -314,7 +305,7 @@ class GroupMembership:
         """The answer to a request this broker must not serve: no proof of the secret, not master."""
         if change:
             cfg = self.config
-            problem = proof_problem((cfg.secret,), req, DEFAULT_MAX_SKEW_S)
+            problem = change_proof_problem((cfg.secret,), req, DEFAULT_MAX_SKEW_S)
             if problem is not None:
                 return req.make_response(ResponseCode.NO_PERMISSION, problem)
         if not self.broker.is_master:

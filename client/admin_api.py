@@ -19,8 +19,7 @@ from client.errors import BrokerError, ClientError, NoBrokerAvailableError
 from client.instance import ClientInstance
 from client.message_props import dlq_topic, retry_topic
 from client.route import MessageQueue
-from remoting.cluster_auth import CLUSTER_SIGNATURE, CLUSTER_TIME
-from remoting.cluster_auth import _proof as cluster_proof
+from remoting.cluster_auth import sign_request
 from remoting.codes import RequestCode, ResponseCode, response_code_name
 from remoting.exceptions import RemotingCommandError, RemotingError, RemotingTimeoutError
 from remoting.message import Message, parse_offset_msg_id
@@ -416,10 +415,7 @@ class AdminClient(ConsumerBase):
         for _ in range(MEMBER_CALL_TRIES):
             request = RemotingCommand.request(code, dict(headers))
             if secret:
-                request.headers[CLUSTER_TIME] = str(int(time.time() * 1000))
-                request.headers[CLUSTER_SIGNATURE] = cluster_proof(
-                    secret, code, request.headers, request.body
-                )
+                sign_request(request, secret, int(time.time() * 1000))
             try:
                 response = await self.instance.remoting.invoke_sync(addr, request, timeout_s)
             except RemotingTimeoutError as exc:

@@ -62,6 +62,38 @@ def _proof(secret: bytes, code: int, headers: Mapping[str, HeaderValue], body: b
     return base64.b64encode(mac.digest()).decode()
 
 
+def sign_request(request: RemotingCommand, secret: bytes, now_ms: int) -> None:
+    """Add ``ClusterTime`` and ``ClusterSignature`` to ``request`` (replacing an earlier proof)."""
+    headers = request.headers
+    headers.pop(CLUSTER_SIGNATURE, None)
+    headers[CLUSTER_TIME] = str(now_ms)
+    headers[CLUSTER_SIGNATURE] = _proof(secret, request.code, headers, request.body)
+
+
+def proof_problem(
+    secrets: Sequence[bytes], request: RemotingCommand, max_skew_ms: int, now_ms: int, missing: str
+) -> str | None:
+    """Why ``request`` does not prove one of ``secrets`` (None: it does); ``missing`` says
+    what to do when it carries no proof at all (the receiver knows who should have signed)."""
+    headers = request.headers
+    sent, stamp = headers.get(CLUSTER_SIGNATURE), headers.get(CLUSTER_TIME)
+    if not isinstance(sent, str) or not isinstance(stamp, str):
+        return missing
+    if not stamp.isdigit() or len(stamp) > 15:
+        return f"{CLUSTER_TIME} {stamp[:20]!r} is not a time in milliseconds"
+    skew = int(stamp) - now_ms
+    if abs(skew) > max_skew_ms:
+        return (
+            f"{CLUSTER_TIME} is {skew / 1000:+.0f} s from the receiver's clock "
+            f"(at most {max_skew_ms / 1000:.0f} s either way): a replay, or clocks out of sync"
+        )
+    if sent.isascii():
+        for secret in secrets:
+            if hmac.compare_digest(sent, _proof(secret, request.code, headers, request.body)):
+                return None
+    return "the cluster signature does not verify (a different cluster_secret)"
+
+
 class ClusterSigner:
     """A node's RPC hook: signs its inter-node requests with the cluster secret."""
 
@@ -74,12 +106,8 @@ class ClusterSigner:
         self._clock = clock
 
     def __call__(self, request: RemotingCommand) -> None:
-        if request.code not in INTER_NODE_CODES:
-            return
-        headers = request.headers
-        headers.pop(CLUSTER_SIGNATURE, None)
-        headers[CLUSTER_TIME] = str(int(self._clock() * 1000))
-        headers[CLUSTER_SIGNATURE] = _proof(self._secret, request.code, headers, request.body)
+        if request.code in INTER_NODE_CODES:
+            sign_request(request, self._secret, int(self._clock() * 1000))
 
     def __repr__(self) -> str:  # never show the secret
         return "ClusterSigner()"
@@ -131,24 +159,11 @@ class ClusterGate:
         return None if self.inner is None else self.inner.check(conn, request)
 
     def _problem(self, request: RemotingCommand) -> str | None:
-        headers = request.headers
-        sent, stamp = headers.get(CLUSTER_SIGNATURE), headers.get(CLUSTER_TIME)
-        if not isinstance(sent, str) or not isinstance(stamp, str):
-            return (
-                "this nameserver requires the cluster secret: the broker must be configured with the "
-                "same cluster_secret (it signs ClusterTime/ClusterSignature)"
-            )
-        if not stamp.isdigit() or len(stamp) > 15:
-            return f"{CLUSTER_TIME} {stamp[:20]!r} is not a time in milliseconds"
-        skew = int(stamp) - int(self._clock() * 1000)
-        if abs(skew) > self.max_skew_ms:
-            return (
-                f"{CLUSTER_TIME} is {skew / 1000:+.0f} s from this nameserver's clock "
-                f"(at most {self.max_skew_ms / 1000:.0f} s either way): a replay, or clocks out of sync"
-            )
-        if not sent.isascii():
-            return "the cluster signature does not verify"
-        for secret in self._secrets:
-            if hmac.compare_digest(sent, _proof(secret, request.code, headers, request.body)):
-                return None
-        return "the cluster signature does not verify (a different cluster_secret)"
+        return proof_problem(
+            self._secrets,
+            request,
+            self.max_skew_ms,
+            int(self._clock() * 1000),
+            "this nameserver requires the cluster secret: the broker must be configured with the "
+            "same cluster_secret (it signs ClusterTime/ClusterSignature)",
+        )

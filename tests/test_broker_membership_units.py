@@ -10,14 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from broker.config import BrokerConfig
-from broker.membership import MEMBER_CODES, host_port_error, node_number, proof_problem
+from broker.membership import MEMBER_CODES, change_proof_problem, host_port_error, node_number
 from broker.meta import BrokerAddrOp, MetaError, broker_addrs_op, parse_meta, topic_op
 from broker.state import MAX_BROKER_ADDR_TABLE, BrokerState
 from client.admin import main as admin_main
 from common.settings import ConfigError
 from remoting.acl import OPEN_CODES, RULES
-from remoting.cluster_auth import CLUSTER_SIGNATURE, CLUSTER_TIME
-from remoting.cluster_auth import _proof as cluster_proof
+from remoting.cluster_auth import sign_request
 from remoting.codes import RequestCode
 from remoting.protocol import RemotingCommand
 
@@ -103,22 +102,21 @@ def test_a_joining_broker_asks_the_others_and_bootstraps_no_configuration(tmp_pa
 
 def _signed(code: int, secret: bytes, *, skew_ms: int = 0) -> RemotingCommand:
     req = RemotingCommand.request(code, {"nodeId": "n4"})
-    req.headers[CLUSTER_TIME] = str(int(time.time() * 1000) + skew_ms)
-    req.headers[CLUSTER_SIGNATURE] = cluster_proof(secret, code, req.headers, req.body)
+    sign_request(req, secret, int(time.time() * 1000) + skew_ms)
     return req
 
 
 def test_membership_changes_must_prove_the_cluster_secret() -> None:
     code = RequestCode.REMOVE_GROUP_MEMBER
-    assert proof_problem((SECRET,), _signed(code, SECRET), 300) is None
+    assert change_proof_problem((SECRET,), _signed(code, SECRET), 300) is None
     unsigned = RemotingCommand.request(code, {"nodeId": "n4"})
-    assert "--cluster-secret-file" in (proof_problem((SECRET,), unsigned, 300) or "")
+    assert "--cluster-secret-file" in (change_proof_problem((SECRET,), unsigned, 300) or "")
     other = _signed(code, b"another secret of 32 bytes......")
-    assert "does not verify" in (proof_problem((SECRET,), other, 300) or "")
+    assert "does not verify" in (change_proof_problem((SECRET,), other, 300) or "")
     tampered = _signed(code, SECRET)
     tampered.headers["nodeId"] = "n1"  # the proof covers the headers: a replay cannot aim elsewhere
-    assert "does not verify" in (proof_problem((SECRET,), tampered, 300) or "")
-    assert "clock" in (proof_problem((SECRET,), _signed(code, SECRET, skew_ms=-600_000), 300) or "")
+    assert "does not verify" in (change_proof_problem((SECRET,), tampered, 300) or "")
+    assert "clock" in (change_proof_problem((SECRET,), _signed(code, SECRET, skew_ms=-600_000), 300) or "")
 
 
 def test_every_membership_code_is_for_admins_only() -> None:

@@ -75,7 +75,7 @@ def test_unsigned_stale_and_future_registrations_are_refused_with_the_reason() -
         req = registration()
         ClusterSigner(SECRET, clock=lambda s=skew: NOW + s)(req)
         refusal = gate().check(None, over_the_wire(req))
-        assert refusal is not None and "from this nameserver's clock" in refusal.remark
+        assert refusal is not None and "from the receiver's clock" in refusal.remark
     req = registration()
     ClusterSigner(SECRET, clock=lambda: NOW)(req)
     wire = over_the_wire(req)
