@@ -41,13 +41,25 @@ def read(h: H, p: int, f: str, t: float, entries: list[list[int]], key: str = Q)
 # --- delay ------------------------------------------------------------------------------------
 
 
-def delayed(h: H, p: int, v: int, t0: float, t1: float, delay: int, typ: str = "ok", *, level: bool = True) -> H:
+def delayed(
+    h: H, p: int, v: int, t0: float, t1: float, delay: int, typ: str = "ok", *, level: bool = True
+) -> H:
     args: dict[str, Any] = {"value": v, "delay-ms": delay, "wall-ms": W0 + int(t0)}
     if level:
         args["level"] = 2
     else:
         args["deliver-ms"] = W0 + int(t0) + delay
-    return h.op(p, "send-delayed", t0, t1, args, key=Q, typ=typ, result={"value": v}, error="x" if typ != "ok" else None)
+    return h.op(
+        p,
+        "send-delayed",
+        t0,
+        t1,
+        args,
+        key=Q,
+        typ=typ,
+        result={"value": v},
+        error="x" if typ != "ok" else None,
+    )
 
 
 def delay_case(
@@ -91,7 +103,16 @@ def txn(
     half: str = "ok",
     end: str = "ok",
 ) -> H:
-    h.op(p, "send-half", t, t + 1, {"value": v, "outcome": outcome}, key=None, typ=half, error="x" if half != "ok" else None)
+    h.op(
+        p,
+        "send-half",
+        t,
+        t + 1,
+        {"value": v, "outcome": outcome},
+        key=None,
+        typ=half,
+        error="x" if half != "ok" else None,
+    )
     if half == "ok" and decision is not None:
         result = {"value": v, "decision": decision, "queue": Q}
         h.op(p, "end", t + 1, t + 2, {"value": v, "decision": decision}, key=None, typ=end, result=result)
@@ -228,7 +249,13 @@ def order_case(
         lock(h, 13, "B", b_lock_at, granted=b_granted)
         if b_granted:
             consume(h, 14, "B", b_lock_at + 2, b_msgs if b_msgs is not None else [e(1, 2), e(2, 3)])
-        read(h, 15, "drain", 100, drain if drain is not None else [e(o, v) for o, v in zip(offsets, (1, 2, 3))])
+        read(
+            h,
+            15,
+            "drain",
+            100,
+            drain if drain is not None else [e(o, v) for o, v in zip(offsets, (1, 2, 3), strict=True)],
+        )
         return extra(h) if extra else h
 
     return build
@@ -242,7 +269,11 @@ CASES: dict[str, tuple[str, Callable[[], H], set[str]]] = {
     "delay-early-stored": ("delay", delay_case(store1=W0 + 150), {"delivered-early"}),
     "delay-early-within-tolerance": ("delay", delay_case(seen_at=180, store1=W0 + 185), set()),
     "delay-late": ("delay", delay_case(seen_at=7000, store1=W0 + 6000), {"delivered-late"}),
-    "delay-late-fault-excused": ("delay", delay_case(seen_at=7000, store1=W0 + 6000, fault=(500, 1500)), set()),
+    "delay-late-fault-excused": (
+        "delay",
+        delay_case(seen_at=7000, store1=W0 + 6000, fault=(500, 1500)),
+        set(),
+    ),
     "delay-late-fault-elsewhere": (
         "delay",
         delay_case(seen_at=7000, store1=W0 + 6000, fault=(7500, 7600)),
@@ -294,12 +325,18 @@ CASES: dict[str, tuple[str, Callable[[], H], set[str]]] = {
     "txn-unexpected": ("txn", txn_case(drain=[e(0, 1), e(1, 3), e(2, 99)]), {"unexpected"}),
     "txn-failed-half-visible": (
         "txn",
-        txn_case(drain=[e(0, 1), e(1, 3), e(2, 7)], extra=lambda h: txn(h, 1, 7, 30, "commit", None, half="fail")),
+        txn_case(
+            drain=[e(0, 1), e(1, 3), e(2, 7)], extra=lambda h: txn(h, 1, 7, 30, "commit", None, half="fail")
+        ),
         {"G1a"},
     ),
     # retry
     "retry-clean": ("retry", retry_case(), set()),
-    "retry-never-redelivered": ("retry", retry_case(copies=[e(1, 3, 0, 1), e(2, 3, 0, 2)]), {"never-redelivered"}),
+    "retry-never-redelivered": (
+        "retry",
+        retry_case(copies=[e(1, 3, 0, 1), e(2, 3, 0, 2)]),
+        {"never-redelivered"},
+    ),
     "retry-send-back-unknown": (
         "retry",
         retry_case(copies=[e(1, 3, 0, 1), e(2, 3, 0, 2)], back_v2="info"),
@@ -310,7 +347,11 @@ CASES: dict[str, tuple[str, Callable[[], H], set[str]]] = {
         retry_case(copies=[e(0, 2, 0, 1), e(1, 3, 0, 1), e(2, 3, 0, 2), e(3, 1, 0, 1)]),
         {"redelivered-after-success"},
     ),
-    "retry-failed-send-back-redelivered": ("retry", retry_case(back_v2="fail"), {"redelivered-after-success"}),
+    "retry-failed-send-back-redelivered": (
+        "retry",
+        retry_case(back_v2="fail"),
+        {"redelivered-after-success"},
+    ),
     "retry-past-max-not-in-dlq": ("retry", retry_case(dlq=[]), {"past-max-not-in-dlq"}),
     "retry-retried-past-max": (
         "retry",
@@ -373,7 +414,11 @@ def test_examples_say_what_happened(histories: list[Path], tmp_path: Path) -> No
     excused = by_name["delay-late-fault-elsewhere"]["anomalies"]["delivered-late"][0]
     assert excused["fault-ms"] == 0  # a fault after the delivery excuses nothing
     half = by_name["txn-half-visible-before-commit"]["anomalies"]["half-visible-before-commit"][0]
-    assert half["value"] == 3 and half["commit-said-time"] == 50_000_000 and half["first-seen"]["complete-time"] == 31_000_000
+    assert (
+        half["value"] == 3
+        and half["commit-said-time"] == 50_000_000
+        and half["first-seen"]["complete-time"] == 31_000_000
+    )
     never = by_name["retry-never-redelivered"]["anomalies"]["never-redelivered"][0]
     assert (never["value"], never["attempt"], never["max"]) == (2, 0, 2)
     past = by_name["retry-retried-past-max"]["anomalies"]["past-max-not-in-dlq"][0]

@@ -447,13 +447,14 @@ def retry_candidates(ops: list[Row]) -> list[Row]:
     in_dlq = {e["v"] for es in dead.values() for e in es if reads.in_last(e)}
     out: list[Row] = []
     # per value
-    every_v = set(sends) | set(main) | set(dead) | {v for v, _ in copies} | {v for v, _ in backs} | set(acks)
+    copies_of: dict[Any, list[list[Row]]] = defaultdict(list)  # value -> its copies, per try
+    for (cv, _), es in copies.items():
+        copies_of[cv].append(es)
+    every_v = set(sends) | set(main) | set(dead) | set(copies_of) | {v for v, _ in backs} | set(acks)
     for v in every_v:
         ss = sends.get(v, [])
         s = earliest(ss, "inv_index")
-        all_es = (
-            main.get(v, []) + dead.get(v, []) + [e for (cv, _), es in copies.items() if cv == v for e in es]
-        )
+        all_es = main.get(v, []) + dead.get(v, []) + [e for es in copies_of.get(v, []) for e in es]
         rf = read_facts(main.get(v, []), reads)
         rf_all = read_facts(all_es, reads)
         s_type = send_type(ss)
@@ -463,9 +464,7 @@ def retry_candidates(ops: list[Row]) -> list[Row]:
         acked = sorted({field_long(a["inv_value"], "attempt") for a in acks.get(v, [])} - {None})
         dlq_n = len(dead.get(v, []))
         dlq_pos = len({(e["key"], e["off"]) for e in dead.get(v, [])})
-        copy_pos = max(
-            (len({(e["key"], e["off"]) for e in es}) for (cv, _), es in copies.items() if cv == v), default=0
-        )
+        copy_pos = max((len({(e["key"], e["off"]) for e in es}) for es in copies_of.get(v, [])), default=0)
 
         base: dict[str, Any] = {
             "key": key,
@@ -715,13 +714,12 @@ def order_candidates(ops: list[Row], tol: Tolerances) -> list[Row]:
 
 def lock_overlaps(windows: list[Row], unlocks: list[Row]) -> list[Row]:
     """Lock windows per (queue, consumer), merged, then overlaps between two consumers'."""
+    unlocked: dict[tuple[str, Any], list[Any]] = defaultdict(list)  # (queue, consumer) -> unlock times
+    for u in unlocks:
+        unlocked[(u["key"], u["consumer"])].append(u["inv_time"])
     by: dict[tuple[str, Any], list[tuple[Any, Any]]] = defaultdict(list)
     for w in windows:
-        ends = [
-            u["inv_time"]
-            for u in unlocks
-            if u["key"] == w["key"] and u["consumer"] == w["consumer"] and u["inv_time"] >= w["inv_time"]
-        ]
+        ends = [t for t in unlocked.get((w["key"], w["consumer"]), []) if t >= w["inv_time"]]
         end = min([w["expiry"], *ends])
         if end > w["start"]:
             by[(w["key"], w["consumer"])].append((w["start"], end))

@@ -22,8 +22,18 @@ from jepsen.workloads.registry import WORKLOADS
 
 #: the broker placement options (``--groups``, ``--host-base``, ``--port-base``) as backend options
 PLACEMENT = ("groups", "host_base", "port_base")
+
+
+def _either(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
+#: the workloads the docker group runs (the broker system's: the queue and the held-message ones)
+DOCKER_WORKLOADS = [w for s in SYSTEMS.values() if "docker" in s.backends for w in s.workloads]
 #: a backend's own reason to refuse a system that does not offer it
-BACKEND_REFUSALS = {"docker": "the docker group (docker-compose.yml) runs brokers: use --workload queue"}
+BACKEND_REFUSALS = {
+    "docker": f"the docker group (docker-compose.yml) runs brokers: use --workload {_either(DOCKER_WORKLOADS)}"
+}
 #: ``--system rocketmq``'s options: its cluster, the nodes its hooks act on, its topic
 EXTERNAL_OPTIONS = (
     "namesrv",
