@@ -118,10 +118,15 @@ NEMESES = {
 }
 
 
+#: and its options: the order run spans two broker groups (each with its own queue locks,
+#: and its own queue of the consumers' retry topic, which orderly consumers lock too)
+OPTIONS: dict[str, dict[str, Any]] = {"order": {"system_options": {"groups": 2}}}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     out = tmp_path_factory.mktemp("held")
-    return {w: _run(out, w, nemesis=NEMESES[w]) for w in HELD}
+    return {w: _run(out, w, nemesis=NEMESES[w], **OPTIONS.get(w, {})) for w in HELD}
 
 
 def _fs(result: RunResult) -> tuple[list[dict[str, Any]], Counter[str]]:
@@ -187,6 +192,8 @@ def test_order_through_leader_pauses(runs: dict[str, RunResult]) -> None:
     }
     consumers = {e["value"]["consumer"] for e in events if e["f"] == "consume" and e["type"] == "invoke"}
     assert granted and len(consumers) >= 2, consumers
+    locked = {q for _, q in granted}
+    assert any(q.startswith("%RETRY%") for q in locked) and any("/broker-b/" in q for q in locked), locked
 
 
 @pytest.mark.slow

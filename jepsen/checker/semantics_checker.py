@@ -5,10 +5,13 @@ Values are unique, so most rules are one aggregate per value (per value and try 
 how it was sent, what the client said of it (commits, rollbacks, send-backs, acks) and where it
 was seen (every poll and drain entry, with the store time and try count of the copy). The rest
 are per queue: an as-of walk over each key's offsets for stored and consumed order, and per lock
-window for the queue locks. Every rule emits candidates of one narrow shape
-``(src, anomaly, t, key, i1, i2, example)``, unioned into one frame: one job counts them and one
-keeps each anomaly's first examples by ``(t, key, i1, i2)``, as ``semantics_rules`` (this
-module's in-process twin, tested to agree) does. No Python UDFs.
+window for the queue locks.
+
+Each workload's facts (those aggregates, walks and windows) are computed once
+(``Frames.keep``) and every rule is a filter over them emitting candidates of one narrow shape
+``(src, anomaly, t, key, i1, i2, example)``; the candidates of every rule and source are unioned
+and one job counts them and keeps each anomaly's first examples by ``(t, key, i1, i2)``, as
+``semantics_rules`` (this module's in-process twin, tested to agree) does. No Python UDFs.
 """
 
 from __future__ import annotations

@@ -143,11 +143,11 @@ class SkipMessagesClient(_Inner):
     ) -> Any:
         seen = [0]
 
-        def skipping(broker_name: str, queue_id: int, batch: list[Any]) -> Any:
+        def skipping(broker_name: str, topic: str, queue_id: int, batch: list[Any]) -> Any:
             seen[0] += 1
             if seen[0] % 3 == 0 and batch:
                 batch = batch[1:]
-            return listener(broker_name, queue_id, batch)
+            return listener(broker_name, topic, queue_id, batch)
 
         return self.inner.orderly_consumer(
             skipping, on_lock=on_lock, on_unlock=on_unlock, batch_size=batch_size

@@ -221,12 +221,15 @@ class TransactionSide:
             await self.producer.shutdown(grace_s=0.5)
 
 
-#: the workload's side of a lock request: (broker name, queue ids, the request) -> queue ids granted
-LockHook = Callable[[str, list[int], Callable[[], Awaitable[list[int]]]], Awaitable[list[int]]]
-#: ... of an unlock request: (broker name, queue ids, the request)
-UnlockHook = Callable[[str, list[int], Callable[[], Awaitable[None]]], Awaitable[None]]
-#: the workload's listener: (broker name, queue id, the batch) -> consumed?
-OrderlyListener = Callable[[str, int, list[Received]], bool | Awaitable[bool]]
+#: a queue of one broker group as the hooks name it: (topic, queue id). An orderly consumer also
+#: locks the queues of its group's retry topic, in the same requests as the topic's own
+Queue = tuple[str, int]
+#: the workload's side of a lock request: (broker name, queues, the request) -> the queues granted
+LockHook = Callable[[str, list[Queue], Callable[[], Awaitable[list[Queue]]]], Awaitable[list[Queue]]]
+#: ... of an unlock request: (broker name, queues, the request)
+UnlockHook = Callable[[str, list[Queue], Callable[[], Awaitable[None]]], Awaitable[None]]
+#: the workload's listener: (broker name, topic, queue id, the batch) -> consumed?
+OrderlyListener = Callable[[str, str, int, list[Received]], bool | Awaitable[bool]]
 
 
 class HarnessOrderlyConsumer(PushConsumer):
@@ -278,7 +281,9 @@ class HarnessOrderlyConsumer(PushConsumer):
         self.on_unlock = on_unlock
 
     async def _deliver(self, msgs: list[Message], queue: MessageQueue) -> ConsumeStatus:
-        outcome = self.harness_listener(queue.broker_name, queue.queue_id, [Received.of(m) for m in msgs])
+        outcome = self.harness_listener(
+            queue.broker_name, queue.topic, queue.queue_id, [Received.of(m) for m in msgs]
+        )
         if inspect.isawaitable(outcome):
             outcome = await outcome
         return ConsumeStatus.CONSUME_SUCCESS if outcome else ConsumeStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
@@ -291,18 +296,18 @@ class HarnessOrderlyConsumer(PushConsumer):
             return set()
         raised: list[BaseException] = []
 
-        async def request() -> list[int]:
+        async def request() -> list[Queue]:
             async with _as_outcome(raised):
                 granted = await PushConsumer.lock_queues(self, broker_name, qs, client_id)
-            return sorted(q.queue_id for q in granted)
+            return sorted((q.topic, q.queue_id) for q in granted)
 
         try:
-            ids = set(await self.on_lock(broker_name, [q.queue_id for q in qs], request))
+            ids = set(await self.on_lock(broker_name, [(q.topic, q.queue_id) for q in qs], request))
         except (Definite, Indefinite):
             if raised:  # the library handles its own errors: hand it back the one it knows
                 raise raised[0] from None
             raise
-        return {q for q in qs if q.queue_id in ids}
+        return {q for q in qs if (q.topic, q.queue_id) in ids}
 
     async def unlock_queues(
         self, broker_name: str, queues: Sequence[MessageQueue], client_id: str, *, oneway: bool = False
@@ -317,7 +322,7 @@ class HarnessOrderlyConsumer(PushConsumer):
                 await PushConsumer.unlock_queues(self, broker_name, qs, client_id, oneway=oneway)
 
         try:
-            await self.on_unlock(broker_name, [q.queue_id for q in qs], request)
+            await self.on_unlock(broker_name, [(q.topic, q.queue_id) for q in qs], request)
         except (Definite, Indefinite):
             if raised:
                 raise raised[0] from None

@@ -18,11 +18,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from jepsen.systems.clients import Definite, Indefinite
+from jepsen.systems.clients import Definite
 from jepsen.workloads.base import attempt
 from jepsen.workloads.semantics import (
     Delivered,
     OrderlyConsumer,
+    Queue,
     SemanticsClient,
     SemanticsWorkload,
     client_cache,
@@ -50,9 +51,10 @@ class OrderWorkload(SemanticsWorkload):
         key = self.key(group, queue_id)
         proc = h.new_process()
         client = self.client(group)
-        consumer = await self._consumer(client)
+        consumer: OrderlyConsumer | None = None
         me = asyncio.current_task()
         try:
+            consumer = await self._consumer(client)
             while not ctx.done():
                 await ctx.pace(w)
                 if ctx.done():
@@ -71,7 +73,7 @@ class OrderWorkload(SemanticsWorkload):
                     node=client.node,
                 )
                 if typ == "info":
-                    # the consumer keeps its own connections: only the producer's side is renewed
+                    # the client stays (its consumer lives in it; the producer reconnects by itself)
                     proc = h.new_process()
         finally:
             if consumer is not None:
@@ -88,8 +90,8 @@ class OrderWorkload(SemanticsWorkload):
         procs: dict[str, int] = {}
         holder: list[str] = []
 
-        def listener(broker_name: str, queue_id: int, batch: list[Delivered]) -> bool:
-            key = self.key(broker_name, queue_id)
+        def listener(broker_name: str, topic: str, queue_id: int, batch: list[Delivered]) -> bool:
+            key = self.key(broker_name, queue_id, topic)
             proc = procs.get(key)
             if proc is None:
                 proc = procs[key] = h.new_process()
@@ -105,9 +107,9 @@ class OrderWorkload(SemanticsWorkload):
             return True
 
         async def on_lock(
-            broker_name: str, queue_ids: list[int], request: Callable[[], Awaitable[list[int]]]
-        ) -> list[int]:
-            keys = [self.key(broker_name, q) for q in queue_ids]
+            broker_name: str, queues: list[Queue], request: Callable[[], Awaitable[list[Queue]]]
+        ) -> list[Queue]:
+            keys = [self.key(broker_name, q, topic) for topic, q in queues]
             proc = h.new_process()
             h.invoke(proc, "lock", {"consumer": holder[0], "queues": keys, "live-ms": live_ms})
             try:
@@ -118,13 +120,15 @@ class OrderWorkload(SemanticsWorkload):
             except BaseException as exc:
                 h.complete(proc, "info", "lock", None, error=f"{type(exc).__name__}: {exc}"[:300])
                 raise
-            h.complete(proc, "ok", "lock", {"granted": [self.key(broker_name, q) for q in granted]})
+            h.complete(
+                proc, "ok", "lock", {"granted": [self.key(broker_name, q, topic) for topic, q in granted]}
+            )
             return granted
 
         async def on_unlock(
-            broker_name: str, queue_ids: list[int], request: Callable[[], Awaitable[None]]
+            broker_name: str, queues: list[Queue], request: Callable[[], Awaitable[None]]
         ) -> None:
-            keys = [self.key(broker_name, q) for q in queue_ids]
+            keys = [self.key(broker_name, q, topic) for topic, q in queues]
             proc = h.new_process()
             h.invoke(proc, "unlock", {"consumer": holder[0], "queues": keys})
             try:
@@ -143,7 +147,7 @@ class OrderWorkload(SemanticsWorkload):
             try:
                 await consumer.start()
                 return consumer
-            except (Definite, Indefinite, Exception):  # noqa: BLE001 - no route yet, no master: again
+            except Exception:  # noqa: BLE001 - no route yet, no master: again
                 await asyncio.sleep(1.0)
         return None
 

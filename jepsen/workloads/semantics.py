@@ -31,6 +31,10 @@ DRAIN_TRIES = 10
 HELD_POLL_S = 0.5
 
 
+#: a queue of one broker group: (topic, queue id)
+Queue = tuple[str, int]
+
+
 class Timing(Protocol):
     """The group's configuration the workloads judge it by (``BrokerTiming``)."""
 
@@ -109,12 +113,16 @@ class SemanticsClient(Protocol):
 
     def orderly_consumer(
         self,
-        listener: Callable[[str, int, list[Any]], bool | Awaitable[bool]],
+        listener: Callable[[str, str, int, list[Any]], bool | Awaitable[bool]],
         *,
-        on_lock: Callable[[str, list[int], Callable[[], Awaitable[list[int]]]], Awaitable[list[int]]],
-        on_unlock: Callable[[str, list[int], Callable[[], Awaitable[None]]], Awaitable[None]],
+        on_lock: Callable[[str, list[Queue], Callable[[], Awaitable[list[Queue]]]], Awaitable[list[Queue]]],
+        on_unlock: Callable[[str, list[Queue], Callable[[], Awaitable[None]]], Awaitable[None]],
         batch_size: int = 8,
-    ) -> OrderlyConsumer: ...
+    ) -> OrderlyConsumer:
+        """An orderly consumer in the order workload's group: ``listener(broker name, topic, queue
+        id, batch)``; ``on_lock``/``on_unlock`` get each request's broker name and queues (topic,
+        queue id: its group's retry topic's queues come along) and make it."""
+        ...
 
     async def close(self) -> None: ...
 
