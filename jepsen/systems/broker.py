@@ -665,6 +665,12 @@ class BrokerQueueClient:
         except (ClientError, RemotingError) as exc:  # unanswered: it may have
             raise Indefinite(f"{type(exc).__name__}: {exc}") from None
 
+    async def route_queues(self) -> list[tuple[str, int]]:
+        """Every readable queue of the topic as (broker name, queue id), as the nameservers
+        route it: a transactional producer picks among all of them, not the backend's ``queues``."""
+        await self._ensure()
+        return sorted((q.broker_name, q.queue_id) for q in await self.consumer.fetch_queues(self.topic))
+
     async def held_counts(self) -> dict[str, int]:
         """Delayed messages not yet due (``scheduled``) and unresolved half messages
         (``halves``) over every group of the topic, as their masters report them."""

@@ -163,9 +163,27 @@ class TxnWorkload(SemanticsWorkload):
                 except Exception:  # noqa: BLE001 - no route or master yet: again
                     await asyncio.sleep(0.5)
             await self.wait_held(first, "halves", max(0.0, until - loop.time()))
-            await self.drain([(g, q, None) for g, q in self.slots], get)
+            await self.drain([(g, q, None) for g, q in await self._every_queue(first)], get)
         finally:
             await closing(clients)
+
+    async def _every_queue(self, client: SemanticsClient) -> list[tuple[str | None, int]]:
+        """The queues a transactional message may be in: every queue the topic's route has (the
+        producer picks among them all; a group may have more than the backend's ``queues``),
+        with the workload's own ones when the route cannot be read."""
+        slots = set(self.slots)
+        for _ in range(5):
+            try:
+                routed = await client.route_queues()
+            except Exception:  # noqa: BLE001 - no nameserver answer yet: again
+                await asyncio.sleep(1.0)
+                continue
+            names = set(self.groups)
+            return sorted(
+                slots | {(g if self.multi else None, q) for g, q in routed if not self.multi or g in names},
+                key=str,
+            )
+        return sorted(slots, key=str)
 
     def summary(self) -> dict[str, Any]:
         return {**super().summary(), "checks_answered": self.checks}
