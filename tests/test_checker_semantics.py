@@ -441,3 +441,13 @@ def test_spark_gives_the_same_results(histories: list[Path], tmp_path: Path) -> 
         ra = {k: v for k, v in a.result.items() if k != "engine"}
         rb = {k: v for k, v in b.result.items() if k != "engine"}
         assert ra == rb, Path(a.path).stem
+
+
+def test_the_report_names_each_anomaly_and_says_what_it_means(tmp_path: Path) -> None:
+    from jepsen.checker.report import DESCRIPTIONS
+
+    paths = [CASES[n][1]().write(tmp_path / f"{n}.jsonl") for n in ("delay-late", "order-two-consumers")]
+    res = analyze_files(paths, out_dir=tmp_path / "out", engine="inprocess", report=True)
+    for o, anomaly in zip(res["files"], ("delivered-late", "two-consumers-one-queue"), strict=True):
+        page = (o.out_dir / "report.html").read_text(encoding="utf-8")
+        assert anomaly in page and DESCRIPTIONS[anomaly].split(",")[0] in page, anomaly
