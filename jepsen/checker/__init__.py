@@ -10,6 +10,8 @@ histories, ``spark`` holds the one Spark session, ``spark_cluster`` starts and s
 local standalone cluster (``jepsen spark``), ``report`` renders report.html. Small
 histories skip Spark: ``inprocess`` pairs and judges them in this process, with
 ``linear.check_rows`` (the function Spark's groups call) and ``log_rules`` (the log rules
-per key, tested to agree with ``log_checker``).
+per key, tested to agree with ``log_checker``). The broker's held-message workloads (delay,
+txn, retry, order) are judged by ``semantics_checker`` on Spark and ``semantics_rules``
+in-process, which share their anomaly names and tolerances in ``semantics_model``.
 Importing this package does not start Spark.
 """
