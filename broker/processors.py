@@ -241,7 +241,8 @@ class Processors:
             if reconsume >= limit:
                 stored_topic, stored_qid = dlq_topic(topic[len(RETRY_PREFIX) :]), 0
                 self.ctx.ensure_topic(stored_topic, 1, time.monotonic())
-        if might_be_held(props):  # delayed or transactional: stored where it waits
+        # delayed or transactional: stored where it waits (derive.HELD_MARKERS, inline: every send)
+        if b"DELAY\x01" in props or b"TRAN_MSG\x01" in props or b"TIMER_" in props:
             held = self._held_placement(req, h, topic, queue_id, props, now_ms)
             if isinstance(held, RemotingCommand):
                 return held
