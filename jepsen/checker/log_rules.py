@@ -1,6 +1,6 @@
 """The ``log`` workload's anomaly rules as plain Python over one key's operations.
 
-``log_checker`` states every rule of shared/HISTORY.md as Spark queries, which pays
+``log_checker`` states every rule of docs/history.md as Spark queries, which pays
 off from a few hundred thousand operations on. Below that, the JVM and Spark's
 start-up cost far more than the check itself (13-17 s for a history Python judges
 in a fraction of a second), so small histories are judged here, in-process.

@@ -1,6 +1,6 @@
 """Where a history's events live: one file, a folder of shards, or a run folder holding either.
 
-``shared/HISTORY.md``: a history is ``history.jsonl`` or a ``history/`` folder of shards
+``docs/history.md``: a history is ``history.jsonl`` or a ``history/`` folder of shards
 (``*.jsonl`` or ``*.parquet``), each written by one recording process. ``jepsen analyze``
 accepts any of the three shapes (:func:`resolve`); Spark reads a folder of shards as one
 input, in parallel. ``jepsen history export`` merges the shards back into one file
