@@ -18,7 +18,10 @@ broker group follows it:
   up) does not register at all: it is no replica a client may read from until it is
   promoted. A member removed from the group unregisters itself when it learns so, and the
   master unregisters it too (a dead one cannot), so the nameservers' routes follow the
-  change at once instead of after their 120 s expiry.
+  change at once instead of after their 120 s expiry. A removed broker that lives on
+  never registers again (``BrokerOuterAPI.withhold``; its log says so): whatever path
+  asks for a registration round, a broker off the configuration must not come back into
+  the routes as a slave of a group that no longer replicates to it.
 - **Changes go through the master** (``ledgermq-admin member-add/-promote/-remove/-list``,
   request codes ``ADD_GROUP_MEMBER`` and co., admin-only under ACL). A change must also
   prove the cluster secret (``ClusterTime``/``ClusterSignature``, as a registration does):
@@ -142,6 +145,25 @@ class GroupMembership:
         assert ledger is not None
         self.view = ledger.membership
         ledger.on_membership(self._on_view)
+        self.broker.outer_api.withhold = self.withhold_reason
+
+    @property
+    def is_removed(self) -> bool:
+        """Whether the configuration in effect here removed this broker (its removal reached it).
+        Going by the configuration's ``removed`` ids, not by absence: a joining broker replays
+        older configurations that predate it while it catches up, and is not removed by them."""
+        v = self.view
+        return v is not None and self.config.node_id in v.removed
+
+    def withhold_reason(self) -> str | None:
+        """Why this broker must not register (None: it may): it was removed from the group."""
+        v = self.view
+        if v is None or not self.is_removed:
+            return None
+        return (
+            f"removed from group {self.config.broker_name} by the configuration at log index "
+            f"{v.index} (voters {', '.join(v.voters)}): shut this broker down"
+        )
 
     def broker_addr(self, node_id: str) -> str | None:
         """``node_id``'s broker address: as the log says it, else as the config's ``group`` does."""
@@ -174,6 +196,11 @@ class GroupMembership:
                 self.broker.trigger_register()
             else:  # a learner again, or removed: off the routes at once
                 self._spawn(self.unregister_self())
+        if me in view.removed and (before is None or me not in before.removed):
+            log.warning(
+                "this broker was removed from the group: it no longer registers with the nameservers",
+                extra={"voters": list(view.voters), "index": view.index},
+            )
         if before is not None and self.broker.is_master:
             gone = sorted(before.members.keys() - view.members.keys())
             if gone:
@@ -250,6 +277,7 @@ class GroupMembership:
             "voter": self.is_voter,
             "learner": self.is_learner,
             "registered": self.registered,
+            "removed": self.is_removed,
             "index": v.index,
             "committed": v.committed,
             "voters": list(v.voters),

@@ -93,6 +93,9 @@ def validate_namesrv_addrs(addrs: Iterable[str], key: str = "namesrv_addr") -> l
 class BrokerOuterAPI:
     """Registration calls to all nameservers over one RemotingClient (its connections are cached)."""
 
+    #: why this broker must not register any more (None: it may), e.g. it was removed from its group
+    withhold: Callable[[], str | None] | None = None
+
     def __init__(
         self,
         namesrv_addrs: Sequence[str] = (),
@@ -293,13 +296,25 @@ class BrokerOuterAPI:
     ) -> list[RegisterBrokerResult] | None:
         """RocketMQ's registerBrokerAll: register if forced or any nameserver's data version differs.
 
-        Returns None when registration was skipped (the version query refreshed our liveness).
+        Returns None when registration was skipped (the version query refreshed our liveness, or
+        registering is withheld).
         """
+        if self._withheld():
+            return None
         if not force and not await self.need_register(
             identity, topic_config.data_version, timeout_s=timeout_s
         ):
             return None
         return await self.register_broker_all(identity, topic_config, timeout_s=timeout_s)
+
+    def _withheld(self) -> bool:
+        """Whether ``withhold`` names a reason not to register; logged the first time it does,
+        so the broker's log says why it left the routes and stays off them."""
+        reason = self.withhold() if self.withhold is not None else None
+        if reason is not None and not getattr(self, "_withheld_logged", False):
+            self._withheld_logged = True
+            log.warning("no longer registering with the nameservers", extra={"reason": reason})
+        return reason is not None
 
 
 def _parse_kv_table(body: bytes | bytearray | memoryview) -> dict[str, str]:

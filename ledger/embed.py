@@ -200,12 +200,14 @@ class RoleChange:
 @dataclass(frozen=True, slots=True)
 class MembershipView:
     """A configuration: ``voters`` and ``learners`` (id -> address), from the entry at ``index``
-    (0: the config file's), ``committed`` when that entry is."""
+    (0: the config file's), ``committed`` when that entry is; ``removed``: the ids the group
+    removed (latest last), so a member can tell "removed" from "not added yet"."""
 
     voters: dict[str, str]
     learners: dict[str, str]
     index: int
     committed: bool
+    removed: tuple[str, ...] = ()
 
     @property
     def members(self) -> dict[str, str]:
@@ -409,7 +411,9 @@ class EmbeddedLedger:
         return self._view(core.config_index, core.membership)
 
     def _view(self, index: int, m: Membership) -> MembershipView:
-        return MembershipView(dict(m.voters), dict(m.learners), index, index <= self._node.core.commit)
+        return MembershipView(
+            dict(m.voters), dict(m.learners), index, index <= self._node.core.commit, m.removed
+        )
 
     def on_membership(self, fn: Callable[[MembershipView], None]) -> None:
         self._membership_fns.append(fn)

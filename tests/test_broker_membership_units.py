@@ -3,22 +3,35 @@ config's ``join``, the proof of the cluster secret, the admin commands' argument
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 from broker.config import BrokerConfig
-from broker.membership import MEMBER_CODES, change_proof_problem, host_port_error, node_number
+from broker.membership import (
+    MEMBER_CODES,
+    GroupMembership,
+    change_proof_problem,
+    host_port_error,
+    node_number,
+)
 from broker.meta import BrokerAddrOp, MetaError, broker_addrs_op, parse_meta, topic_op
+from broker.registration import BrokerIdentity, BrokerOuterAPI
 from broker.state import MAX_BROKER_ADDR_TABLE, BrokerState
 from client.admin import main as admin_main
+from common.process import free_port
 from common.settings import ConfigError
+from ledger.embed import MembershipView
 from remoting.acl import OPEN_CODES, RULES
 from remoting.cluster_auth import sign_request
 from remoting.codes import RequestCode
 from remoting.protocol import RemotingCommand
+from remoting.topic import TopicConfigWrapper
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 
@@ -143,3 +156,57 @@ def test_node_ids_and_addresses() -> None:
 def test_admin_membership_commands_refuse_bad_arguments_plainly(args: list[str], words: str) -> None:
     result = CliRunner().invoke(admin_main, args, env={"NAMESRV_ADDR": ""})
     assert result.exit_code == 2 and words in result.output, result.output
+
+
+def _view(index: int, voters: list[str], removed: tuple[str, ...] = ()) -> MembershipView:
+    return MembershipView({n: f"127.0.0.{n[1:]}:20911" for n in voters}, {}, index, True, removed)
+
+
+def test_a_removed_broker_stops_registering_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once its removal reaches it, a broker's registration rounds send nothing (a closed port as
+    the nameserver: a round that tried would come back failed), and its log says why, once."""
+    dead_namesrv = f"127.0.0.1:{free_port()}"
+    api = BrokerOuterAPI([dead_namesrv])
+    broker = SimpleNamespace(
+        config=_config(tmp_path, node_id="n4"),
+        outer_api=api,
+        is_master=False,
+        store=SimpleNamespace(state=BrokerState()),
+    )
+    members = GroupMembership(broker)  # type: ignore[arg-type]
+    members.view = _view(0, ["n1", "n4"])
+    api.withhold = members.withhold_reason
+    identity = BrokerIdentity("DefaultCluster", "broker-a", "127.0.0.4:10911", 5)
+
+    async def rounds() -> list[object]:
+        tried = await api.register_if_needed(identity, TopicConfigWrapper(), force=True, timeout_s=1)
+        members._on_view(_view(7, ["n1", "n2"], removed=("n4",)))
+        withheld = [
+            await api.register_if_needed(identity, TopicConfigWrapper(), force=True, timeout_s=1)
+            for _ in range(3)
+        ]
+        await members.close()
+        await api.close()
+        return [tried, *withheld]
+
+    with caplog.at_level(logging.INFO):
+        tried, *withheld = asyncio.run(rounds())
+    assert tried and not tried[0].ok  # still a member: it tried (and failed on the closed port)
+    assert withheld == [None, None, None] and members.is_removed
+    assert members.status()["removed"] is True
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("broker.")]
+    assert said.count("no longer registering with the nameservers") == 1, said
+    assert any("was removed from the group" in m for m in said), said
+    reason = members.withhold_reason() or ""
+    assert "log index 7" in reason and "shut this broker down" in reason
+
+
+def test_a_joining_broker_replaying_configurations_older_than_itself_is_not_removed(tmp_path: Path) -> None:
+    broker = SimpleNamespace(config=_config(tmp_path, node_id="n4"), outer_api=None, is_master=False)
+    members = GroupMembership(broker)  # type: ignore[arg-type]
+    members.view = _view(5, ["n1", "n2"], removed=("n3",))  # a change from before n4 was added
+    assert not members.is_removed and members.withhold_reason() is None
+    members.view = _view(9, ["n1", "n2"], removed=("n3", "n4"))
+    assert members.is_removed
