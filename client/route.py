@@ -31,6 +31,9 @@ AUTO_CREATE_ROUTE_TTL_S = 1.0
 """RocketMQ refreshes routes every 30 s (pollNameServerInterval)."""
 MASTER_HINT_TTL_S = 10.0
 """How long a master learned from NOT_MASTER wins over the nameserver's (possibly stale) route."""
+DEAD_MASTER_TTL_S = 2.0
+"""How long a master that refused or dropped our connection is not taken from a route again:
+the nameservers list it until they notice, and asking a slave finds the new one sooner."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -48,12 +51,21 @@ class MessageQueue:
 class TopicPublishInfo:
     """Writable queues of a topic, and round-robin choice among them."""
 
-    __slots__ = ("topic", "route", "queues", "_counter")
+    __slots__ = ("topic", "route", "queues", "masterless", "_counter")
 
-    def __init__(self, topic: str, route: TopicRouteData, queues: list[MessageQueue]) -> None:
+    def __init__(
+        self,
+        topic: str,
+        route: TopicRouteData,
+        queues: list[MessageQueue],
+        masterless: frozenset[str] = frozenset(),
+    ) -> None:
         self.topic = topic
         self.route = route
         self.queues = queues
+        # Groups listed without a master (mid-election): their queues stay, so a send pinned to
+        # one can ask a slave where the new master is, but a free choice takes them last.
+        self.masterless = masterless
         self._counter = random.randrange(1 << 16)  # like RocketMQ's random thread-local start
 
     @property
@@ -71,12 +83,19 @@ class TopicPublishInfo:
             raise NoBrokerAvailableError(f"topic {self.topic} has no writable queue with a master")
         self._counter += 1
         start = self._counter
-        if avoid_broker is not None:
+        masterless = self.masterless
+        if avoid_broker is not None or masterless:
             for i in range(n):
                 q = queues[(start + i) % n]
-                if q.broker_name != avoid_broker:
+                if q.broker_name != avoid_broker and q.broker_name not in masterless:
                     self._counter = start + i
                     return q
+            if avoid_broker is not None and masterless:  # all masterless: still avoid the failed one
+                for i in range(n):
+                    q = queues[(start + i) % n]
+                    if q.broker_name != avoid_broker:
+                        self._counter = start + i
+                        return q
         return queues[start % n]
 
     def select_by_queue_id(self, queue_id: int) -> MessageQueue:
@@ -130,6 +149,7 @@ class RouteTable:
         self._topics: dict[str, _Entry] = {}
         self._brokers: dict[str, BrokerData] = {}
         self._hints: dict[str, tuple[str, float]] = {}  # broker name -> (master addr, learned at)
+        self._dead: dict[str, tuple[str, float]] = {}  # broker name -> (failed master addr, at)
         self._inflight: dict[str, asyncio.Future[_Entry]] = {}
 
     # --- routes -------------------------------------------------------------------------------
@@ -233,8 +253,13 @@ class RouteTable:
             if hint is not None and (bd.master_addr == hint[0] or now - hint[1] > MASTER_HINT_TTL_S):
                 del self._hints[bd.broker_name]  # the nameserver caught up, or the hint is old
         has_master = {bd.broker_name for bd in route.broker_datas if self.master_addr(bd.broker_name)}
+        # A group whose master just died is listed with its slaves only: a send can still ask a
+        # slave where the new master is (it knows before the nameservers do).
+        askable = {bd.broker_name for bd in route.broker_datas if bd.broker_addrs}
         old = self._topics.get(topic)
-        publish = TopicPublishInfo(topic, route, publish_queues(topic, route, has_master))
+        publish = TopicPublishInfo(
+            topic, route, publish_queues(topic, route, has_master | askable), frozenset(askable - has_master)
+        )
         if old is not None:
             publish._counter = old.publish._counter  # keep round-robin going across refreshes
         entry = _Entry(route, now, publish)
@@ -250,7 +275,14 @@ class RouteTable:
                 return hint[0]
             del self._hints[broker_name]
         bd = self._brokers.get(broker_name)
-        return bd.broker_addrs.get(MASTER_ID) if bd is not None else None
+        addr = bd.broker_addrs.get(MASTER_ID) if bd is not None else None
+        dead = self._dead.get(broker_name)
+        if dead is not None and addr is not None:
+            if time.monotonic() - dead[1] > DEAD_MASTER_TTL_S:
+                del self._dead[broker_name]
+            elif dead[0] == addr:
+                return None  # the route is older than what we saw: ask a slave instead
+        return addr
 
     def broker_addrs(self, broker_name: str) -> list[str]:
         """Every known member of the group, master first, then slaves by id (for reads)."""
@@ -265,15 +297,31 @@ class RouteTable:
                     out.append(addr)
         return out
 
+    def member_to_ask(self, broker_name: str, avoid: str = "") -> str | None:
+        """A live member of a group with no known master, to ask where its master is (a slave
+        answers a send with NOT_MASTER naming the master as soon as its ledger knows the
+        leader); None when the route names none."""
+        bd = self._brokers.get(broker_name)
+        if bd is None:
+            return None
+        dead = self._dead.get(broker_name)
+        skip = {avoid, dead[0] if dead is not None else ""}
+        members = [addr for _bid, addr in sorted(bd.broker_addrs.items()) if addr not in skip]
+        return random.choice(members) if members else None
+
     def note_master(self, broker_name: str, addr: str) -> None:
         """A broker said ``addr`` is its group's master (NOT_MASTER with masterAddr)."""
         self._hints[broker_name] = (addr, time.monotonic())
+        dead = self._dead.get(broker_name)
+        if dead is not None and dead[0] == addr:
+            del self._dead[broker_name]  # restarted and elected again
 
     def forget_master(self, broker_name: str, addr: str) -> None:
         """``addr`` failed as master of ``broker_name``: drop the hint and stop using it until re-routed."""
         hint = self._hints.get(broker_name)
         if hint is not None and hint[0] == addr:
             del self._hints[broker_name]
+        self._dead[broker_name] = (addr, time.monotonic())
         bd = self._brokers.get(broker_name)
         if bd is not None and bd.broker_addrs.get(MASTER_ID) == addr:
             bd = bd.copy()

@@ -56,6 +56,15 @@ log = logging.getLogger("client.producer")
 # is ready (with a 1 s cap, a switch done at 630 ms was first seen by the producer at 1.26 s).
 # Each retry without a master costs one route lookup, which a nameserver answers in microseconds.
 MAX_BACKOFF_S = 0.1
+# A group's new leader applies what was committed before it serves as master; meanwhile it
+# answers NOT_MASTER naming itself; a slave that knows no leader yet answers
+# SERVICE_NOT_AVAILABLE. Both last tens of milliseconds: ask again after this, growing by it
+# with each such answer, rather than after the election-sized back-off.
+SWITCH_RETRY_S = 0.005
+# Answers that only point elsewhere (a slave naming the master, a leader about to become
+# master) store nothing and cost one round trip: up to this many of them per send do not count
+# as tries. A bound, so brokers pointing at each other cannot keep a send going.
+MAX_FREE_REDIRECTS = 8
 
 
 class SendStatus(Enum):
@@ -237,6 +246,9 @@ class SendAttempts(Generic[R]):
         "mq",
         "addr",
         "queue_header",
+        "redirects",
+        "asking",
+        "switching",
     )
 
     def __init__(
@@ -279,13 +291,16 @@ class SendAttempts(Generic[R]):
         self.mq: MessageQueue | None = None
         self.addr = ""
         self.queue_header = B.queue_id_header(request.code)  # "e" in V2 headers
+        self.redirects = 0  # answers that only named the master (not counted as tries)
+        self.asking = False  # this attempt went to a slave, to learn the master
+        self.switching = False  # the last answer said a master is coming: pause briefly
 
     @property
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
     def exhausted(self) -> bool:
-        return self.attempts >= self.max_attempts or self.remaining <= 0
+        return self.attempts - self.redirects >= self.max_attempts or self.remaining <= 0
 
     # --- driving it ---------------------------------------------------------------------------------
     async def run(self) -> R:
@@ -438,8 +453,11 @@ class SendAttempts(Generic[R]):
         else:
             mq = publish.select_queue(self.avoid_broker)
         addr = self.routes.master_addr(mq.broker_name)
-        if addr is None:
-            raise NoBrokerAvailableError(f"broker group {mq.broker_name} has no master at the moment")
+        self.asking = addr is None
+        if addr is None:  # master dead or unknown: a slave knows the new one before the nameservers
+            addr = self.routes.member_to_ask(mq.broker_name, self.addr)
+            if addr is None:
+                raise NoBrokerAvailableError(f"broker group {mq.broker_name} has no master at the moment")
         return mq, addr
 
     async def _pause(self) -> None:
@@ -447,6 +465,10 @@ class SendAttempts(Generic[R]):
         if not self.wait:
             return
         self.wait = False
+        if self.switching:  # a master is being elected or is about to serve: a short pause
+            self.switching = False
+            await asyncio.sleep(min(SWITCH_RETRY_S * self.redirects, max(self.remaining, 0)))
+            return
         if self.pinned is None and self.avoid_broker is not None:
             publish = self.routes.cached_publish_info(self.topic)
             if publish is not None and len(publish.broker_names()) > 1:
@@ -478,9 +500,16 @@ class SendAttempts(Generic[R]):
                 hint = response.header_str(B.MASTER_ADDR, "") if response.headers else ""
                 if hint and hint != self.addr:
                     routes.note_master(mq.broker_name, hint)
-                    backoff = refresh = False  # go straight to the master it named
-                else:
-                    routes.forget_master(mq.broker_name, self.addr)
+                    self.redirected()
+                    return None  # go straight to the master it named
+                if hint:  # the group's leader, still applying its backlog: master in a moment
+                    routes.note_master(mq.broker_name, hint)
+                    self.redirected(switching=True)
+                    return None
+                routes.forget_master(mq.broker_name, self.addr)
+            elif code == ResponseCode.SERVICE_NOT_AVAILABLE and self.asking:
+                self.redirected(switching=True)  # no leader elected yet: ask a slave again shortly
+                return None
             self.failed_here(backoff, refresh)
             return None
         if code in FATAL_CODES:
@@ -495,8 +524,12 @@ class SendAttempts(Generic[R]):
         self.last_error = exc.cause
         self.last_code = None
         assert self.mq is not None
-        self.routes.forget_master(self.mq.broker_name, self.addr)
-        self.failed_here(True, True)
+        routes = self.routes
+        routes.forget_master(self.mq.broker_name, self.addr)
+        # A dead master refuses connections: when a slave can be asked where the new one is, do
+        # that at once rather than waiting for the nameservers to hear of the switch.
+        ask = routes.member_to_ask(self.mq.broker_name, self.addr) is not None
+        self.failed_here(not ask, not ask)
 
     def lost(self, exc: RemotingError) -> None:
         """Sent but no usable answer (timeout, connection closed, refused frame): maybe stored."""
@@ -518,6 +551,15 @@ class SendAttempts(Generic[R]):
         self.last_code = None
         self.refresh = True
         self.wait = True
+
+    def redirected(self, *, switching: bool = False) -> None:
+        """The answer named the master, or said the group is switching: certainly not stored, so
+        not counted as a try (up to MAX_FREE_REDIRECTS). The next attempt goes to the master at
+        once, or after a short pause while it switches (``switching``), not the back-off."""
+        if self.redirects < MAX_FREE_REDIRECTS:
+            self.redirects += 1
+        self.refresh = False
+        self.wait = self.switching = switching
 
     def failed_here(self, backoff: bool, refresh: bool) -> None:
         assert self.mq is not None

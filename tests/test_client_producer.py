@@ -273,6 +273,31 @@ def test_failover_during_sends(cluster: FakeCluster, topic: str) -> None:
         cluster.call(_restart_node(g, 0))
 
 
+def test_a_slave_names_the_new_master_before_the_nameservers_do(cluster: FakeCluster, topic: str) -> None:
+    """Master killed and a new one elected but not registered yet: the producer asks a slave,
+    which names the new master, and sends there; the redirect costs no try (one retry is enough:
+    the refused connection to the dead master is the only try spent)."""
+    g = group_a(cluster)
+
+    async def go() -> SendResult:
+        p = await producer(cluster, retries=1, retry_backoff_s=0.05, send_timeout_s=5.0)
+        try:
+            await p.send(Message(topic, b"before"))
+            await asyncio.to_thread(cluster.call, g.nodes[0].kill())
+            g.master = 2  # elected; the nameservers have not heard of it (no registration)
+            await asyncio.sleep(0.05)  # the kill happened before the next send, not during it
+            return await p.send(Message(topic, b"after"))
+        finally:
+            await p.shutdown()
+
+    try:
+        result = run(go())
+        assert result.broker_addr == g.nodes[2].addr
+        assert g.count(topic) == 2
+    finally:
+        cluster.call(_restart_node(g, 0))
+
+
 async def _restart_node(g, index: int) -> None:  # noqa: ANN001
     from client_fake_broker import FakeNode
 

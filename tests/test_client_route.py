@@ -169,3 +169,30 @@ def test_route_table_caches_and_shares_fetches(cluster: FakeCluster) -> None:
 
     once, twice = run(go())
     assert (once, twice) == (1, 2)
+
+
+def test_masterless_groups_are_chosen_last() -> None:
+    qs = [MessageQueue("T", b, i) for b in ("a", "d") for i in range(2)]
+    info = TopicPublishInfo("T", route(), qs, frozenset({"d"}))
+    assert all(info.select_queue().broker_name == "a" for _ in range(20))
+    assert info.select_by_queue_id(1).queue_id == 1  # a pinned id still reaches either group
+    only_d = TopicPublishInfo("T", route(), qs[2:], frozenset({"d"}))
+    assert only_d.select_queue().broker_name == "d"  # nothing else: ask d's slaves
+    both = TopicPublishInfo("T", route(), qs, frozenset({"a", "d"}))
+    assert all(both.select_queue("a").broker_name == "d" for _ in range(20))
+
+
+def test_a_failed_master_is_not_taken_from_a_stale_route() -> None:
+    table = RouteTable(NamesrvClient([], RemotingClient()))
+    table.update_brokers({"a": BrokerData("C", "a", {0: "h:1", 2: "h:2", 3: "h:3"})})
+    table.forget_master("a", "h:1")
+    # the nameservers still list h:1 as master until they notice: not used, a slave is asked
+    table.update_brokers({"a": BrokerData("C", "a", {0: "h:1", 2: "h:2", 3: "h:3"})})
+    assert table.master_addr("a") is None
+    assert {table.member_to_ask("a") for _ in range(40)} == {"h:2", "h:3"}
+    assert table.member_to_ask("a", "h:2") == "h:3"
+    table.note_master("a", "h:3")  # a slave named the new master
+    assert table.master_addr("a") == "h:3"
+    table.note_master("a", "h:1")  # restarted and elected again: no longer taken for dead
+    assert table.master_addr("a") == "h:1"
+    assert table.member_to_ask("b") is None
