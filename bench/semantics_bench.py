@@ -8,11 +8,16 @@ Producer, TransactionProducer and PullConsumer:
   meanwhile. Reported: the rate achieved, how late each message was stored in its real topic
   (store time minus due) and seen by the consumer (arrival minus due), p50/p99/max, and that
   every message arrived exactly once;
+- with ``--due-rate R``: ``R * --seconds`` messages sent as fast as the client goes, their
+  due times spaced so that they come due at R a second, ``--lead-s`` after the start. This
+  measures the schedule's own pace when a client cannot send that fast (RocketMQ refuses
+  delays in batches, so every delayed message is one send); messages acknowledged only
+  after their due time are counted apart (``acked_after_due``);
 - transactions: ``--transactions`` sequential send_in_transaction (half message, local
   transaction, END_TRANSACTION commit), p50/p99 of the whole round trip, and the commit's
   own share (END_TRANSACTION answered after the half's send).
 
-    python bench/semantics_bench.py [--quick] [--rate N] [--seconds S]
+    python bench/semantics_bench.py [--quick] [--rate N] [--seconds S] [--due-rate R --lead-s L]
 
 Ends with one JSON line.
 """
@@ -27,11 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.localgroup import LocalBrokerGroup
 from client.consumer import PullConsumer
 from client.message_props import set_deliver_time_ms
 from client.producer import Producer
 from client.transaction import LocalTransactionState, TransactionProducer
-from jepsen.localgroup import LocalBrokerGroup
 from remoting.message import Message
 
 TOPIC = "DelayBench"
@@ -45,9 +50,17 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-async def delayed_load(ns: list[str], seconds: float, rate: float, concurrency: int) -> dict[str, Any]:
+async def delayed_load(
+    ns: list[str],
+    seconds: float,
+    rate: float,
+    concurrency: int,
+    due_rate: float | None = None,
+    lead_s: float = 20.0,
+) -> dict[str, Any]:
     sent: dict[str, int] = {}  # body -> due ms
     errors = 0
+    acked_after_due = 0
     store_late: list[float] = []
     seen_late: list[float] = []
     seen: dict[str, int] = {}
@@ -81,36 +94,50 @@ async def delayed_load(ns: list[str], seconds: float, rate: float, concurrency: 
         readers = [asyncio.create_task(read(q)) for q in queues]
         start = time.monotonic()
         interval = concurrency / rate  # each worker's pace
+        total = int(due_rate * seconds) if due_rate else 0
+        first_due_ms = int(time.time() * 1000 + lead_s * 1000)
+        counter = iter(range(total))
+
+        def next_due() -> int | None:
+            """The next message's due time, or None when the run's sends are done."""
+            if not due_rate:
+                return int(time.time() * 1000) + AHEAD_MS if time.monotonic() - start < seconds else None
+            i = next(counter, None)
+            return None if i is None else first_due_ms + int(i * 1000 / due_rate)
 
         async def worker(w: int) -> None:
-            nonlocal errors
+            nonlocal errors, acked_after_due
             i = 0
             nxt = time.monotonic()
-            while time.monotonic() - start < seconds:
+            while (due := next_due()) is not None:
                 body = f"d-{w}-{i}"
                 i += 1
                 msg = Message(TOPIC, body.encode())
-                due = int(time.time() * 1000) + AHEAD_MS
                 set_deliver_time_ms(msg, due)
                 sent[body] = due
                 try:
                     await producer.send(msg)
+                    acked_after_due += time.time() * 1000 > due
                 except Exception:  # noqa: BLE001 - counted and reported
                     errors += 1
                     del sent[body]
-                nxt += interval
-                await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+                if not due_rate:
+                    nxt += interval
+                    await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.monotonic() - start
         stop.set()
-        stop_deadline = time.monotonic() + AHEAD_MS / 1000 + 20
+        last_due_s = max(sent.values(), default=0) / 1000 - time.time()
+        stop_deadline = time.monotonic() + max(AHEAD_MS / 1000, last_due_s) + 20
         await asyncio.gather(*readers)
     missing = len(sent) - len(seen)
     duplicated = sum(1 for n in seen.values() if n > 1)
     return {
         "sent": len(sent),
         "rate_msgs_per_s": round(len(sent) / elapsed, 1),
+        "due_rate_msgs_per_s": due_rate or round(len(sent) / elapsed, 1),
+        "acked_after_due": acked_after_due,
         "errors": errors,
         "missing": missing,
         "duplicated": duplicated,
@@ -150,6 +177,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=10_000.0, help="delayed sends a second to aim for")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument(
+        "--due-rate",
+        type=float,
+        default=None,
+        help="send as fast as possible; messages come due at this rate",
+    )
+    ap.add_argument(
+        "--lead-s", type=float, default=20.0, help="with --due-rate: when the first message is due"
+    )
     ap.add_argument("--transactions", type=int, default=1000)
     args = ap.parse_args()
     seconds, count = (3.0, 200) if args.quick else (args.seconds, args.transactions)
@@ -160,7 +196,11 @@ def main() -> None:
         g.start()
         try:
             asyncio.run(g.wait_for_master(60))
-            delay = asyncio.run(delayed_load(g.namesrv_addrs, seconds, args.rate, args.concurrency))
+            delay = asyncio.run(
+                delayed_load(
+                    g.namesrv_addrs, seconds, args.rate, args.concurrency, args.due_rate, args.lead_s
+                )
+            )
             print(f"delayed delivery: {json.dumps(delay)}", flush=True)
             tx = asyncio.run(transactions(g.namesrv_addrs, count))
             print(f"transactions: {json.dumps(tx)}", flush=True)

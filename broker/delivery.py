@@ -82,27 +82,18 @@ class ScheduledDelivery:
         taken: list[tuple[int, int]] = []
         levels, max_timer = self.config.delay_levels_ms, int(self.config.max_timer_delay_s * 1000)
         for item in due:
-            found = self.store.record_at(item[1])
-            if found is None:
+            held = self.store.stored_record(item[1])
+            if held is None:
                 log.error("scheduled message unreadable; left pending", extra={"position": item[1]})
                 continue
             try:
-                msg = derive.decode_held(found[1])
-                place = derive.release(msg, now, levels, max_timer)
+                rec = self._released(held, item[1], now, levels, max_timer)
             except (MessageFormatError, derive.PlacementError) as exc:
                 log.error(
                     "scheduled message undeliverable; left pending",
                     extra={"position": item[1], "error": str(exc)},
                 )
                 continue
-            rec = derive.record(
-                msg,
-                place,
-                sys_flag=msg.sys_flag,
-                reconsume_times=msg.reconsume_times,
-                store_ms=now,
-                store_host=self.store_host,
-            )
             items.append((codec.ORIGIN_SCHEDULED + item[1].to_bytes(8, "big"), rec))
             taken.append(item)
         if not items:
@@ -124,6 +115,26 @@ class ScheduledDelivery:
             self.store.append([codec.encode_derived(items)], done)
         except EmbedError:
             done(None, EmbedError("not leader"))
+
+    def _released(
+        self, held: bytes | memoryview, position: int, now: int, levels: tuple[int, ...], max_timer: int
+    ) -> bytes:
+        """The record for the real queue of a due message (read in place when it can be)."""
+        fast = derive.released_record(
+            held, now, levels, max_timer, self.store_host, f"at position {position}"
+        )
+        if fast is not None:
+            return fast[1]
+        msg = derive.decode_held(held)
+        place = derive.release(msg, now, levels, max_timer)
+        return derive.record(
+            msg,
+            place,
+            sys_flag=msg.sys_flag,
+            reconsume_times=msg.reconsume_times,
+            store_ms=now,
+            store_host=self.store_host,
+        )
 
     def _give_back_all(self) -> None:
         taken, self._taken = list(self._taken.values()), {}

@@ -14,6 +14,7 @@ makes when it is: RocketMQ's placement rules, pure functions over properties and
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from remoting.message import (
@@ -28,7 +29,10 @@ from remoting.message import (
     PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_TRAN_MSG,
+    STORED_HEADER_SIZE,
+    SYSFLAG_BORNHOST_V6,
     SYSFLAG_COMPRESSED,
+    SYSFLAG_STOREHOST_V6,
     SYSFLAG_TRANSACTION_COMMIT,
     SYSFLAG_TRANSACTION_MASK,
     Message,
@@ -36,6 +40,7 @@ from remoting.message import (
     build_stored_record,
     decode_stored_messages,
     host_to_bytes,
+    properties_from_bytes,
     properties_to_bytes,
 )
 
@@ -141,10 +146,13 @@ def decode_held(record: bytes | memoryview) -> Message:
 
 def real_queue(msg: Message) -> tuple[str, int]:
     """The topic and queue a held message names (PlacementError if it names none)."""
-    props = msg.properties
+    return _real_queue(msg.properties, msg.msg_id)
+
+
+def _real_queue(props: dict[str, str], which: str) -> tuple[str, int]:
     topic, qid = props.get(PROPERTY_REAL_TOPIC, ""), props.get(PROPERTY_REAL_QUEUE_ID, "")
     if not topic or not qid.isdigit():
-        raise PlacementError(f"held message {msg.msg_id} names no real topic and queue")
+        raise PlacementError(f"held message {which} names no real topic and queue")
     return topic, int(qid)
 
 
@@ -184,8 +192,13 @@ def record(
 def release(msg: Message, now_ms: int, levels_ms: tuple[int, ...], max_timer_ms: int) -> Placement:
     """Where a held message goes when due or committed: its real queue, without the
     properties that held it; a committed half that also carries a delay is scheduled next."""
-    topic, qid = real_queue(msg)
-    props = msg.all_properties()
+    return _release(msg.all_properties(), msg.msg_id, now_ms, levels_ms, max_timer_ms)
+
+
+def _release(
+    props: dict[str, str], which: str, now_ms: int, levels_ms: tuple[int, ...], max_timer_ms: int
+) -> Placement:
+    topic, qid = _real_queue(props, which)
     if props.pop(PROPERTY_TIMER_OUT_MS, None) is not None:  # due: no delay any more
         props.pop(PROPERTY_DELAY, None)
         for name in _TIMER_PROPERTIES:
@@ -195,6 +208,58 @@ def release(msg: Message, now_ms: int, levels_ms: tuple[int, ...], max_timer_ms:
         if held is not None:
             return held
     return Placement(topic, qid, props)
+
+
+_HELD_HEAD = struct.Struct(">iiiiiqqiq8sq8siqi")  # a stored record's header, IPv4 hosts
+_HELD_V6_OR_COMPRESSED = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6 | SYSFLAG_COMPRESSED
+
+
+def released_record(
+    held: bytes | memoryview,
+    now_ms: int,
+    levels_ms: tuple[int, ...],
+    max_timer_ms: int,
+    store_host: bytes,
+    which: str,
+) -> tuple[Placement, bytes] | None:
+    """``release`` and ``record`` of a held record in one step, read in place: what a master
+    does for every due message, so it skips decoding the whole message. None for a record
+    with IPv6 hosts or a compressed body (``decode_held``, ``release`` and ``record`` take
+    those); MessageFormatError if the record's lengths do not add up."""
+    n = len(held)
+    if n < STORED_HEADER_SIZE + 3:
+        raise MessageFormatError(f"held record of {n} bytes is truncated")
+    (_, _, _, _, flag, _, _, sys_flag, born_ms, born_host, _, _, reconsume, _, blen) = _HELD_HEAD.unpack_from(
+        held
+    )
+    if sys_flag & _HELD_V6_OR_COMPRESSED:
+        return None
+    p = STORED_HEADER_SIZE + blen
+    if blen < 0 or p + 3 > n:
+        raise MessageFormatError(f"held record: body length {blen} runs past its {n} bytes")
+    p += 1 + held[p]
+    if p + 2 > n:
+        raise MessageFormatError("held record: topic runs past its end")
+    plen = held[p] << 8 | held[p + 1]
+    if p + 2 + plen != n:
+        raise MessageFormatError(f"held record: lengths do not add up to its {n} bytes")
+    props = properties_from_bytes(held[p + 2 : n], "held record's properties")
+    place = _release(props, which, now_ms, levels_ms, max_timer_ms)
+    body = held[STORED_HEADER_SIZE : STORED_HEADER_SIZE + blen]
+    rec = build_stored_record(
+        place.topic.encode(),
+        place.queue_id,
+        body,
+        properties_to_bytes(place.properties),
+        flag,
+        sys_flag,
+        born_ms,
+        born_host,
+        now_ms,
+        store_host,
+        reconsume,
+    )
+    return place, rec
 
 
 def committed_sys_flag(sys_flag: int) -> int:

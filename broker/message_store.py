@@ -355,6 +355,10 @@ class MessageStore:
                 lowest = cq.positions[0]
         return lowest
 
+    def stored_record(self, position: int) -> Record | None:
+        """The record stored at ``position``, if there is one (no queue lookup)."""
+        return self._record(position)
+
     def record_at(self, position: int) -> tuple[int, Record] | None:
         """(queue offset, record) of the message stored at ``position``, if there is one."""
         data = self._record(position)
