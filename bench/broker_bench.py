@@ -35,10 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.localgroup import LocalBrokerGroup
 from client.consumer import PullConsumer
 from client.instance import ClientInstance
 from client.producer import Producer
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient
 from remoting.acl import RequestSigner
 from remoting.message import Message

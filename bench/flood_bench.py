@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from jepsen.localgroup import LocalBrokerGroup
+from broker.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 
 TOPIC = "FloodTopic"

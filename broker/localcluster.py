@@ -4,7 +4,8 @@ quick start for ledgermq.
 Everything listens on loopback. The first line printed is ``namesrv=HOST:PORT`` (what a
 RocketMQ application's ``namesrvAddr`` should be set to), then one line per broker group
 once it has a master the nameserver routes to. SIGTERM or Ctrl-C stops every process
-(by PID, through ``common.process.ProcessSet``) and the command exits.
+(by PID, through ``common.localgroup``) and the command exits. The node specs (configs,
+commands, ports) are ``broker.localgroup``'s, shared with the tests and the harness.
 
 Each process's PID is in ``<dir>/namesrv/namesrv.pid`` and ``<dir>/<group>/<node>/broker.pid``,
 so that fault scripts (``jepsen run --system rocketmq --kill-cmd ...``) can kill one broker as
@@ -23,43 +24,26 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import signal
-import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from common.cluster_secret import write_cluster_secret
-from common.process import ProcessSet, free_port, write_toml
+from common.localgroup import LocalGroup, free_port_pair, stop_requested
+from common.process import free_port
 from remoting import RemotingClient, RemotingCommand, RequestCode
 
-GROUP_SIZE = 3
-MAX_GROUPS = 26
+from .localgroup import GROUP_SIZE, broker_argv, broker_config, check_groups, group_name, namesrv_argv
+
 HOST = "127.0.0.1"
+#: seconds the command waits for every group's master before it warns (it keeps running)
 READY_TIMEOUT_S = 60.0
+#: seconds between two looks at the processes and the nameserver's routes
 POLL_S = 0.5
-
-
-def _free_port_pair(host: str) -> int:
-    """A port p with p and p - 2 free (RocketMQ's fast channel listens on port - 2)."""
-    for _ in range(200):
-        port = free_port(host)
-        if port <= 1026:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port - 2))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port pair on {host}")
-
-
-def group_name(i: int) -> str:
-    """broker-a, broker-b, ... as in RocketMQ's examples."""
-    return f"broker-{chr(ord('a') + i)}"
+#: seconds the nameserver may take to answer the cluster-info request
+CLUSTER_INFO_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -84,7 +68,7 @@ class Replacement:
         ]
 
 
-class LocalCluster(ProcessSet):
+class LocalCluster(LocalGroup):
     """A nameserver and ``groups`` broker groups of three brokers each, under ``base_dir``."""
 
     def __init__(
@@ -96,8 +80,7 @@ class LocalCluster(ProcessSet):
         cluster_name: str = "DefaultCluster",
         python: str = sys.executable,
     ) -> None:
-        if not 1 <= groups <= MAX_GROUPS:
-            raise ValueError(f"--groups must be 1..{MAX_GROUPS}, got {groups}")
+        check_groups(groups)
         super().__init__(base_dir)
         self.python = python
         self.cluster_name = cluster_name
@@ -107,7 +90,7 @@ class LocalCluster(ProcessSet):
         self.replaced: dict[str, Replacement] = {}  # "group/node" that died -> its planned replacement
         for name in self.groups:
             self.brokers[name] = {
-                f"n{k + 1}": (f"{HOST}:{_free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}")
+                f"n{k + 1}": (f"{HOST}:{free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}")
                 for k in range(GROUP_SIZE)
             }
 
@@ -124,23 +107,20 @@ class LocalCluster(ProcessSet):
                 self._write_broker_config(name, nid, peers)
 
     def _write_broker_config(self, name: str, nid: str, peers: list[str], join: bool = False) -> Path:
-        d = self.base_dir / name / nid
-        d.mkdir(parents=True, exist_ok=True)
-        conf: dict[str, Any] = {
+        settings = {
             "cluster_name": self.cluster_name,
-            "broker_name": name,
-            "node_id": nid,
-            "group": peers,
-            "namesrv_addr": [self.namesrv_addr],
-            "data_dir": str(d / "data"),
-            "listen_host": HOST,
             "cluster_secret_file": str(self.secret_file),
             **({"join": True} if join else {}),
         }
-        path = d / "broker.toml"
-        write_toml(path, conf)
-        path.chmod(0o600)
-        return path
+        return broker_config(
+            self.base_dir / name / nid,
+            broker_name=name,
+            node_id=nid,
+            group=peers,
+            namesrv_addrs=[self.namesrv_addr],
+            listen_host=HOST,
+            settings=settings,
+        )
 
     def plan_replacement(self, name: str, dead: str) -> Replacement:
         """A fresh broker to replace ``dead`` of group ``name``: the next node id, new ports, and a
@@ -148,7 +128,7 @@ class LocalCluster(ProcessSet):
         members = self.brokers[name]
         gone = {r.dead for r in self.replaced.values() if r.group == name} | {dead}
         nid = f"n{max(int(n[1:]) for n in members) + 1}"
-        baddr, laddr = f"{HOST}:{_free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}"
+        baddr, laddr = f"{HOST}:{free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}"
         members[nid] = (baddr, laddr)
         peers = [f"{n}={b}@{le}" for n, (b, le) in members.items() if n not in gone]
         path = self._write_broker_config(name, nid, peers, join=True)
@@ -156,45 +136,25 @@ class LocalCluster(ProcessSet):
         self.replaced[f"{name}/{dead}"] = plan
         return plan
 
-    def start(self) -> None:
-        self.write_configs()
-        host, port = self.namesrv_addr.rsplit(":", 1)
-        self.spawn(
-            "namesrv",
-            [self.python, "-m", "namesrv", "--listen-host", host, "--listen-port", port]
-            + ["--cluster-secret-file", str(self.secret_file)],
-            self.base_dir / "namesrv" / "namesrv.log",
-        )
-        self._write_pid("namesrv", self.base_dir / "namesrv" / "namesrv.pid")
+    def start_nodes(self) -> None:
+        """The nameserver, then every broker; each one's PID in a file beside its log."""
+        argv = namesrv_argv(self.python, self.namesrv_addr, str(self.secret_file))
+        self.spawn("namesrv", argv, self.base_dir / "namesrv" / "namesrv.log")
+        self.write_pid("namesrv", self.base_dir / "namesrv" / "namesrv.pid")
         for name, members in self.brokers.items():
             for nid in members:
                 d = self.base_dir / name / nid
-                self.spawn(
-                    f"{name}/{nid}",
-                    [self.python, "-m", "broker", "--config", str(d / "broker.toml")],
-                    d / "broker.log",
-                )
-                self._write_pid(f"{name}/{nid}", d / "broker.pid")
-
-    def _write_pid(self, name: str, path: Path) -> None:
-        """The process's PID in ``path`` (written whole, then renamed: a reader never sees half)."""
-        pid = self.pid(name)
-        if pid is None:
-            return
-        tmp = path.with_suffix(".pid.tmp")
-        tmp.write_text(f"{pid}\n", encoding="ascii")
-        tmp.replace(path)
-
-    def dead(self) -> list[str]:
-        """Processes that exited on their own."""
-        return [name for name, proc in self.procs.items() if proc.poll() is not None]
+                self.spawn(f"{name}/{nid}", broker_argv(self.python, d / "broker.toml"), d / "broker.log")
+                self.write_pid(f"{name}/{nid}", d / "broker.pid")
 
     async def masters(self) -> dict[str, str]:
         """Broker group -> master address, as the nameserver routes them."""
         async with RemotingClient() as client:
             try:
                 resp = await client.invoke_sync(
-                    self.namesrv_addr, RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO), 2.0
+                    self.namesrv_addr,
+                    RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO),
+                    CLUSTER_INFO_TIMEOUT_S,
                 )
             except Exception:  # noqa: BLE001 - not up yet: no masters
                 return {}
@@ -206,65 +166,66 @@ class LocalCluster(ProcessSet):
         }
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _report_exit(cluster: LocalCluster, name: str) -> None:
+    """A broker that died once the cluster was ready: failover is the point, so the rest keep
+    running; it is also a machine to replace, so print how, with a fresh broker."""
+    _say(f"{name} exited (status {cluster.procs[name].returncode}); the others keep running")
+    group, _, node = name.partition("/")
+    if group in cluster.brokers:
+        plan = cluster.plan_replacement(group, node)
+        lines = plan.commands(cluster.namesrv_addr, cluster.secret_file)
+        _say(f"to replace {name} with a fresh broker {group}/{plan.node}:\n  " + "\n  ".join(lines))
+
+
+def _report_masters(cluster: LocalCluster, reported: set[str]) -> None:
+    """One line per group whose master the nameserver now routes to (each group once)."""
+    for name, addr in sorted(asyncio.run(cluster.masters()).items()):
+        if name not in reported:
+            reported.add(name)
+            members = ", ".join(b for b, _ in cluster.brokers[name].values())
+            print(f"{name} master={addr} brokers={members}", flush=True)
+
+
+def _watch(cluster: LocalCluster, base_dir: Path, stop: threading.Event) -> int:
+    """Report masters until every group has one, then exits, until ``stop`` is set: 0, or 1 when
+    a process died before the cluster was ready (or the nameserver died at any time)."""
+    reported: set[str] = set()
+    gone: set[str] = set()
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        dead = cluster.dead()
+        ready = len(reported) == len(cluster.groups)
+        if dead and (not ready or "namesrv" in dead):
+            _say(f"stopping: {', '.join(dead)} exited; logs under {base_dir}")
+            return 1
+        for name in sorted(set(dead) - gone):
+            gone.add(name)
+            _report_exit(cluster, name)
+        if not ready:
+            _report_masters(cluster, reported)
+            if len(reported) == len(cluster.groups):
+                print(
+                    f"ready: {len(cluster.groups)} broker group(s); data and logs in {base_dir}", flush=True
+                )
+            elif time.monotonic() > deadline:
+                print(f"warning: no master yet for {sorted(set(cluster.groups) - reported)}", file=sys.stderr)
+                deadline = float("inf")
+        if stop.wait(POLL_S):
+            return 0
+
+
 def run(base_dir: Path, groups: int, namesrv_port: int) -> int:
     """Start the cluster, print its addresses, and stop it all on SIGTERM or Ctrl-C."""
     cluster = LocalCluster(base_dir, groups=groups, namesrv_port=namesrv_port)
-    stopping = False
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        cluster.start()
-        print(f"namesrv={cluster.namesrv_addr}", flush=True)
-        reported: set[str] = set()
-        gone: set[str] = set()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not stopping:
-            dead = cluster.dead()
-            ready = len(reported) == len(cluster.groups)
-            if dead and (not ready or "namesrv" in dead):
-                print(
-                    f"stopping: {', '.join(dead)} exited; logs under {base_dir}", file=sys.stderr, flush=True
-                )
-                return 1
-            for name in sorted(set(dead) - gone):  # after ready: a killed broker is a failover test
-                gone.add(name)
-                code = cluster.procs[name].returncode
-                print(f"{name} exited (status {code}); the others keep running", file=sys.stderr, flush=True)
-                group, _, node = name.partition("/")
-                if group in cluster.brokers:  # a machine to replace, if it does not come back
-                    plan = cluster.plan_replacement(group, node)
-                    lines = plan.commands(cluster.namesrv_addr, cluster.secret_file)
-                    print(
-                        f"to replace {name} with a fresh broker {group}/{plan.node}:\n  "
-                        + "\n  ".join(lines),
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            if len(reported) < len(cluster.groups):
-                for name, addr in sorted(asyncio.run(cluster.masters()).items()):
-                    if name not in reported:
-                        reported.add(name)
-                        members = ", ".join(b for b, _ in cluster.brokers[name].values())
-                        print(f"{name} master={addr} brokers={members}", flush=True)
-                if len(reported) == len(cluster.groups):
-                    print(
-                        f"ready: {len(cluster.groups)} broker group(s); data and logs in {base_dir}",
-                        flush=True,
-                    )
-                elif time.monotonic() > deadline:
-                    print(
-                        f"warning: no master yet for {sorted(set(cluster.groups) - reported)}",
-                        file=sys.stderr,
-                    )
-                    deadline = float("inf")
-            time.sleep(POLL_S)
-        return 0
-    finally:
-        cluster.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        print("stopped", flush=True)
+    with stop_requested() as stop:
+        try:
+            cluster.start()
+            print(f"namesrv={cluster.namesrv_addr}", flush=True)
+            return _watch(cluster, base_dir, stop)
+        finally:
+            cluster.stop()
+            print("stopped", flush=True)

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -277,26 +276,23 @@ def member_remove(nodes: str, node_id: str) -> None:
 )
 def local_cluster(n: int, base_dir: str) -> None:
     """Run an N-node group of local processes on 127.0.0.x until Ctrl-C."""
+    from common.localgroup import stop_requested
+
     from .localcluster import LocalCluster
 
     # SIGTERM and SIGINT stop the group (by PID) and the command: a handler notes the signal
     # (sigwait without the signals blocked let SIGTERM kill this process and orphan the nodes)
-    stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    cluster = LocalCluster(Path(base_dir), n)
-    try:
-        cluster.start()
-        leader = run_main(cluster.wait_for_leader())
-        click.echo(f"group up: nodes {','.join(cluster.addresses)}; leader {leader}; data in {base_dir}")
-        click.echo(f"peers authenticate with the secret in {cluster.settings['cluster_secret_file']}")
-        click.echo(f"try: ledger append --nodes {','.join(cluster.addresses)} hello")
-        while not stop.wait(1.0):
+    with stop_requested() as stop:
+        cluster = LocalCluster(Path(base_dir), n)
+        try:
+            cluster.start()
+            leader = run_main(cluster.wait_for_leader())
+            click.echo(f"group up: nodes {','.join(cluster.addresses)}; leader {leader}; data in {base_dir}")
+            click.echo(f"peers authenticate with the secret in {cluster.settings['cluster_secret_file']}")
+            click.echo(f"try: ledger append --nodes {','.join(cluster.addresses)} hello")
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:
             pass
-    except KeyboardInterrupt:
-        pass
-    finally:
-        cluster.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        finally:
+            cluster.stop()

@@ -2,28 +2,32 @@
 
 Each node gets its own address, port, data directory, config file and log file; the
 cluster can SIGKILL, SIGSTOP/SIGCONT and restart nodes by PID, and always cleans up every
-process it started.
+process it started. Starting, stopping and signals are ``common.localgroup``'s; this module
+holds only what a ledger node needs (its config, its command, what "ready" means).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
-import secrets
 import ssl
 import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.process import ProcessSet, free_port, write_toml
+from common.cluster_secret import write_cluster_secret
+from common.localgroup import LocalGroup, poll_until
+from common.process import free_port, write_toml
 from common.tls import client_context
 
 from .client import LedgerClient
 
+#: seconds between two rounds of status requests while waiting for a leader
+LEADER_POLL_S = 0.05
 
-class LocalCluster(ProcessSet):
+
+class LocalCluster(LocalGroup):
+    """``n`` ledger nodes n1..nN, each on its own loopback host unless ``distinct_hosts`` is off."""
+
     def __init__(
         self,
         base_dir: str | Path,
@@ -52,12 +56,7 @@ class LocalCluster(ProcessSet):
         Every group this class starts authenticates its peers; pass ``cluster_secret=""`` in
         ``settings`` to run one without (benchmarks comparing the cost do).
         """
-        self.base_dir.mkdir(parents=True, exist_ok=True)
-        path = self.base_dir / "cluster.secret"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-        return path
+        return write_cluster_secret(self.base_dir / "cluster.secret")
 
     @property
     def client_secret(self) -> bytes | None:
@@ -84,11 +83,15 @@ class LocalCluster(ProcessSet):
     def config_path(self, nid: str) -> Path:
         return self.base_dir / nid / "node.toml"
 
+    def peer_address(self, nid: str, peer: str) -> str:
+        """Where ``nid`` dials ``peer`` (the harness routes this through its link proxy)."""
+        return self.address(peer)
+
     def write_configs(self) -> None:
-        peers = [f"{n}={self.address(n)}" for n in self.ids]
         for nid in self.ids:
             d = self.base_dir / nid
             d.mkdir(parents=True, exist_ok=True)
+            peers = [f"{p}={self.address(p) if p == nid else self.peer_address(nid, p)}" for p in self.ids]
             conf = {
                 "id": nid,
                 "listen": self.address(nid),
@@ -98,8 +101,7 @@ class LocalCluster(ProcessSet):
             }
             write_toml(self.config_path(nid), conf)
 
-    def start(self) -> None:
-        self.write_configs()
+    def start_nodes(self) -> None:
         for nid in self.ids:
             self.start_node(nid)
 
@@ -107,16 +109,8 @@ class LocalCluster(ProcessSet):
         argv = [self.python, "-m", "ledger", "start", "--config", str(self.config_path(nid))]
         self.spawn(nid, argv, self.base_dir / nid / "node.log")
 
-    def __enter__(self) -> LocalCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     async def wait_for_leader(self, timeout: float = 20.0, exclude: set[str] | None = None) -> str:
         """Poll every running node until one reports being a ready leader; returns its id."""
-        deadline = time.monotonic() + timeout
         async with LedgerClient(
             self.addresses,
             timeout=2,
@@ -125,7 +119,8 @@ class LocalCluster(ProcessSet):
             secret=self.client_secret,
             accepted_secrets=self.client_accepted_secrets,
         ) as client:
-            while time.monotonic() < deadline:
+
+            async def ready_leader() -> str | None:
                 for nid in self.ids:
                     if not self.is_running(nid) or nid in self.paused or (exclude and nid in exclude):
                         continue
@@ -135,5 +130,7 @@ class LocalCluster(ProcessSet):
                         continue
                     if st.get("role") == "leader" and st.get("leader_ready"):
                         return nid
-                await asyncio.sleep(0.05)
-        raise TimeoutError(f"no leader among {self.ids} within {timeout}s; logs in {self.base_dir}")
+                return None
+
+            failure = f"no leader among {self.ids} within {timeout}s; logs in {self.base_dir}"
+            return await poll_until(ready_leader, timeout, LEADER_POLL_S, failure)

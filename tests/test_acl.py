@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from test_remoting_bounds import namesrv_factory  # noqa: F401 - fixture
 
+from broker.localgroup import LocalBrokerGroup
 from client.errors import ClientError
 from client.instance import ClientInstance
 from client.producer import Producer
 from common.process import free_port
 from common.settings import ConfigError
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.acl import (
     ACCESS_KEY,

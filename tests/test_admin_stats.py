@@ -12,11 +12,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from broker.localgroup import LocalBrokerGroup
 from client.admin import main as admin_cli
 from client.admin_api import AdminClient
 from client.errors import ClientError
 from client.producer import Producer
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.exceptions import RemotingCommandError
 from remoting.message import Message

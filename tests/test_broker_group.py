@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jepsen.localgroup import LocalBrokerGroup
+from broker.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.exceptions import RemotingError
 from remoting.message import decode_stored_messages, encode_message_batch, properties_to_bytes

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client.consumer import PullConsumer, PullStatus
 from client.producer import Producer
 from client.route import MessageQueue
 from common.cluster_secret import load_cluster_secret
-from jepsen.localgroup import LocalBrokerGroup
 from ledger.client import LedgerClient
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import Message

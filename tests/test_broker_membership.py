@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client.admin_api import AdminClient
 from client.errors import ClientError
 from client.producer import Producer
 from common.process import ProcessSet
-from jepsen.localgroup import LocalBrokerGroup
 from jepsen.systems.broker_membership import start_joining_broker
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import Message, decode_stored_messages

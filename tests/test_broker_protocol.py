@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from jepsen.localgroup import LocalBrokerGroup
+from broker.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import (
     decode_stored_messages,

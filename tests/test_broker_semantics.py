@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jepsen.localgroup import LocalBrokerGroup
+from broker.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import (
     Message,

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client.consumer import PullConsumer
 from client.errors import SendOutcomeUnknownError
 from client.producer import Producer
 from client.push_consumer import PushConsumer
-from jepsen.localgroup import LocalBrokerGroup
 from remoting.message import Message
 
 pytestmark = pytest.mark.slow

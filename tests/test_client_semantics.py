@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 from click.testing import CliRunner
 
+from broker.localgroup import LocalBrokerGroup
 from client import (
     BrokerError,
     ConsumeStatus,
@@ -31,7 +32,6 @@ from client import (
     set_deliver_time_ms,
 )
 from client.admin import main as admin_main
-from jepsen.localgroup import LocalBrokerGroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from common.ports import PortPlan, PortPlanError
 from jepsen.checker.recovery import key_group, node_group, summarize
 from jepsen.faults.schedule import Nemesis
-from jepsen.ports import PortPlan, PortPlanError
 
 RUN_TIMEOUT_S = 150  # one short run: start-up, 10 s of load and faults, drain, check
 WATCH_PERIOD_S = 0.5

@@ -197,7 +197,7 @@ def test_free_port_never_hands_out_a_port_twice():
 
 def test_broker_group_names_every_port_it_will_listen_on(tmp_path):
     """What the link proxy must not take: nameservers, and each broker's main, fast and ledger ports."""
-    from jepsen.localgroup import LocalBrokerGroup
+    from broker.localgroup import LocalBrokerGroup
 
     group = LocalBrokerGroup(tmp_path)
     addrs = group.listen_addresses()

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client.producer import Producer
 from common.process import write_toml
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
 from remoting.message import Message
 from remoting.protocol import encode_command

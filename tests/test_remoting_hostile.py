@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client.producer import Producer
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import (
     FrameDecoder,
     ProtocolError,

@@ -21,6 +21,7 @@ import pytest
 from test_ledger_security import make_ca_and_cert
 from test_remoting_bounds import namesrv_factory  # noqa: F401 F811 - fixture
 
+from broker.localgroup import LocalBrokerGroup
 from client.consumer import PullConsumer
 from client.instance import TLS_CA_FILE_ENV, TLS_ENABLE_ENV, ClientInstance, tls_from_env
 from client.producer import Producer
@@ -28,7 +29,6 @@ from common.cluster_secret import load_cluster_secret
 from common.process import free_port
 from common.settings import ConfigError
 from common.tls import client_context
-from jepsen.localgroup import LocalBrokerGroup
 from ledger.client import LedgerClient
 from ledger.wire import LedgerError
 from namesrv.config import load_config

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from broker.localgroup import LocalBrokerGroup
 from client import PullConsumer
 from client.route import MessageQueue
-from jepsen.localgroup import LocalBrokerGroup
 from remoting import RemotingClient
 
 pytestmark = pytest.mark.slow

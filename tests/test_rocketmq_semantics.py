@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_rocketmq_compat import HOME, check_intact, drive
 
-from jepsen.localgroup import LocalBrokerGroup
+from broker.localgroup import LocalBrokerGroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TOPIC = "CppSemTopic"

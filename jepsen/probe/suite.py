@@ -62,10 +62,10 @@ from typing import Any
 
 import click
 
+from broker.localgroup import LocalBrokerGroup
 from common.cluster_secret import load_cluster_secret, write_cluster_secret
 from common.settings import ConfigError
 from jepsen.faults.forge import forged_append, old_hello, wrong_secret  # the attacks themselves
-from jepsen.localgroup import LocalBrokerGroup
 from ledger.auth import PeerAuth
 from ledger.client import LedgerClient
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode

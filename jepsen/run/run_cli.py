@@ -19,17 +19,17 @@ from typing import Any
 
 import click
 
-from broker.localcluster import MAX_GROUPS
-from jepsen.faults.base import FAULT_SCOPES
-from jepsen.faults.registry import FAULTS
-from jepsen.net.proxy import ProxyError
-from jepsen.ports import (
+from broker.localgroup import MAX_GROUPS
+from common.ports import (
     DEFAULT_HOST_BASE,
     PortPlanError,
     check_port_base,
     parse_addresses,
     parse_host_base,
 )
+from jepsen.faults.base import FAULT_SCOPES
+from jepsen.faults.registry import FAULTS
+from jepsen.net.proxy import ProxyError
 from jepsen.run.config import DEFAULT_NEMESIS, RunConfig, RunResult
 from jepsen.run.pool import WorkerFailed
 from jepsen.run.runner import run as run_test
@@ -487,8 +487,8 @@ def _print_result(cfg: RunConfig, result: RunResult) -> None:
     type=click.Choice(list(BROKEN_ADAPTERS)),
     default=None,
     hidden=True,
-    help="harness self-test: a log client that acknowledges sends it never made (ack-unsent), "
-    "a register client that reads its own replica (local-reads)",
+    help="harness self-test: the run's clients broken in one known way, which the checker must "
+    "catch (one per workload; see docs/harness.md)",
 )
 def run(**options: Any) -> None:
     """Load a 3-node group, inject faults, record the history and check it."""

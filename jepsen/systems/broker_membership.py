@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker.localgroup import LocalBrokerGroup, LocalBrokerGroups, broker_argv, broker_config
 from client.admin_api import AdminClient
-from common.process import free_port, write_toml
-from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups, free_port_pair
+from common.localgroup import free_port_pair
+from common.process import free_port
 
 #: brokers planned per group beyond its first three (grow to five, replace one)
 SPARES = 3
@@ -45,20 +46,20 @@ def start_joining_broker(g: LocalBrokerGroup, nid: str, host: str) -> tuple[str,
     g.broker_addr[nid], g.ledger_addr[nid] = f"{host}:{free_port_pair(host)}", f"{host}:{free_port(host)}"
     d = g.base_dir / g.name_of(nid)
     shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    conf = {
-        "broker_name": g.broker_name,
-        "node_id": nid,
-        "group": [f"{n}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in g.broker_addr],
-        "namesrv_addr": g.namesrv_addrs,
-        "data_dir": str(d / "data"),
-        "listen_host": host,
-        "topics": g.topics,
-        **g.settings,
-        "cluster_secret_file": g.cluster_secret_file(),
-        "join": True,
-    }
-    write_toml(d / "broker.toml", conf)
+    broker_config(
+        d,
+        broker_name=g.broker_name,
+        node_id=nid,
+        group=[f"{n}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in g.broker_addr],
+        namesrv_addrs=g.namesrv_addrs,
+        listen_host=host,
+        settings={
+            "topics": g.topics,
+            **g.settings,
+            "cluster_secret_file": g.cluster_secret_file(),
+            "join": True,
+        },
+    )
     g.start_broker(nid)
     return g.broker_addr[nid], g.ledger_addr[nid]
 
@@ -118,11 +119,7 @@ class BrokerMembership:
             for k in range(first, first + SPARES):
                 nid = self._full(name, f"n{k + 1}")
                 if isinstance(g, LocalBrokerGroups):
-                    host = g.ports.host(k)
-                    fast = g.ports.block(
-                        host, 3
-                    )  # fast channel, ledger, main: as LocalBrokerGroups lays them
-                    g.ledger_addr[nid], g.broker_addr[nid] = f"{host}:{fast + 1}", f"{host}:{fast + 2}"
+                    g.plan_broker(nid, k)
                 else:
                     host = f"127.0.0.{k + 1}"
                     g.broker_addr[nid] = f"{host}:{free_port_pair(host)}"
@@ -215,25 +212,21 @@ class BrokerMembership:
         g, name = self.group, self.broker_name_of(nid)
         members = [n for n in self.nodes if self.broker_name_of(n) == name and n != nid] + [nid]
         d = self._node_dir(nid)
-        d.mkdir(parents=True, exist_ok=True)
-        conf = {
-            "broker_name": name,
-            "node_id": self._short(nid),
-            "group": [f"{self._short(n)}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in members],
-            "namesrv_addr": g.namesrv_addrs,
-            "data_dir": str(d / "data"),
-            "listen_host": g.broker_addr[nid].rsplit(":", 1)[0],
-            "topics": g.topics,
-            **g.settings,
-            "cluster_secret_file": g.cluster_secret_file(),
-            "join": True,
-        }
-        write_toml(d / "broker.toml", conf)
-        g.spawn(
-            self.process_name(nid),  # type: ignore[attr-defined]
-            [sys.executable, "-m", "broker", "--config", str(d / "broker.toml")],
-            d / "broker.log",
+        config = broker_config(
+            d,
+            broker_name=name,
+            node_id=self._short(nid),
+            group=[f"{self._short(n)}={g.broker_addr[n]}@{g.ledger_addr[n]}" for n in members],
+            namesrv_addrs=g.namesrv_addrs,
+            listen_host=g.broker_addr[nid].rsplit(":", 1)[0],
+            settings={
+                "topics": g.topics,
+                **g.settings,
+                "cluster_secret_file": g.cluster_secret_file(),
+                "join": True,
+            },
         )
+        g.spawn(self.process_name(nid), broker_argv(sys.executable, config), d / "broker.log")  # type: ignore[attr-defined]
 
     async def member_add(self, nid: str) -> dict[str, Any]:
         """Start ``nid`` empty, add it (a learner), promote it once caught up: it serves as a slave."""

@@ -503,20 +503,9 @@ class _ProxiedCluster(LocalCluster):
 
     proxy: LinkProxy | None = None
 
-    def write_configs(self) -> None:
+    def peer_address(self, nid: str, peer: str) -> str:
         assert self.proxy is not None, "start the link proxy before writing configs"
-        for nid in self.ids:
-            d = self.base_dir / nid
-            d.mkdir(parents=True, exist_ok=True)
-            peers = [f"{p}={self.address(p) if p == nid else self.proxy.address(nid, p)}" for p in self.ids]
-            conf = {
-                "id": nid,
-                "listen": self.address(nid),
-                "peers": peers,
-                "data_dir": str(d / "data"),
-                **self.settings,
-            }
-            write_toml(self.config_path(nid), conf)
+        return self.proxy.address(nid, peer)
 
 
 class LedgerEndpoints:

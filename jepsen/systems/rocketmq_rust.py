@@ -51,8 +51,8 @@ from typing import Any
 from client.admin_api import AdminClient
 from client.errors import ClientError
 from client.producer import Producer
+from common.localgroup import free_port_pair
 from common.process import ProcessSet, free_port, toml_value, write_toml
-from jepsen.localgroup import free_port_pair
 from jepsen.systems.base import ProcessBackend, Unsupported
 from jepsen.systems.broker import BrokerQueueClient
 from jepsen.systems.clients import LogClient
