@@ -11,8 +11,10 @@ Laid out by the field's axes, each floor importing only the floors below it
 - ``workloads/`` — one module per workload: its operations and the checker that judges it;
   beside them ``faults/``, one small object per fault, registered by name, and the schedule;
 - ``systems/`` — one module per system under test: its nodes, fault primitives, clients;
-- ``net/`` (link proxies and relays), ``localgroup``, ``docker/`` (the compose group);
-- ``history`` (the recorder of ``shared/HISTORY.md``) and ``ports``;
+- ``net/`` (link proxies and relays) and ``docker/`` (the compose group); local groups of
+  processes are the launchers' below the harness (``common.localgroup`` with the node specs
+  of ``ledger.localcluster`` and ``broker.localgroup``), as is ``common.ports``;
+- ``history`` (the recorder of ``docs/history.md``'s format);
 - ``checker/`` — histories in, verdicts and reports out; it imports nothing of the harness:
   the two meet only in the history.
 """

@@ -78,7 +78,7 @@ def print_table(outcomes: list[FileOutcome], seconds: float) -> None:
 @main.command()
 @click.option(
     "--workload",
-    type=click.Choice(["log", "register", "kv"]),
+    type=click.Choice(["log", "register", "kv", "delay", "txn", "retry", "order"]),
     default=None,
     help="Workload of the histories (default: inferred from their operations).",
 )

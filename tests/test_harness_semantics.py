@@ -16,15 +16,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
 from jepsen.checker.analyze import analyze_files
+from jepsen.checker.parse import WORKLOADS as CHECKER_WORKLOADS
 from jepsen.checker.semantics_model import DEFAULT_TOLERANCES, excused, fault_windows
+from jepsen.cli import analyze
 from jepsen.history import read_history, validate_history
 from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.runner import run
 from jepsen.run.validate import BACKEND_REFUSALS, validated
-from jepsen.systems.broken import adapters_for
+from jepsen.run.worker import build_context
+from jepsen.systems.broken import BROKEN_ADAPTERS, adapters_for
 from jepsen.systems.broker import LocalBrokerBackend, QueueEndpoints
 from jepsen.systems.broker_semantics import SEMANTICS_SETTINGS, BrokerTiming
 from jepsen.systems.registry import SYSTEMS
@@ -68,9 +72,21 @@ def test_a_runs_broken_adapter_reaches_the_workloads_clients() -> None:
 
     here = RunContext(history=None, rng=None, deadline=0, rate=1, clients=1, wrap_delay_client=mark)  # type: ignore[arg-type]
     assert here.wrapper("delay") is mark and here.wrapper("txn") is None and here.wrapper("log") is None
-    # a worker process hands any adapter but a register one over as the log client's
-    there = RunContext(history=None, rng=None, deadline=0, rate=1, clients=1, wrap_log_client=mark)  # type: ignore[arg-type]
-    assert there.wrapper("order") is mark and there.wrapper("register") is None
+    # a worker process installs each adapter where its own workload looks for it, and nowhere else
+    spec = {"shard": 1, "shards": 2, "clients": 1, "op_timeout": 1.0, "seed": 1, "rate": 1}
+    for name, adapter in BROKEN_ADAPTERS.items():
+        there = build_context({**spec, "broken_adapter": name}, None)  # type: ignore[arg-type]
+        installed = {w for w in ("log", "register", "delay", "txn", "retry", "order") if there.wrapper(w)}
+        assert installed == {adapter.wraps} and there.wrapper(adapter.wraps) is adapter.wrap, name
+
+
+def test_analyze_takes_every_workload_the_checker_judges() -> None:
+    """``jepsen analyze --workload`` offers exactly the workloads the checker knows, the
+    held-message ones included."""
+    option = next(p for p in analyze.params if p.name == "workload")
+    assert isinstance(option.type, click.Choice)
+    assert sorted(option.type.choices) == sorted(CHECKER_WORKLOADS)
+    assert {"delay", "txn", "retry", "order"} <= set(option.type.choices)
 
 
 def test_late_deliveries_are_excused_only_while_a_fault_lasts() -> None:

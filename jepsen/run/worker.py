@@ -6,7 +6,7 @@ machine's cores instead of sharing one Python process. A worker gets addresses, 
 backend: the controller keeps the group, the nemesis and the final reads, and records the
 faults in its own shard. Every shard shares the controller's clock origin (the machine's
 monotonic clock), and shard ``s`` of ``n`` draws indexes, process ids and sent values from
-``s, s + n, ...``, so the union of the shards is one history (``shared/HISTORY.md``).
+``s, s + n, ...``, so the union of the shards is one history (``docs/history.md``).
 
 The spec is a JSON file written by the controller. The conversation is JSON lines:
 
@@ -99,10 +99,7 @@ def build_context(spec: dict[str, Any], history: History) -> RunContext:
     broken = spec.get("broken_adapter")
     if broken:
         adapter = BROKEN_ADAPTERS[broken]
-        if adapter.wraps == "register":
-            ctx.wrap_register_client = adapter.wrap
-        else:
-            ctx.wrap_log_client = adapter.wrap
+        setattr(ctx, f"wrap_{adapter.wraps}_client", adapter.wrap)  # as the controller does
     return ctx
 
 

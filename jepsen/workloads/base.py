@@ -65,16 +65,9 @@ class RunContext:
     _deadlines: OpDeadlines | None = field(default=None, repr=False)
 
     def wrapper(self, wraps: str) -> Callable[[Any], Any] | None:
-        """The broken adapter that wraps the ``wraps`` clients of this run, if any.
-
-        A worker process sets any adapter that is not a register one as ``wrap_log_client``;
-        the run was checked to name an adapter of its own workload's interface, so for any
-        other interface that field can only hold that one.
-        """
-        own = getattr(self, f"wrap_{wraps}_client", None)
-        if own is not None or wraps in ("log", "register"):
-            return own
-        return self.wrap_log_client
+        """The broken adapter that wraps the ``wraps`` clients of this run, if any (the
+        controller and each worker set it as ``wrap_<wraps>_client``)."""
+        return getattr(self, f"wrap_{wraps}_client", None)
 
     def op_deadlines(self) -> OpDeadlines:
         """The operations' timeouts (made on first use, inside the event loop that runs them)."""

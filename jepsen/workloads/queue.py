@@ -161,7 +161,7 @@ class QueueWorkload(Workload):
         queues, topic = getattr(backend, "queues", None), getattr(backend, "topic", None)
         if not queues or not topic:
             raise Unsupported(f"the queue workload needs a broker backend, not {backend.system}")
-        values = ctx.values  # unique across the whole history, as HISTORY.md requires
+        values = ctx.values  # unique across the whole history, as docs/history.md requires
         # several broker groups: every group holds ``queues`` queues of the topic, one key each
         groups: list[str | None] = list(getattr(backend, "broker_names", None) or [None])
         slots = [(g, q) for g in groups for q in range(queues)]
