@@ -11,8 +11,12 @@ several executors. The cluster is stopped at the end, whatever happens.
 
     python bench/checker_cluster_bench.py                       # 100k and 1M
     python bench/checker_cluster_bench.py --sizes 100000,1000000,10000000
+    python bench/checker_cluster_bench.py --formats jsonl,parquet --engines local --runs 3
 
-Ends with one JSON line: {"<engine>_<size>_s": seconds, ...}.
+``--formats``: the same history as JSON Lines and as Parquet parts (converted by Spark into
+the parts the recorder writes); with several, the runs alternate between them, so a loaded
+machine weighs on both alike. Ends with one JSON line: {"<engine>_<size>_s": seconds, ...}
+(keys get a ``_<format>`` suffix for formats other than jsonl), plus bytes per operation.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jepsen.checker import spark_cluster  # noqa: E402
+from jepsen.checker import shards, spark_cluster  # noqa: E402
 from jepsen.checker.synth import generate_log_history  # noqa: E402
 
 LABELS = {100_000: "100k", 1_000_000: "1m", 10_000_000: "10m"}
@@ -65,6 +70,43 @@ print(json.dumps({"open_s": round(opened, 2), "analyze_s": round(secs, 2), "vali
 """
 
 
+# JSON Lines -> Parquet parts through Spark (Python's reader takes minutes for 10M operations):
+# the checker's own JSON schema, one output file per input split, renamed into parts of one
+# shard in split order (Spark writes part i from split i, in the file's order)
+CONVERT = r"""
+import sys
+from pathlib import Path
+from jepsen.checker.spark import get_spark
+from jepsen.checker.frames import _schema
+from jepsen.checker import columnar
+src, dst = sys.argv[1], Path(sys.argv[2])
+spark = get_spark("local[2]")
+spark.conf.set("spark.sql.files.maxPartitionBytes", str(256 << 20))
+df = spark.read.schema(_schema(with_src=False, with_corrupt=False)).json(src)
+(df.write.option("compression", "zstd").option("parquet.compression.codec.zstd.level", "1")
+   .parquet(str(dst / "spark")))
+for i, f in enumerate(sorted((dst / "spark").glob("part-*.parquet")), 1):
+    f.rename(columnar.part_path(dst / "shard-00", i))
+for f in (dst / "spark").iterdir():
+    f.unlink()
+(dst / "spark").rmdir()
+"""
+
+
+def to_parquet(path: Path, folder: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    res = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(path), str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=3600,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"converting {path} to Parquet failed: {res.stderr[-2000:]}")
+
+
 def run_inner(master: str, path: Path, out: Path, submit_args: str | None) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -89,7 +131,9 @@ def main() -> None:
     ap.add_argument("--cores", type=int, default=None, help="cores for the cluster (default: all)")
     ap.add_argument("--runs", type=int, default=1, help="runs per engine and size (median reported)")
     ap.add_argument("--engines", default="local,standalone,connect")
+    ap.add_argument("--formats", default="jsonl", help="jsonl, parquet or both (alternating runs)")
     args = ap.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
     sizes = [int(x) for x in args.sizes.split(",") if x]
     engines = [e for e in args.engines.split(",") if e]
     work = Path(tempfile.mkdtemp(prefix="checker-cluster-bench-"))
@@ -105,7 +149,19 @@ def main() -> None:
             label = LABELS.get(n, str(n))
             path = work / f"log-{label}.jsonl"
             st = generate_log_history(path, n, seed=n)
-            print(f"\n{n:,} ops ({st.events:,} events, {path.stat().st_size / 1e6:,.0f} MB)", flush=True)
+            inputs = {"jsonl": path}
+            if "parquet" in formats:
+                t0 = time.monotonic()
+                to_parquet(path, work / f"log-{label}-parquet")
+                inputs["parquet"] = work / f"log-{label}-parquet"
+                print(f"  converted to Parquet in {time.monotonic() - t0:.0f} s", flush=True)
+            for fmt in formats:
+                size = shards.size_bytes(inputs[fmt])
+                figures[f"{fmt}_bytes_per_op_{label}"] = round(size / n, 1)
+                print(
+                    f"\n{n:,} ops ({st.events:,} events), {fmt}: {size / 1e6:,.0f} MB = {size / n:.0f} bytes/op",
+                    flush=True,
+                )
             for engine in engines:
                 master = {
                     "local": "local[2]",
@@ -116,27 +172,34 @@ def main() -> None:
                 if engine == "standalone":
                     # one-core executors, two of them: the plan's tasks spread over both
                     submit = "--conf spark.executor.cores=1 --conf spark.cores.max=2 --conf spark.executor.memory=1g"
-                runs = [
-                    run_inner(master, path, work / f"out-{engine}-{label}", submit) for _ in range(args.runs)
-                ]
-                r = runs[-1]
-                if r["valid"] is not True:
-                    raise SystemExit(f"{engine}: correct history judged {r['valid']}: {r['error']}")
-                secs = statistics.median(x["analyze_s"] for x in runs)
-                figures[f"{engine}_{label}_s"] = secs
-                stages = r["stages"]
-                spread = (
-                    f"{len(stages)} stages, tasks per stage {min(stages)}-{max(stages)} "
-                    f"(median {statistics.median(stages):g}), {r['executors']} executor(s)"
-                    if stages
-                    else "task counts not visible through Connect"
-                )
-                print(
-                    f"  {engine:<10} {master:<28} open {r['open_s']:6.1f} s  analyze {secs:7.1f} s "
-                    f"= {n / secs:>9,.0f} ops/s   {spread}",
-                    flush=True,
-                )
+                runs: dict[str, list[dict]] = {fmt: [] for fmt in formats}
+                for _ in range(args.runs):  # alternating: A B A B ...
+                    for fmt in formats:
+                        runs[fmt].append(
+                            run_inner(master, inputs[fmt], work / f"out-{engine}-{label}", submit)
+                        )
+                for fmt in formats:
+                    r = runs[fmt][-1]
+                    if r["valid"] is not True:
+                        raise SystemExit(f"{engine}/{fmt}: correct history judged {r['valid']}: {r['error']}")
+                    secs = statistics.median(x["analyze_s"] for x in runs[fmt])
+                    all_s = ", ".join(f"{x['analyze_s']:.1f}" for x in runs[fmt])
+                    figures[f"{engine}_{label}_s" + ("" if fmt == "jsonl" else f"_{fmt}")] = secs
+                    stages = r["stages"]
+                    spread = (
+                        f"{len(stages)} stages, tasks per stage {min(stages)}-{max(stages)} "
+                        f"(median {statistics.median(stages):g}), {r['executors']} executor(s)"
+                        if stages
+                        else "task counts not visible through Connect"
+                    )
+                    print(
+                        f"  {engine:<10} {fmt:<7} {master:<28} open {r['open_s']:6.1f} s  analyze {secs:7.1f} s "
+                        f"= {n / secs:>9,.0f} ops/s  (runs: {all_s})  {spread}",
+                        flush=True,
+                    )
             path.unlink()
+            if "parquet" in inputs:
+                shutil.rmtree(inputs["parquet"], ignore_errors=True)
     finally:
         spark_cluster.stop(state)
     print(json.dumps(figures))

@@ -1,4 +1,4 @@
-"""The history recorder: one JSON Lines shard following ``docs/history.md`` exactly.
+"""The history recorder: one shard (JSON Lines or Parquet parts) following ``docs/history.md`` exactly.
 
 Every event gets its ``index`` and ``time`` under one lock, from the machine's monotonic
 clock measured from one origin (``clock_origin_ns``, shared by every recording process of
@@ -17,12 +17,11 @@ showed ``json.dumps`` of a dict per event as a large share of the recorder's tim
 written through a bounded buffer that is flushed at least every ``FLUSH_EVERY_S``, so a
 crashed run still leaves a readable history missing at most that last moment.
 
-Shards are JSON Lines rather than Parquet, by measurement (``bench/history_format_bench.py``,
-300k queue operations in 2 shards): JSON Lines 278 bytes/op and 11.6 us/op to record,
-Parquet 51 bytes/op and 16.9 us/op (columns buffered, a row group per 64k events); Spark
-``local[2]`` loads and pairs them in 8.9 s vs 8.1 s (warm). Recording cost is paid during the
-load, a Parquet file is unreadable until its footer is written (a killed recorder would lose
-its whole shard), and jq reads JSON Lines; the checker still reads Parquet shards.
+A recorder whose path ends in ``.parquet`` writes Parquet parts instead
+(``jepsen.checker.columnar``: a part closed, fsynced and renamed into place every
+``ROLL_EVERY_S``, so a killed recorder loses at most that part; 5-10x smaller than JSON Lines
+and read by Spark without parsing JSON). ``shard_path`` picks the format of a run's shards
+from ``$LEDGERMQ_HISTORY_FORMAT``; JSON Lines stays the default, read by jq and every tool.
 """
 
 from __future__ import annotations
@@ -37,6 +36,20 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from jepsen.checker.columnar import (
+    PART_SUFFIX,
+    ROLL_EVENTS,
+    ROLL_EVERY_S,
+    ParquetParts,
+    iter_part_events,
+    shard_name,
+)
+
+#: environment setting: the format of a sharded run's history, ``jsonl`` (the default) or
+#: ``parquet`` (columnar parts, ``jepsen.checker.columnar``: 5-10x smaller, read faster by Spark)
+FORMAT_ENV = "LEDGERMQ_HISTORY_FORMAT"
+SHARD_SUFFIXES = {"jsonl": ".jsonl", "parquet": PART_SUFFIX}
 
 NEMESIS = "nemesis"
 COMPLETIONS = ("ok", "fail", "info")
@@ -69,7 +82,13 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.shard = shard
         self.shards = shards
-        self._fh: Any = open(self.path, "w", encoding="utf-8", buffering=BUFFER_BYTES)  # noqa: SIM115 - closed in close()
+        self._parts: ParquetParts | None = None
+        if self.path.suffix == PART_SUFFIX:  # parts <stem>.000001.parquet, ... (history_parquet)
+            self._parts = ParquetParts(self.path.with_suffix(""))
+            self._fh: Any = self._parts
+            flush_every_s = ROLL_EVERY_S
+        else:
+            self._fh = open(self.path, "w", encoding="utf-8", buffering=BUFFER_BYTES)  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
         self._t0 = time.monotonic_ns() if clock_origin_ns is None else clock_origin_ns
         self._flush_every_ns = int(flush_every_s * 1e9)
@@ -202,6 +221,9 @@ class History:
         if fh is None:
             raise HistoryMisuse("history is closed")
         now = time.monotonic_ns()
+        if self._parts is not None:
+            self._add_row_locked(now, process, typ, f, value, key, error, node, offset)
+            return
         proc = '"nemesis"' if process == NEMESIS else str(process)
         if value is None:
             val = "null"
@@ -228,15 +250,61 @@ class History:
         if now - self._last_flush >= self._flush_every_ns:
             self._flush_locked(now)
 
+    def _add_row_locked(
+        self,
+        now: int,
+        process: int | str,
+        typ: str,
+        f: str,
+        value: Any,
+        key: str | None,
+        error: str | None,
+        node: str | None,
+        offset: int | None,
+    ) -> None:
+        """One event as a row of the current Parquet part (``value`` as Spark's JSON reader
+        gives a string column: a string bare, anything else as JSON text)."""
+        parts = self._parts
+        assert parts is not None
+        if value is None or type(value) is str:  # noqa: E721 - exact types, as in _write_locked
+            val = value
+        elif type(value) is int:  # noqa: E721
+            val = str(value)
+        else:
+            val = _dumps(value)
+        parts.rows.append(
+            (
+                self._n * self.shards + self.shard,
+                now - self._t0,
+                NEMESIS if process == NEMESIS else str(process),
+                typ,
+                f,
+                key,
+                val,
+                error,
+                node,
+                None if offset is None else int(offset),
+            )
+        )
+        self._n += 1
+        if len(parts.rows) >= ROLL_EVENTS or now - self._last_flush >= self._flush_every_ns:
+            self._flush_locked(now)
+
     def _flush_locked(self, now: int | None = None) -> None:
-        if self._fh is not None:
+        if self._parts is not None:
+            self._parts.roll()
+        elif self._fh is not None:
             self._fh.flush()
         self._last_flush = time.monotonic_ns() if now is None else now
 
     def flush(self) -> None:
-        """Write out what is buffered (called on a timer by long-running recorders)."""
+        """Write out what is buffered (called on a timer by long-running recorders).
+
+        A Parquet recorder closes its part only once it has been open ``ROLL_EVERY_S``: a
+        part per call would leave hundreds of tiny files."""
         with self._lock:
-            self._flush_locked()
+            if self._parts is None or time.monotonic_ns() - self._last_flush >= self._flush_every_ns:
+                self._flush_locked()
 
     @property
     def events(self) -> int:
@@ -257,22 +325,55 @@ class History:
         self.close()
 
 
+def shard_path(folder: Path, shard: int) -> Path:
+    """Where shard ``shard`` of a run's history is recorded, in the format ``$LEDGERMQ_HISTORY_FORMAT``
+    names (a ``.parquet`` path makes the recorder write parts next to it)."""
+    fmt = os.environ.get(FORMAT_ENV) or "jsonl"
+    if fmt not in SHARD_SUFFIXES:
+        raise ValueError(
+            f"{FORMAT_ENV}={fmt!r}: the history format must be one of {', '.join(SHARD_SUFFIXES)}"
+        )
+    return folder / f"shard-{shard:02d}{SHARD_SUFFIXES[fmt]}"
+
+
 SHARD_GLOB = "*.jsonl"
+PARQUET_GLOB = "*" + PART_SUFFIX
 
 
 def shard_files(path: str | Path) -> list[Path]:
-    """The files of a history: the file itself, or a folder's ``*.jsonl`` shards in name order."""
+    """The files of a history: the file itself, or a folder's ``*.jsonl`` shards (else its
+    Parquet parts) in name order."""
     p = Path(path)
-    return sorted(p.glob(SHARD_GLOB)) if p.is_dir() else [p]
+    if not p.is_dir():
+        return [p]
+    return sorted(p.glob(SHARD_GLOB)) or sorted(p.glob(PARQUET_GLOB))
 
 
-def iter_events(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Stream a history file's events in file order (one shard after another for a folder)."""
+def shard_groups(path: str | Path) -> list[list[Path]]:
+    """The history's shards, each as its files in order: a JSON Lines shard is one file, a
+    Parquet shard its parts (``shard-01.000001.parquet``, ...)."""
+    groups: dict[str, list[Path]] = {}
     for f in shard_files(path):
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    yield json.loads(line)
+        name = shard_name(f) if f.suffix == PART_SUFFIX else f.name
+        groups.setdefault(name, []).append(f)
+    return list(groups.values())
+
+
+def _iter_file(f: Path) -> Iterator[dict[str, Any]]:
+    if f.suffix == PART_SUFFIX:
+        yield from iter_part_events(f)
+        return
+    with open(f, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def iter_events(path: str | Path | list[Path]) -> Iterator[dict[str, Any]]:
+    """Stream a history's events in file order (one shard after another for a folder; a
+    list of files: those files, in order)."""
+    for f in path if isinstance(path, list) else shard_files(path):
+        yield from _iter_file(f)
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:
@@ -295,24 +396,24 @@ def validate_shards(path: str | Path) -> list[str]:
     shard ``s`` of ``n`` the indexes ``s + k*n``, so each shard's indexes must share one
     residue modulo the number of shards, a different one per shard.
     """
-    files = shard_files(path)
+    groups = shard_groups(path)
     problems: list[str] = []
     owner: dict[Any, str] = {}
     residue_of: dict[int, str] = {}
-    for f, (found, seen, residues) in zip(files, _validate_each(files), strict=True):
-        problems += [f"{f.name}: {p}" for p in found]
+    n = len(groups)
+    for files, (found, seen, residues) in zip(groups, _validate_each(groups), strict=True):
+        name = files[0].name if len(files) == 1 else shard_name(files[0])
+        problems += [f"{name}: {p}" for p in found]
         for p in seen - {NEMESIS}:
             if p in owner:
-                problems.append(f"process {p} appears in {owner[p]} and {f.name}")
-            owner[p] = f.name
+                problems.append(f"process {p} appears in {owner[p]} and {name}")
+            owner[p] = name
         if len(residues) > 1:
-            problems.append(f"{f.name}: indexes are not one residue modulo {len(files)}: they may collide")
+            problems.append(f"{name}: indexes are not one residue modulo {n}: they may collide")
         for r in residues:
             if r in residue_of:
-                problems.append(
-                    f"{f.name} and {residue_of[r]} may share indexes (both {r} modulo {len(files)})"
-                )
-            residue_of[r] = f.name
+                problems.append(f"{name} and {residue_of[r]} may share indexes (both {r} modulo {n})")
+            residue_of[r] = name
     return problems
 
 
@@ -326,37 +427,37 @@ VALIDATE_TIMEOUT_S = 900
 MAX_SHARD_PROBLEMS = 1000
 
 
-def _validate_shard(f: Path, n: int) -> tuple[list[str], set[Any], set[int]]:
+def _validate_shard(files: list[Path], n: int) -> tuple[list[str], set[Any], set[int]]:
     """One shard's own violations, the processes it names and its index residues modulo ``n``."""
     seen: set[Any] = set()
     residues: set[int] = set()
-    found = validate_history(_tap(iter_events(f), seen, residues, n))
+    found = validate_history(_tap(iter_events(files), seen, residues, n))
     return found[:MAX_SHARD_PROBLEMS], seen, residues
 
 
-def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int]]]:
-    """``_validate_shard`` of every file: in child processes (``python -m jepsen.history``,
+def _validate_each(groups: list[list[Path]]) -> list[tuple[list[str], set[Any], set[int]]]:
+    """``_validate_shard`` of every shard: in child processes (``python -m jepsen.history``,
     JSON on stdout) when the shards are big and there are cores for them (a 3M-event, three-shard
     history: 12.8 s in one process), else here."""
-    n = len(files)
+    n = len(groups)
     procs = min(n, os.cpu_count() or 1, VALIDATE_PROCESSES)
-    if procs < 2 or sum(f.stat().st_size for f in files) < VALIDATE_PARALLEL_BYTES:
-        return [_validate_shard(f, n) for f in files]
+    if procs < 2 or sum(f.stat().st_size for g in groups for f in g) < VALIDATE_PARALLEL_BYTES:
+        return [_validate_shard(g, n) for g in groups]
     results: list[tuple[list[str], set[Any], set[int]]] = []
-    waiting = list(files)
-    running: list[tuple[Path, subprocess.Popen[str]]] = []
+    waiting = list(groups)
+    running: list[tuple[list[Path], subprocess.Popen[str]]] = []
     try:
         while waiting or running:
             while waiting and len(running) < procs:
-                f = waiting.pop(0)
-                argv = [sys.executable, "-m", "jepsen.history", str(f), str(n)]
+                g = waiting.pop(0)
+                argv = [sys.executable, "-m", "jepsen.history", str(n), *map(str, g)]
                 running.append(
-                    (f, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                    (g, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 )
-            f, proc = running.pop(0)  # in file order: results line up with ``files``
+            g, proc = running.pop(0)  # in shard order: results line up with ``groups``
             out, err = proc.communicate(timeout=VALIDATE_TIMEOUT_S)
             if proc.returncode != 0:
-                raise RuntimeError(f"validating {f} failed (exit {proc.returncode}): {err.strip()[-500:]}")
+                raise RuntimeError(f"validating {g[0]} failed (exit {proc.returncode}): {err.strip()[-500:]}")
             doc = json.loads(out)
             results.append((doc["problems"], set(doc["processes"]), set(doc["residues"])))
     finally:
@@ -367,8 +468,8 @@ def _validate_each(files: list[Path]) -> list[tuple[list[str], set[Any], set[int
 
 
 def _validate_main(argv: list[str]) -> None:
-    """``python -m jepsen.history SHARD N``: one shard's ``_validate_shard`` as JSON."""
-    found, seen, residues = _validate_shard(Path(argv[0]), int(argv[1]))
+    """``python -m jepsen.history N FILE...``: one shard's ``_validate_shard`` as JSON."""
+    found, seen, residues = _validate_shard([Path(a) for a in argv[1:]], int(argv[0]))
     json.dump({"problems": found, "processes": list(seen), "residues": sorted(residues)}, sys.stdout)
 
 

@@ -36,7 +36,12 @@ def test_keys_are_sampled_from_files_and_shard_folders(tmp_path: Path) -> None:
     )
     assert got == {(0, "a"), (0, "b"), (1, ""), (1, "q/0"), (1, "7")}
     assert keyspread.sample_keys([Source(0, str(tmp_path / "missing.jsonl"), "jsonl")]) is None
-    assert keyspread.sample_keys([Source(0, str(shards), "parquet")]) is None
+    assert keyspread.sample_keys([Source(0, str(shards), "parquet")]) is None  # no parts there
+    from jepsen.checker.shards import to_parquet
+
+    to_parquet(shards, tmp_path / "pq")
+    got = keyspread.sample_keys([Source(2, str(tmp_path / "pq"), "parquet")])
+    assert got == {(2, ""), (2, "q/0"), (2, "7")}
 
 
 def test_a_few_keys_get_a_partition_each_and_many_keep_the_size_based_count(tmp_path: Path) -> None:

@@ -75,7 +75,9 @@ SMALL_INPUT_BYTES = 512 << 20  # below this (about 2M operations) the checks cut
 
 
 def input_bytes(sources: list[Source]) -> int:
-    return sum(shards.size_bytes(s.path) for s in sources)
+    """The inputs' weight in JSON Lines bytes (``shards.weight_bytes``): what the size-based
+    choices below were measured against."""
+    return sum(shards.weight_bytes(s.path) for s in sources)
 
 
 def partitions_for(sources: list[Source]) -> int:
@@ -155,8 +157,7 @@ def _collect_overview(ops: DataFrame) -> dict[int, dict[str, Any]]:
 def _locate_problem(src: Source, spark_problem: tuple[int, str], shown: str) -> str:
     """Spark knows a row is bad but not its line; re-read the file to name the line."""
     try:
-        for f in shards.shard_files(src.path):
-            parse.read_events(f, src.fmt)
+        shards.read_events(src.path, src.fmt)
     except parse.HistoryError as exc:
         return str(parse.HistoryError(shown, exc.line, exc.message))
     index, problem = spark_problem
@@ -261,7 +262,7 @@ def analyze_files(
 
 
 ENGINES = ("auto", "inprocess", "spark")
-IN_PROCESS_FORMATS = ("jsonl", "edn", "etcd")  # what the Python readers parse
+IN_PROCESS_FORMATS = ("jsonl", "edn", "etcd", "parquet")  # what the Python readers parse
 
 
 def split_by_engine(sources: list[Source], engine: str) -> tuple[list[Source], list[Source]]:
@@ -275,7 +276,7 @@ def split_by_engine(sources: list[Source], engine: str) -> tuple[list[Source], l
     small, large, total = [], [], 0
     for s in sources:
         p = Path(s.path)
-        size = shards.size_bytes(p) if s.fmt in IN_PROCESS_FORMATS else None
+        size = shards.weight_bytes(p) if s.fmt in IN_PROCESS_FORMATS else None
         if size is not None and size <= FAST_PATH_MAX_BYTES and total + size <= FAST_PATH_TOTAL_BYTES:
             small.append(s)
             total += size
@@ -310,7 +311,7 @@ def _reach_cluster(
         if history_uris:
             s.path = history_uris[s.src]
         elif send and s.events is None:
-            size = shards.size_bytes(s.path)
+            size = shards.weight_bytes(s.path)
             if s.fmt not in IN_PROCESS_FORMATS or size > SHIP_MAX_BYTES:
                 o.error = (
                     f"{o.path}: cannot ship a {s.fmt} history of {size >> 20} MB to {m} (limit "

@@ -67,7 +67,10 @@ def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
             continue
         if s.fmt == "parquet":  # a folder of Parquet shards with the contract's columns
             plain = _schema(with_src=False, with_corrupt=False)
-            df = spark.read.schema(plain).parquet(s.path).withColumn(CORRUPT, F.lit(None).cast("string"))
+            reader = spark.read.schema(plain)
+            if Path(s.path).is_dir():  # its parts, nothing else (a part being written is hidden)
+                reader = reader.option("pathGlobFilter", "*.parquet")
+            df = reader.parquet(s.path).withColumn(CORRUPT, F.lit(None).cast("string"))
         else:
             reader = spark.read.schema(json_schema).option("mode", "PERMISSIVE")
             if Path(s.path).is_dir():  # a folder of shards: every *.jsonl in it, nothing else

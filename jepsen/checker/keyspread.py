@@ -33,8 +33,9 @@ def _key_text(key: Any) -> str:
 
 
 def sample_keys(sources: list[Source], enough: int | None = None) -> set[tuple[int, str]] | None:
-    """The (src, key) pairs in the first SAMPLE_BYTES of every input file; None when an input
-    cannot be sampled here (Parquet, or a path only the cluster can read). Stops reading once
+    """The (src, key) pairs in the first SAMPLE_BYTES of every JSON Lines input file (of a Parquet
+    history: the first row group of each shard's first part); None when an input cannot be
+    sampled here (another format, or a path only the cluster can read). Stops reading once
     ``enough`` pairs are found (the caller's answer is then settled)."""
     out: set[tuple[int, str]] = set()
     for s in sources:
@@ -43,9 +44,15 @@ def sample_keys(sources: list[Source], enough: int | None = None) -> set[tuple[i
         if s.events is not None:
             out.update((s.src, _key_text(ev.key)) for ev in s.events)
             continue
+        path = Path(s.path)
+        if s.fmt == "parquet":
+            found = _parquet_keys(path)
+            if found is None:
+                return None
+            out.update((s.src, k) for k in found)
+            continue
         if s.fmt != "jsonl":
             return None
-        path = Path(s.path)
         try:
             files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
             for f in files:
@@ -61,6 +68,30 @@ def sample_keys(sources: list[Source], enough: int | None = None) -> set[tuple[i
         except OSError:
             return None
     return out
+
+
+def _parquet_keys(path: Path) -> set[str] | None:
+    """The keys in the first part of each shard of a Parquet history (None: unreadable here)."""
+    from jepsen.checker import columnar
+
+    try:
+        import pyarrow.parquet as pq
+
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not files:
+            return None
+        firsts: dict[str, Path] = {}
+        for f in files:
+            firsts.setdefault(columnar.shard_name(f), f)
+        keys: set[str] = set()
+        for f in firsts.values():
+            with pq.ParquetFile(f) as pf:
+                if pf.metadata.num_row_groups:
+                    col = pf.read_row_group(0, columns=["key"]).column("key")
+                    keys.update(_key_text(k) for k in col.unique().to_pylist())
+        return keys
+    except Exception:  # noqa: BLE001 - not sampled: the size-based count stands
+        return None
 
 
 def partitions(spark: SparkSession, sources: list[Source], upper: int) -> int:

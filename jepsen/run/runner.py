@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from jepsen.faults.schedule import Nemesis
-from jepsen.history import History, validate_shards
+from jepsen.history import History, shard_path, validate_shards
 from jepsen.run.check import run_checker, warm_up_checker
 from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.monitor import LeaderMonitor
@@ -133,7 +133,7 @@ def worker_specs(
             {
                 "shard": i,
                 "shards": n + 1,
-                "history": str(history_dir / f"shard-{i:02d}.jsonl"),
+                "history": str(shard_path(history_dir, i)),
                 "clock_origin_ns": history.clock_origin_ns,
                 "workload": cfg.workload,
                 "clients": clients,
@@ -411,7 +411,7 @@ def record(cfg: RunConfig, run_dir: Path, backend: Backend) -> tuple[Path, dict[
     sharded = bool(cfg.workers)
     history_path = run_dir / "history" if sharded else run_dir / "history.jsonl"
     history = (
-        History(history_path / "shard-00.jsonl", shards=(cfg.workers or 0) + 1)
+        History(shard_path(history_path, 0), shards=(cfg.workers or 0) + 1)
         if sharded
         else History(history_path)
     )

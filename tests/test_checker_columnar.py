@@ -1,0 +1,161 @@
+"""Parquet histories (``jepsen/checker/columnar.py``): recorded in parts that are whole on disk,
+read by both checker paths with the verdicts JSON Lines gets, exported back to JSON Lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_checker_log import CASES
+
+from jepsen.checker import columnar, shards
+from jepsen.checker.analyze import analyze_files
+from jepsen.checker.spark import get_spark
+from jepsen.checker.synth import generate_log_history
+from jepsen.history import History, read_history, validate_shards
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _comparable(result: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in result.items() if k != "engine"}
+    out["stats"] = {k: v for k, v in result.get("stats", {}).items() if k not in ("format", "search-seconds")}
+    return out
+
+
+def _record(h: History, n: int) -> None:
+    """A small queue-shaped history: sends with offsets, polls returning pairs, a fault."""
+    p = h.new_process()
+    h.nemesis_start("kill", {"nodes": ["n1"]})
+    for i in range(n):
+        if i % 10:
+            h.invoke(p, "send", i, key="q/0")
+            h.complete(p, "ok", "send", i, key="q/0", offset=i, node="n2")
+        else:
+            h.invoke(p, "poll", {"from": 0, "max": 3}, key="q/0")
+            h.complete(p, "ok", "poll", [[0, 1], [1, 2]], key="q/0")
+    h.invoke(p, "send", "text", key="q/1")
+    h.complete(p, "fail", "send", key="q/1", error="refused")
+    h.nemesis_end("kill", {"nodes": ["n1"]})
+
+
+def test_recorded_parts_read_back_as_the_same_events_as_json_lines(tmp_path: Path) -> None:
+    for ext in ("jsonl", "parquet"):
+        with History(tmp_path / ext / f"shard-00.{ext}", 0) as h:
+            _record(h, 500)
+    parts = sorted((tmp_path / "parquet").glob("*.parquet"))
+    assert parts and all(columnar.shard_name(p) == "shard-00" for p in parts)
+    a, b = read_history(tmp_path / "jsonl"), read_history(tmp_path / "parquet")
+    assert len(a) == len(b) == 2 * 501 + 2
+    strip = [{k: v for k, v in e.items() if k != "time"} for e in a]
+    assert strip == [{k: v for k, v in e.items() if k != "time"} for e in b]
+    assert validate_shards(tmp_path / "parquet") == []
+
+
+def test_a_killed_recorder_leaves_whole_parts_up_to_its_last_roll(tmp_path: Path) -> None:
+    """SIGKILL mid-recording: every part on disk reads, only the open part is lost."""
+    script = (
+        "import sys, time\n"
+        "from jepsen.history import History\n"
+        "h = History(sys.argv[1], 0)\n"
+        "p = h.new_process()\n"
+        "i = 0\n"
+        "while True:\n"
+        "    h.invoke(p, 'send', i, key='q/0')\n"
+        "    h.complete(p, 'ok', 'send', i, key='q/0', offset=i)\n"
+        "    i += 1\n"
+        "    if i % 1000 == 0:\n"
+        "        time.sleep(0.01)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "h" / "shard-00.parquet")], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list((tmp_path / "h").glob("*.parquet"))) < 2:
+            time.sleep(0.2)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    parts = sorted((tmp_path / "h").glob("*.parquet"))
+    assert len(parts) >= 2, "no part was closed within 60 s"
+    events = read_history(tmp_path / "h")
+    assert events and validate_shards(tmp_path / "h") == []
+    assert [e["index"] for e in events] == list(range(len(events)))
+    res = analyze_files([tmp_path / "h"], workload="log", out_dir=tmp_path / "out", report=False)
+    assert res["files"][0].error is None and res["files"][0].valid is True
+
+
+def test_export_of_parquet_matches_the_json_lines_it_came_from(tmp_path: Path) -> None:
+    generate_log_history(tmp_path / "h.jsonl", 3_000, seed=2, anomalies=True)
+    assert shards.to_parquet(tmp_path / "h.jsonl", tmp_path / "pq") > 6_000
+    out = tmp_path / "export.jsonl"
+    with open(out, "w", encoding="utf-8") as fh:
+        shards.export(tmp_path / "pq", fh)
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    want = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert got == want
+
+
+def test_bad_parquet_files_are_refused_with_their_name(tmp_path: Path) -> None:
+    bad = tmp_path / "garbage"
+    bad.mkdir()
+    (bad / "shard-00.000001.parquet").write_bytes(b"PAR1 this is not parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    pq.write_table(pa.table({"index": [1], "type": ["ok"]}), wrong / "shard-00.000001.parquet")
+    res = analyze_files([bad, wrong], out_dir=tmp_path / "out", report=False, engine="inprocess")
+    assert res["exit"] == 3
+    e1, e2 = (o.error or "" for o in res["files"])
+    assert "garbage" in e1 and "not a readable Parquet file" in e1
+    assert "without the contract's column(s)" in e2 and "process" in e2
+
+
+@pytest.fixture(scope="module")
+def spark() -> Any:
+    return get_spark()
+
+
+def test_parquet_histories_get_the_verdicts_of_json_lines_on_both_paths(spark: Any, tmp_path: Path) -> None:
+    jsonl = [builder().write(tmp_path / f"{name}.jsonl") for name, (builder, _) in CASES.items()]
+    generate_log_history(tmp_path / "synth-bad.jsonl", 6_000, seed=6, anomalies=True)
+    jsonl.append(tmp_path / "synth-bad.jsonl")
+    pq_dirs = []
+    for p in jsonl:
+        shards.to_parquet(p, tmp_path / "pq" / p.stem)
+        pq_dirs.append(tmp_path / "pq" / p.stem)
+    base = analyze_files(jsonl, out_dir=tmp_path / "a", engine="inprocess", report=False)
+    fast = analyze_files(pq_dirs, out_dir=tmp_path / "b", engine="inprocess", report=False)
+    slow = analyze_files(pq_dirs, out_dir=tmp_path / "c", engine="spark", report=False)
+    assert base["exit"] == fast["exit"] == slow["exit"] == 1
+    for a, b, c in zip(base["files"], fast["files"], slow["files"], strict=True):
+        assert a.error is None and b.error is None and c.error is None, (a.error, b.error, c.error)
+        assert b.result["stats"]["format"] == c.result["stats"]["format"] == "parquet"
+        assert _comparable(a.result) == _comparable(b.result) == _comparable(c.result), a.path
+    assert slow["files"][-1].valid is False
+
+
+def test_the_run_records_the_format_its_setting_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jepsen.history import FORMAT_ENV, shard_path
+
+    monkeypatch.delenv(FORMAT_ENV, raising=False)
+    assert shard_path(tmp_path, 3) == tmp_path / "shard-03.jsonl"
+    monkeypatch.setenv(FORMAT_ENV, "parquet")
+    assert shard_path(tmp_path, 0) == tmp_path / "shard-00.parquet"
+    monkeypatch.setenv(FORMAT_ENV, "csv")
+    with pytest.raises(ValueError, match="must be one of jsonl, parquet"):
+        shard_path(tmp_path, 0)
