@@ -288,6 +288,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--addresses", default="", help="HOST:PORT where the runs listen (see jepsen run)")
     ap.add_argument("--analyze", nargs="*", type=Path, default=None, help="finished run directories instead")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the runs' directories under this one")
     args = ap.parse_args()
     runs: list[dict[str, Any]] = []
     if args.analyze:
@@ -296,6 +297,8 @@ def main() -> None:
             print_run(runs[-1])
     else:
         with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
+            if args.keep is not None:
+                tmp = str(args.keep)
             for i in range(args.runs):
                 print(
                     f"run {i + 1}/{args.runs}: {args.nemesis}, {args.groups} group(s), {args.time:.0f} s",

@@ -65,6 +65,11 @@ SWITCH_RETRY_S = 0.005
 # master) store nothing and cost one round trip: up to this many of them per send do not count
 # as tries. A bound, so brokers pointing at each other cannot keep a send going.
 MAX_FREE_REDIRECTS = 8
+# Asking a slave where its master is takes a small pull that only a master may answer
+# (``requireMaster``), not the message itself: a full batch (up to 128 KiB) sent to a slave
+# only to be refused cost the group's new leader CPU just while it was taking over.
+ASK_GROUP = "ledgermq-master-lookup"
+ASK_TIMEOUT_S = 1.0
 
 
 class SendStatus(Enum):
@@ -317,6 +322,9 @@ class SendAttempts(Generic[R]):
             except ClientError as exc:
                 self.no_route(exc)
                 continue
+            if self.asking:
+                await self._ask(addr)
+                continue
             try:
                 response = await invoke_tracked(self.remoting, addr, self.request, self.remaining)
             except NotSentError as exc:
@@ -359,6 +367,11 @@ class SendAttempts(Generic[R]):
                 addr = self._next_attempt_now() or await self._next_attempt()
             except ClientError as exc:
                 self.no_route(exc)  # raises if there is no point in retrying
+                retry_in_task()
+                return
+            if self.asking:  # no master known: ``run`` asks a slave first (this choice not counted)
+                self.attempts -= 1
+                self.tried.pop()
                 retry_in_task()
                 return
             try:
@@ -478,6 +491,39 @@ class SendAttempts(Generic[R]):
         if delay > 0:
             await asyncio.sleep(delay)
 
+    async def _ask(self, addr: str) -> None:
+        """Ask ``addr`` (a slave of a group with no known master) where its master is: a pull
+        that only the master may answer, so a ledgermq slave answers NOT_MASTER naming it."""
+        mq = self.mq
+        assert mq is not None
+        request = B.pull_request(ASK_GROUP, mq.topic, mq.queue_id, 0, 1, 0)
+        request.headers["requireMaster"] = True
+        try:
+            response = await self.remoting.invoke_sync(
+                addr, request, max(min(self.remaining, ASK_TIMEOUT_S), 0.001)
+            )
+        except RemotingError as exc:  # nothing was sent to be stored: try again after the back-off
+            self.last_error = exc
+            self.last_code = None
+            self.failed_here(True, True)
+            return
+        code = response.code
+        hint = response.header_str(B.MASTER_ADDR, "") if response.headers else ""
+        if code == ResponseCode.NOT_MASTER and hint:
+            self.routes.note_master(mq.broker_name, hint)
+            self.redirected(switching=hint == addr)  # itself: the leader, master in a moment
+            return
+        if code == ResponseCode.SERVICE_NOT_AVAILABLE:
+            self.last_code = code
+            self.last_error = ClientError(f"{response_code_name(code)} from {addr}: {response.remark}")
+            self.redirected(switching=True)  # no leader elected yet: ask again shortly
+            return
+        # Any other answer says nothing about the master (a broker that serves slave reads):
+        # back off and ask the nameservers, as without a slave to ask.
+        self.last_code = code
+        self.last_error = ClientError(f"{response_code_name(code)} from {addr}: {response.remark}")
+        self.failed_here(True, True)
+
     # --- outcomes of one attempt ------------------------------------------------------------------
     def answered(self, response: RemotingCommand) -> R | None:
         """The broker answered: the result, or None to try again; raises when giving up."""
@@ -506,10 +552,19 @@ class SendAttempts(Generic[R]):
                     routes.note_master(mq.broker_name, hint)
                     self.redirected(switching=True)
                     return None
-                routes.forget_master(mq.broker_name, self.addr)
             elif code == ResponseCode.SERVICE_NOT_AVAILABLE and self.asking:
                 self.redirected(switching=True)  # no leader elected yet: ask a slave again shortly
                 return None
+            if self.asking:  # a slave that knows a leader but not its address: back off
+                if code == ResponseCode.NOT_MASTER:
+                    routes.forget_master(mq.broker_name, self.addr)
+            elif code in (ResponseCode.NOT_MASTER, ResponseCode.SERVICE_NOT_AVAILABLE):
+                # A deposed master (cut off from its group, it does not know the new one): its
+                # slaves may already know who won; ask one at once rather than back off and
+                # wait for the nameservers.
+                routes.forget_master(mq.broker_name, self.addr)
+                if routes.member_to_ask(mq.broker_name, self.addr) is not None:
+                    backoff = refresh = False
             self.failed_here(backoff, refresh)
             return None
         if code in FATAL_CODES:

@@ -389,6 +389,8 @@ class FakeNode:
         topic, qid = req.header_str("topic"), req.header_int("queueId")
         offset, max_nums = req.header_int("queueOffset"), req.header_int("maxMsgNums")
         group = req.header_str("consumerGroup")
+        if req.header_bool("requireMaster", False) and not self.is_master:
+            return self._not_master(req)  # as a ledgermq slave answers a pull only a master may serve
         commit = req.header_int("commitOffset", None)
         if req.header_int("sysFlag", 1) & 1 and commit is not None and self.is_master:
             self.state.offsets[(group, topic, qid)] = commit

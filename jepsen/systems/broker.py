@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from broker.localgroup import LocalBrokerGroup, LocalBrokerGroups
 from client.broker_api import (
     EXPRESSION_TAG,
     EXPRESSION_TYPE,
@@ -39,9 +40,8 @@ from client.message_props import dlq_topic, retry_topic, set_delay_level, set_de
 from client.producer import Producer
 from client.route import MessageQueue
 from client.send_attempts import SendStatus
-from jepsen.localgroup import LocalBrokerGroup, LocalBrokerGroups
+from common.ports import DEFAULT_HOST_BASE, PortPlan
 from jepsen.net.proxy import Link, LinkProxy
-from jepsen.ports import DEFAULT_HOST_BASE, PortPlan
 from jepsen.systems.base import ProcessBackend, Unsupported, write_cluster_secret
 from jepsen.systems.broker_membership import BrokerMembership
 from jepsen.systems.broker_semantics import (
@@ -436,31 +436,60 @@ class BrokerQueueClient:
         self.namesrv = list(namesrv)
         self.rocketmq = rocketmq
         self.timing = timing or BrokerTiming()
-        self._instance: ClientInstance | None = None
-        if rocketmq:
-            self._instance = rocketmq_instance(namesrv, "jepsen-rocketmq")
-        elif credentials is not None:  # one signing instance shared by the producer and the consumer
-            self._instance = ClientInstance(
-                namesrv, name="jepsen", access_key=credentials.access_key, secret_key=credentials.secret_key
-            )
-        self.producer = Producer(
-            "jepsen",
-            namesrv,
-            send_timeout_s=timeout,
-            retries=2,
-            retry_backoff_s=0.05,
-            instance=self._instance,
-        )
-        self.consumer = PullConsumer("jepsen", namesrv, call_timeout_s=timeout, instance=self._instance)
+        self.credentials = credentials
+        # Built on first use: the workload replaces a client after every indefinite operation
+        # (a fresh process), so a kill under full load replaced ~2,000 of them at once, and
+        # building each one's producer, consumer and connections up front (about 140 us) held
+        # the worker's loop for hundreds of milliseconds just when the group came back.
+        self._instance_made = False
+        self._instance_value: ClientInstance | None = None
+        self._producer: Producer | None = None
+        self._consumer: PullConsumer | None = None
+        self._producer_started = False
+        self._consumer_started = False
         self.names = names
         self.timeout = timeout
         self.node: str | None = None
-        self._started = False
         self._broker_name: str | None = broker_name
         self._retry_consumer: PullConsumer | None = None
         self._txn: TransactionSide | None = None
         self._on_check: OnCheck | None = None
         self._orderly: list[HarnessOrderlyConsumer] = []
+
+    @property
+    def _instance(self) -> ClientInstance | None:
+        """The client instance the producer and consumers share (None: each makes its own)."""
+        if not self._instance_made:
+            self._instance_made = True
+            if self.rocketmq:
+                self._instance_value = rocketmq_instance(self.namesrv, "jepsen-rocketmq")
+            elif self.credentials is not None:  # one signing instance shared by the producer and the consumer
+                cred = self.credentials
+                self._instance_value = ClientInstance(
+                    self.namesrv, name="jepsen", access_key=cred.access_key, secret_key=cred.secret_key
+                )
+        return self._instance_value
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(
+                "jepsen",
+                self.namesrv,
+                send_timeout_s=self.timeout,
+                retries=2,
+                retry_backoff_s=0.05,
+                instance=self._instance,
+            )
+        return self._producer
+
+    @property
+    def consumer(self) -> PullConsumer:
+        if self._consumer is None:
+            self._consumer = PullConsumer(
+                "jepsen", self.namesrv, call_timeout_s=self.timeout, instance=self._instance
+            )
+        return self._consumer
 
     def target(self, queue_id: int) -> dict[str, Any]:
         """The send arguments that reach ``queue_id`` (of the pinned group, if there is one)."""
@@ -469,17 +498,25 @@ class BrokerQueueClient:
         return {"queue": MessageQueue(self.topic, self._broker_name, queue_id)}
 
     async def _ensure(self) -> None:
-        if not self._started:
+        await self._ensure_producer()
+        await self._ensure_consumer()
+
+    async def _ensure_producer(self) -> None:
+        if not self._producer_started:
             await self.producer.start()
+            self._producer_started = True
+
+    async def _ensure_consumer(self) -> None:
+        if not self._consumer_started:
             await self.consumer.start()
-            self._started = True
+            self._consumer_started = True
 
     async def send(self, queue_id: int, value: int) -> int:
         return (await self._send(Message(self.topic, str(value).encode()), queue_id)).queue_offset
 
     async def _send(self, msg: Message, queue_id: int) -> Any:
         """One message to ``queue_id``; the SendResult once it is stored and replicated."""
-        await self._ensure()
+        await self._ensure_producer()
         try:
             r = await self.producer.send(msg, **self.target(queue_id))
         except SendOutcomeUnknownError as exc:
@@ -495,7 +532,7 @@ class BrokerQueueClient:
         """``values`` as one batch request to ``queue_id``: their offsets in order and the node
         that stored them, or one error for all of them."""
         try:
-            await self._ensure()
+            await self._ensure_producer()
             msgs = [Message(self.topic, str(v).encode()) for v in values]
             r = await self.producer.send_batch(msgs, **self.target(queue_id))
         except SendOutcomeUnknownError as exc:
@@ -557,7 +594,7 @@ class BrokerQueueClient:
         (which confirms its leadership and applies what was committed first) makes that answer
         mean "empty"; a deposed master's word on it would not.
         """
-        await self._ensure()
+        await self._ensure_consumer()
         name, addr = await self._master()
         resp = await self._pull_from(addr, name, topic, queue_id, start, limit)
         if resp.code == ResponseCode.TOPIC_NOT_EXIST and topic != self.topic:
@@ -668,13 +705,13 @@ class BrokerQueueClient:
     async def route_queues(self) -> list[tuple[str, int]]:
         """Every readable queue of the topic as (broker name, queue id), as the nameservers
         route it: a transactional producer picks among all of them, not the backend's ``queues``."""
-        await self._ensure()
+        await self._ensure_consumer()
         return sorted((q.broker_name, q.queue_id) for q in await self.consumer.fetch_queues(self.topic))
 
     async def held_counts(self) -> dict[str, int]:
         """Delayed messages not yet due (``scheduled``) and unresolved half messages
         (``halves``) over every group of the topic, as their masters report them."""
-        await self._ensure()
+        await self._ensure_consumer()
         names = sorted({q.broker_name for q in await self.consumer.fetch_queues(self.topic)})
         routes = self.consumer.instance.routes
         out = {"scheduled": 0, "halves": 0}
@@ -759,9 +796,11 @@ class BrokerQueueClient:
         if self._retry_consumer is not None:
             await self._retry_consumer.shutdown()
             self._retry_consumer = None
-        if self._started:
+        if self._producer_started:
             await self.producer.shutdown(grace_s=0.5)
+            self._producer_started = False
+        if self._consumer_started:
             await self.consumer.shutdown()
-            self._started = False
-        if self._instance is not None:
-            await self._instance.close()
+            self._consumer_started = False
+        if self._instance_value is not None:
+            await self._instance_value.close()
