@@ -50,10 +50,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from broker.localgroup import LocalBrokerGroup
 from client.admin_api import AdminClient, MembershipRefusedError
 from client.errors import ClientError
 from client.producer import Producer
-from jepsen.localgroup import LocalBrokerGroup
 from jepsen.systems.broker_membership import start_joining_broker
 from ledger.client import LedgerClient
 from ledger.loadgen import AppendLoad, missing_acks
@@ -361,9 +361,10 @@ async def _held_messages(client: RemotingClient, addr: str) -> dict[tuple[int, i
 async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out: dict[str, Any]) -> None:
     """``--broker-changes`` changes of a broker group under a producer's load, through the
     admin client as an operator makes them, the master killed every ``--kill-every`` changes."""
-    g = LocalBrokerGroup(
-        base, topics=(f"{BROKER_TOPIC}:{BROKER_QUEUES}",), settings={"register_interval_s": 10}
-    )
+    settings: dict[str, Any] = {"register_interval_s": 10}
+    if args.learner_catchup_mb_per_s is not None:
+        settings["learner_catchup_mb_per_s"] = args.learner_catchup_mb_per_s
+    g = LocalBrokerGroup(base, topics=(f"{BROKER_TOPIC}:{BROKER_QUEUES}",), settings=settings)
     g.start()
     try:
         await g.wait_for_master(30)
@@ -392,6 +393,11 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
         by_kind: dict[str, list[tuple[float, float]]] = {"add": [], "promote": [], "remove": []}
         catchup: list[tuple[float, float]] = []  # a learner catching up (from its add to lag <= 64)
         aside: list[tuple[float, float]] = []  # a broker starting, a master killed (until 2 s after)
+        # a replacement's first half as an operator sees it: from the add through the learner's
+        # catch-up to its promotion (left out when a master kill fell inside it); the changes
+        # alone commit in milliseconds, too short a window to carry a send rate
+        replacing: list[tuple[float, float]] = []
+        learner_t0: float | None = None
         done = kills = next_host = 0
         voters = set(g.node_ids)
         learner: str | None = None
@@ -416,7 +422,7 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
                         await adm.add_member(g.broker_name, nid, baddr, laddr, secret=secret, promote=False)
                         in_change.append((t0, time.perf_counter()))
                         by_kind["add"].append(in_change[-1])
-                        learner = nid
+                        learner, learner_t0 = nid, t0
                         c0 = time.perf_counter()
                         for _ in range(1200):  # up to 60 s to catch up
                             lag = (await adm.group_members(g.broker_name))["learners"].get(nid, {}).get("lag")
@@ -429,8 +435,10 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
                         await adm.promote_member(g.broker_name, learner, secret=secret, wait_s=60)
                         in_change.append((t0, time.perf_counter()))
                         by_kind["promote"].append(in_change[-1])
+                        if learner_t0 is not None:
+                            replacing.append((learner_t0, in_change[-1][1]))
                         voters.add(learner)
-                        learner = None
+                        learner = learner_t0 = None
                     else:
                         master = await _broker_master(g, adm)
                         victim = max((v for v in voters if v != master), key=lambda v: int(v[1:]))
@@ -450,6 +458,7 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
                     master = await _broker_master(g, adm)
                     if master is not None:
                         k0 = time.perf_counter()
+                        learner_t0 = None  # this replacement's window would hold a failover
                         g.kill_broker(master)
                         kills += 1
                         await asyncio.sleep(1.0)
@@ -485,7 +494,7 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
             n = sum(1 for t, *_ in acked if any(a <= t < b for a, b in windows))
             return n / span if span > 0 else 0.0
 
-        windows = sorted(in_change + catchup + aside)
+        windows = sorted(in_change + catchup + aside + replacing)
         gaps, edge = [], t_first
         for a, b in windows:
             if a > edge:
@@ -505,13 +514,20 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
         )
         out["broker_sends_per_s_by_change"] = {k: round(rate(w)) for k, w in by_kind.items()}
         out["broker_sends_per_s_during_catchup"] = round(catching)
+        replacing_rate = rate(replacing)
+        out["broker_sends_per_s_add_to_promote"] = round(replacing_rate)
+        out["broker_add_to_promote_vs_between_pct"] = (
+            round(100 * (replacing_rate / between - 1), 1) if between else None
+        )
+        out["broker_add_to_promote_s"] = round(sum(b - a for a, b in replacing), 2)
         out["broker_catchup_vs_between_pct"] = round(100 * (catching / between - 1), 1) if between else None
         spans = [b - a for a, b in in_change]
         out["broker_change_ms_p50"] = round(1000 * statistics.median(spans), 1) if spans else None
         print(
             f"broker group: {done} changes under load with {kills} master kills: {len(acked)} sends "
             f"acknowledged ({errors} failed), {lost_total} lost; {during:,.0f} sends/s during changes vs "
-            f"{between:,.0f} between; {catching:,.0f} while a learner catches up; change p50 "
+            f"{between:,.0f} between; {catching:,.0f} while a learner catches up; {replacing_rate:,.0f} "
+            f"from an add to its promotion; change p50 "
             f"{out['broker_change_ms_p50']} ms",
             flush=True,
         )
@@ -527,6 +543,12 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=None, help="changes under load with leader kills")
     ap.add_argument("--kill-every", type=int, default=4, help="kill the leader every N changes")
     ap.add_argument("--broker-changes", type=int, default=None, help="changes of a broker group (0: skip)")
+    ap.add_argument(
+        "--learner-catchup-mb-per-s",
+        type=float,
+        default=None,
+        help="the brokers' learner catch-up throttle (default: the broker's; 0: none, as before it)",
+    )
     ap.add_argument("--ledger", action=argparse.BooleanOptionalAction, default=True, help="the ledger part")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)

@@ -28,6 +28,9 @@ from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
 from .system_topics import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
+#: Default of ``BrokerConfig.learner_catchup_mb_per_s``, measured with bench/membership_bench.py.
+DEFAULT_LEARNER_CATCHUP_MB_PER_S = 4.0
+
 _NODE_ID = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*?(\d+)$")
 
 
@@ -120,6 +123,9 @@ class BrokerConfig:
     tls_enable: bool = False  # dial the nameservers with TLS (RocketMQ's tls.enable)
     ledger_tls: bool = False  # the group's ledger members talk TLS too, with the same three files
     join: bool = False  # start outside the group and wait to be added (the others in 'group' are asked)
+    # The master sends a learner catching up at most this many MB/s of log (0: no limit): unthrottled,
+    # the catch-up took the CPU its sends need (see docs/benchmarks.md, membership changes).
+    learner_catchup_mb_per_s: float = DEFAULT_LEARNER_CATCHUP_MB_PER_S
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
@@ -304,6 +310,7 @@ class BrokerConfig:
             segment_bytes=self.segment_bytes,
             retention_hours=self.retention_hours,
             append_timeout_s=self.send_timeout_s,
+            learner_catchup_mb_per_s=self.learner_catchup_mb_per_s,
             log_level=self.log_level,
             cluster_secret=self.cluster_secret,
             cluster_secret_file=self.cluster_secret_file,

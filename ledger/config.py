@@ -46,6 +46,11 @@ Membership (see ``ledger.membership``):
 - ``join_timeout_s`` (60): how long a joining node keeps asking before it gives up.
 - ``promote_max_lag_entries`` (1024): a learner is promoted to voter only when its log is at
   most this many entries behind the leader's.
+- ``learner_catchup_mb_per_s`` (0: no limit): the most MB/s the leader sends one learner
+  catching up (counted per tick, so bursts are at most one tick's share). Unthrottled, a
+  learner takes the log as fast as the leader can read and encode it, which on a busy
+  leader is CPU its clients' appends lose while the change is under way; a broker's ledger
+  sets it (see ``broker.config``). Voters are never throttled.
 
 Durability:
 
@@ -69,6 +74,8 @@ from common.tls import client_context, server_context
 
 from .raft import RaftConfig
 
+#: The highest ``learner_catchup_mb_per_s`` accepted (beyond it, it would be no limit anyway).
+MAX_LEARNER_CATCHUP_MB_PER_S = 100_000.0
 #: Default of ``NodeConfig.durable_mark_interval_s`` (seconds between durable marks).
 DEFAULT_DURABLE_MARK_INTERVAL_S = 1.0
 
@@ -119,6 +126,7 @@ class NodeConfig:
     join: list[str] = field(default_factory=list)  # host:port of nodes of the group to join
     join_timeout_s: float = 60.0
     promote_max_lag_entries: int = 1024
+    learner_catchup_mb_per_s: float = 0.0
     members: dict[str, str] = field(init=False, default_factory=dict)
     secret: bytes = field(init=False, default=b"", repr=False, compare=False)
     accepted_secrets: tuple[bytes, ...] = field(init=False, default=(), repr=False, compare=False)
@@ -170,6 +178,10 @@ class NodeConfig:
             raise ConfigError("key 'tick_ms' must be at least 1")
         if not self.join_timeout_s > 0:
             raise ConfigError("key 'join_timeout_s' must be positive")
+        if not 0 <= self.learner_catchup_mb_per_s <= MAX_LEARNER_CATCHUP_MB_PER_S:
+            raise ConfigError(
+                f"key 'learner_catchup_mb_per_s' must be 0 (no limit) to {MAX_LEARNER_CATCHUP_MB_PER_S}"
+            )
         if self.max_entry_bytes + 1024 > self.max_frame_bytes:
             raise ConfigError("key 'max_frame_bytes' must exceed max_entry_bytes by at least 1 KiB")
         try:
@@ -232,4 +244,12 @@ class NodeConfig:
             max_append_bytes=self.max_append_bytes,
             preferred_leader=self.preferred_leader or None,
             max_promote_lag=self.promote_max_lag_entries,
+            learner_bytes_per_tick=self.learner_bytes_per_tick,
         )
+
+    @property
+    def learner_bytes_per_tick(self) -> int:
+        """``learner_catchup_mb_per_s`` as the core counts it (0: no limit; else at least 1)."""
+        if not self.learner_catchup_mb_per_s:
+            return 0
+        return max(1, int(self.learner_catchup_mb_per_s * (1 << 20) * self.tick_ms / 1000))

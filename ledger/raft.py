@@ -26,6 +26,9 @@ effect once appended and reverted when a truncation removes it, one at a time an
 after the leader has committed an entry of its term. Learners receive the log but neither
 vote nor count toward commit, reads or CheckQuorum; a leader that removed itself steps down
 (handing over at once) when the change commits; vote requests from non-members are ignored.
+A learner's catch-up may be throttled (``learner_bytes_per_tick``): the leader reads, encodes
+and sends the whole missing log otherwise as fast as the learner acknowledges it, taking the
+CPU (its own and the learner's) that its clients' appends need while a change is under way.
 
 Beyond the paper, for failover and healing: the shell reports a peer connection reset or
 refused (``peer_unreachable``: a follower that lost its leader pre-votes at once, ranked so
@@ -46,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .codec import HEADER_SIZE as ENTRY_HEADER_BYTES
 from .codec import KIND_CONFIG, KIND_NOOP, KIND_NORMAL, Entry
 from .invariants import InvariantError
 from .membership import PROMOTE, Membership, MembershipChange, MembershipError
@@ -91,6 +95,7 @@ class LogView(Protocol):
     ) -> None: ...
     def save_config(self, index: int, term: int, data: bytes) -> None: ...
     def config_records(self) -> list[ConfigRecord]: ...
+    def next_pos(self) -> int: ...
 
 
 #: (index, term, encoded ``Membership``): a configuration entry, or the configuration at a log's base.
@@ -99,6 +104,7 @@ ConfigRecord = tuple[int, int, bytes]
 ConfigAt = tuple[int, int, Membership, bytes]
 
 _kind_of = operator.attrgetter("kind")
+_data_of = operator.attrgetter("data")
 
 
 @dataclass
@@ -114,6 +120,9 @@ class RaftConfig:
     preferred_leader: str | None = None
     # A learner is promoted only when its log is at most this many entries behind the leader's.
     max_promote_lag: int = 1024
+    # The most log bytes (entries with their headers) sent to one learner (or removed peer) per
+    # tick; 0: no limit. Voters are never throttled: the quorum and a failover need them current.
+    learner_bytes_per_tick: int = 0
 
     def validate(self) -> None:
         if self.election_ticks < 2:
@@ -124,6 +133,8 @@ class RaftConfig:
             raise ValueError("max_inflight must be at least 1")
         if self.max_promote_lag < 0:
             raise ValueError("max_promote_lag must not be negative")
+        if self.learner_bytes_per_tick < 0:
+            raise ValueError("learner_bytes_per_tick must not be negative")
 
 
 PROBE, REPLICATE = 0, 1
@@ -142,6 +153,7 @@ class Progress:
         "was_active",
         "acked_seq",
         "joined_at",
+        "budget",
     )
 
     def __init__(self, next_index: int) -> None:
@@ -156,6 +168,8 @@ class Progress:
         # the index of the configuration that added this member (0: a member at election):
         # until it holds that entry it has never answered, whatever ``active`` says
         self.joined_at = 0
+        # bytes it may still be sent this tick when its catch-up is throttled (a learner)
+        self.budget = 0
 
     @property
     def answering(self) -> bool:
@@ -271,6 +285,9 @@ class RaftCore:
         self._leave_pending = False  # a leader not in its committed configuration hands over in ready()
         # Leader only: removed peers still sent the log until they hold their removal (id -> its index).
         self.leaving: dict[str, int] = {}
+        # Leader, with a learner throttle: the log's byte position at the last tick (its growth
+        # since then is added to each learner's budget, so a learner catches up under any load).
+        self._catchup_pos = 0
         self._voter_progress: list[Progress] = []
         self._targets: list[str] = []  # leader only: whom to replicate to (peers, then leaving ones)
         bootstrap = members if isinstance(members, Membership) else Membership.of_ids(members)
@@ -697,6 +714,7 @@ class RaftCore:
         for pr in self.progress.values():
             pr.active = True  # give every follower a full election timeout before CheckQuorum counts it
         self.leaving = {}
+        self._catchup_pos = self.log.next_pos()
         self._voter_progress = [self.progress[p] for p in self.voter_peers]
         self._targets = list(self.peers)
         self.transfer_target = None
@@ -1057,6 +1075,8 @@ class RaftCore:
 
     def _tick_leader(self) -> None:
         cfg = self.config
+        if cfg.learner_bytes_per_tick:
+            self._refill_catchup_budgets(cfg.learner_bytes_per_tick)
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
         if self.transfer_target is not None:
@@ -1162,11 +1182,30 @@ class RaftCore:
             )
         )
 
+    def _refill_catchup_budgets(self, per_tick: int) -> None:
+        """Leader, each tick: every throttled peer may be sent ``per_tick`` more bytes, plus what
+        the log grew by since the last tick: the throttle bounds how fast a learner takes the
+        backlog, and a learner whose leader takes more than ``per_tick`` from its clients still
+        catches up. What it overdrew (at least one entry goes per batch) is paid back first; an
+        unused tick is not saved."""
+        pos = self.log.next_pos()
+        refill = per_tick + max(0, pos - self._catchup_pos)
+        self._catchup_pos = pos
+        for peer in self._targets:
+            if peer not in self.voters:
+                pr = self.progress[peer]
+                pr.budget = min(pr.budget + refill, refill)
+                if pr.next <= self.log.last_index:
+                    self._append_dirty = True
+
     def _send_appends(self, peer: str) -> None:
-        """Send as much as the follower's window allows: one probe, or a pipeline of batches."""
+        """Send as much as the follower's window allows: one probe, or a pipeline of batches
+        (for a learner, no more bytes than its catch-up budget left this tick)."""
         pr = self.progress[peer]
         log = self.log
         last = log.last_index
+        max_bytes = self.config.max_append_bytes
+        throttled = self.config.learner_bytes_per_tick > 0 and peer not in self.voters
         while pr.next <= last:
             if pr.state == PROBE:
                 if pr.probe_sent:
@@ -1176,8 +1215,14 @@ class RaftCore:
             if pr.next < log.first_index:
                 self._send_install_base(peer, pr)
                 return
+            if throttled:
+                if pr.budget <= 0:
+                    return
+                max_bytes = min(self.config.max_append_bytes, pr.budget)
             prev = pr.next - 1
-            entries = log.entries(pr.next, last, self.config.max_append_bytes)
+            entries = log.entries(pr.next, last, max_bytes)
+            if throttled:
+                pr.budget -= sum(map(len, map(_data_of, entries))) + ENTRY_HEADER_BYTES * len(entries)
             self._send(
                 AppendRequest(
                     self.term, self.id, peer, prev, log.term_at(prev), self.commit, entries, self.read_seq

@@ -210,3 +210,14 @@ def test_a_joining_broker_replaying_configurations_older_than_itself_is_not_remo
     assert not members.is_removed and members.withhold_reason() is None
     members.view = _view(9, ["n1", "n2"], removed=("n3", "n4"))
     assert members.is_removed
+
+
+def test_the_learner_catch_up_throttle_reaches_the_ledger_and_refuses_nonsense(tmp_path: Path) -> None:
+    led = _config(tmp_path, learner_catchup_mb_per_s=4.0).ledger_config()
+    assert led.raft_config().learner_bytes_per_tick == 4 * (1 << 20) * 50 // 1000  # 50 ms ticks
+    assert (
+        _config(tmp_path, learner_catchup_mb_per_s=0).ledger_config().raft_config().learner_bytes_per_tick
+        == 0
+    )
+    with pytest.raises(ConfigError, match="learner_catchup_mb_per_s"):
+        _config(tmp_path, learner_catchup_mb_per_s=-1.0).ledger_config()

@@ -517,3 +517,69 @@ def test_appends_carry_configurations_to_followers_in_one_batch() -> None:
     assert core.membership == m2 and core.config_index == 4 and rd.membership == m2
     assert [c[0] for c in core.config_log] == [0, 2, 4]
     assert core.config_at(3)[2] == m1
+
+
+# ---------------------------------------------------------------------- the learner's catch-up throttle
+
+
+def test_a_learners_catch_up_is_throttled_per_tick_and_the_voters_are_not() -> None:
+    """With ``learner_bytes_per_tick`` a learner is sent at most one tick's bytes (plus the one
+    entry that overdraws it) per tick, however far behind; a lagging voter gets its whole window."""
+    size = 1000 + 44  # a 1000-byte entry with its header
+    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=5 * size)
+    leader = net.elect("n1")
+    net.down = {"n3"}
+    for i in range(100):
+        leader.propose([b"%04d" % i + b"x" * 996])
+    net.run()
+    net.tick()  # the log's growth is given once, at the next tick: this backlog is before it
+    net.add("n4", group("n1", "n2", "n3"))
+    net.change("n1", ADD, "n4", "n4:1")
+    learner, voter = net["n4"], net["n3"]
+    net.down = set()
+    held = []
+    for _ in range(6):
+        net.tick()
+        held.append(learner.log.last_index)
+    steps = [b - a for a, b in zip(held, held[1:], strict=False)]
+    assert steps and all(1 <= s <= 6 for s in steps), held  # a tick's budget, never the window
+    assert voter.log.last_index == leader.log.last_index  # the voter caught up at once
+    net.tick(40)
+    assert learner.log.last_index == leader.log.last_index  # and the learner gets there too
+    assert [e.data for e in learner.log.entries(1, learner.log.last_index)] == [
+        e.data for e in leader.log.entries(1, leader.log.last_index)
+    ]
+
+
+def test_without_a_throttle_a_learner_takes_the_log_as_fast_as_it_acknowledges() -> None:
+    net = Net(group("n1", "n2", "n3"))
+    leader = net.elect("n1")
+    for i in range(100):
+        leader.propose([b"%04d" % i + b"x" * 996])
+    net.run()
+    net.add("n4", group("n1", "n2", "n3"))
+    net.change("n1", ADD, "n4", "n4:1")
+    net.tick()
+    assert net["n4"].log.last_index == leader.log.last_index
+
+
+def test_a_throttled_learner_still_catches_up_while_the_log_grows_faster_than_the_throttle() -> None:
+    """Each tick a learner is also given what the log grew by: under a load above the throttle
+    its backlog still shrinks, by the throttle's share per tick."""
+    size = 1000 + 44
+    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=2 * size)
+    leader = net.elect("n1")
+    for i in range(60):
+        leader.propose([b"%04d" % i + b"x" * 996])
+    net.run()
+    net.add("n4", group("n1", "n2", "n3"))
+    net.change("n1", ADD, "n4", "n4:1")
+    lags = []
+    for t in range(200):
+        for k in range(5):  # five entries a tick: more than twice the throttle
+            leader.propose([b"%04d" % (t * 5 + k) + b"y" * 996])
+        net.tick()
+        lags.append(leader.log.last_index - net["n4"].log.last_index)
+        if lags[-1] == 0:
+            break
+    assert lags[-1] == 0, lags[::10]
