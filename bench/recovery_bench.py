@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -208,7 +209,7 @@ def analyze(run_dir: Path) -> dict[str, Any]:
     return {"run_dir": str(run_dir), "faults": found, "checker": checker}
 
 
-def run_once(args: argparse.Namespace, out: Path) -> Path:
+def run_once(args: argparse.Namespace, out: Path, tree: Path = ROOT) -> Path:
     argv = [
         sys.executable,
         "-m",
@@ -234,7 +235,8 @@ def run_once(args: argparse.Namespace, out: Path) -> Path:
     ]
     if args.addresses:
         argv += ["--addresses", args.addresses]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(tree)}  # every process of the run imports that tree's code
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tree, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith(("recovery", "verdict", "ops")):
             print(f"  {line}", flush=True)
@@ -289,8 +291,16 @@ def main() -> None:
     ap.add_argument("--addresses", default="", help="HOST:PORT where the runs listen (see jepsen run)")
     ap.add_argument("--analyze", nargs="*", type=Path, default=None, help="finished run directories instead")
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' directories under this one")
+    ap.add_argument(
+        "--baseline-tree",
+        type=Path,
+        default=None,
+        help="a source tree of the code to compare with (e.g. 'git archive REV | tar -x -C DIR'): "
+        "its runs alternate with this tree's, and the JSON line gets baseline_* figures",
+    )
     args = ap.parse_args()
     runs: list[dict[str, Any]] = []
+    base: list[dict[str, Any]] = []
     if args.analyze:
         for d in args.analyze:
             runs.append(analyze(d))
@@ -300,13 +310,20 @@ def main() -> None:
             if args.keep is not None:
                 tmp = str(args.keep)
             for i in range(args.runs):
-                print(
-                    f"run {i + 1}/{args.runs}: {args.nemesis}, {args.groups} group(s), {args.time:.0f} s",
-                    flush=True,
-                )
+                what = f"{args.nemesis}, {args.groups} group(s), {args.time:.0f} s"
+                print(f"run {i + 1}/{args.runs}: {what}", flush=True)
                 runs.append(analyze(run_once(args, Path(tmp) / f"run-{i}")))
                 print_run(runs[-1])
-    print(json.dumps(summarize(runs)))
+                if args.baseline_tree is not None:
+                    print(f"baseline run {i + 1}/{args.runs}: {what}", flush=True)
+                    base.append(
+                        analyze(run_once(args, Path(tmp) / f"base-{i}", args.baseline_tree.resolve()))
+                    )
+                    print_run(base[-1])
+    out = summarize(runs)
+    if base:
+        out.update({f"baseline_{k}": v for k, v in summarize(base).items()})
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

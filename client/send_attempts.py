@@ -70,6 +70,15 @@ MAX_FREE_REDIRECTS = 8
 # only to be refused cost the group's new leader CPU just while it was taking over.
 ASK_GROUP = "ledgermq-master-lookup"
 ASK_TIMEOUT_S = 1.0
+# A pull's answers when the broker served it (found, not found, offset moved, retry).
+SERVED_PULL_CODES = frozenset(
+    {
+        ResponseCode.SUCCESS,
+        ResponseCode.PULL_NOT_FOUND,
+        ResponseCode.PULL_RETRY_IMMEDIATELY,
+        ResponseCode.PULL_OFFSET_MOVED,
+    }
+)
 
 
 class SendStatus(Enum):
@@ -518,8 +527,12 @@ class SendAttempts(Generic[R]):
             self.last_error = ClientError(f"{response_code_name(code)} from {addr}: {response.remark}")
             self.redirected(switching=True)  # no leader elected yet: ask again shortly
             return
-        # Any other answer says nothing about the master (a broker that serves slave reads):
-        # back off and ask the nameservers, as without a slave to ask.
+        if code in SERVED_PULL_CODES:  # it served a pull only a master may serve: it is the master now
+            self.routes.note_master(mq.broker_name, addr)
+            self.redirected()
+            return
+        # Any other answer says nothing about the master: back off and ask the nameservers, as
+        # without a slave to ask.
         self.last_code = code
         self.last_error = ClientError(f"{response_code_name(code)} from {addr}: {response.remark}")
         self.failed_here(True, True)
