@@ -119,12 +119,10 @@ class ParquetParts:
         import pyarrow.parquet as pq
 
         try:
-            schema = arrow_schema()
-            cols = list(zip(*rows, strict=True))
-            table = pa.Table.from_arrays(
-                [pa.array(col, type=field.type) for col, field in zip(cols, schema, strict=True)],
-                schema=schema,
-            )
+            # the row tuples straight into one struct array (one conversion in C++; transposing
+            # them into column lists first took 2-6 times as long)
+            struct = pa.array(rows, type=pa.struct(list(arrow_schema())))
+            table = pa.Table.from_batches([pa.RecordBatch.from_struct_array(struct)])
             tmp = path.parent / f".{path.name}.tmp"
             with open(tmp, "wb") as fh:
                 pq.write_table(
