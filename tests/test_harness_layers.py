@@ -23,8 +23,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("jepsen.probe", "jepsen.run"),
     ("jepsen.workloads", "jepsen.faults"),
     ("jepsen.systems",),
-    ("jepsen.net", "jepsen.localgroup", "jepsen.docker"),
-    ("jepsen.history", "jepsen.ports"),
+    ("jepsen.net", "jepsen.docker"),
+    ("jepsen.history",),
     ("jepsen.checker",),
 )
 
