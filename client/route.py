@@ -297,6 +297,11 @@ class RouteTable:
                     out.append(addr)
         return out
 
+    def recently_failed(self, broker_name: str, addr: str) -> bool:
+        """Whether ``addr`` failed as ``broker_name``'s master within DEAD_MASTER_TTL_S."""
+        dead = self._dead.get(broker_name)
+        return dead is not None and dead[0] == addr and time.monotonic() - dead[1] <= DEAD_MASTER_TTL_S
+
     def member_to_ask(self, broker_name: str, avoid: str = "") -> str | None:
         """A live member of a group with no known master, to ask where its master is (a slave
         answers a send with NOT_MASTER naming the master as soon as its ledger knows the

@@ -527,7 +527,10 @@ class SendAttempts(Generic[R]):
             self.last_error = ClientError(f"{response_code_name(code)} from {addr}: {response.remark}")
             self.redirected(switching=True)  # no leader elected yet: ask again shortly
             return
-        if code in SERVED_PULL_CODES:  # it served a pull only a master may serve: it is the master now
+        if code in SERVED_PULL_CODES and not self.routes.recently_failed(mq.broker_name, addr):
+            # It served a pull only a master may serve: it is the master now. (A RocketMQ slave
+            # ignores requireMaster and serves it too; once it has refused a send it is not
+            # taken for the master again while that is fresh.)
             self.routes.note_master(mq.broker_name, addr)
             self.redirected()
             return

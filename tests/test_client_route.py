@@ -189,6 +189,7 @@ def test_a_failed_master_is_not_taken_from_a_stale_route() -> None:
     # the nameservers still list h:1 as master until they notice: not used, a slave is asked
     table.update_brokers({"a": BrokerData("C", "a", {0: "h:1", 2: "h:2", 3: "h:3"})})
     assert table.master_addr("a") is None
+    assert table.recently_failed("a", "h:1") and not table.recently_failed("a", "h:2")
     assert {table.member_to_ask("a") for _ in range(40)} == {"h:2", "h:3"}
     assert table.member_to_ask("a", "h:2") == "h:3"
     table.note_master("a", "h:3")  # a slave named the new master
