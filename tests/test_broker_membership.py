@@ -265,3 +265,46 @@ def _wait_text(path: Path, needle: str, timeout: float) -> str:
             return text
         time.sleep(0.2)
     raise AssertionError(f"{needle!r} not printed within {timeout}s:\n{text}")
+
+
+def test_a_removed_broker_that_lives_on_stays_off_the_routes_and_says_why(tmp_path: Path) -> None:
+    g = LocalBrokerGroup(tmp_path, settings={"register_interval_s": 10})
+    g.start()
+    try:
+        asyncio.run(_removed_but_alive(g))
+    finally:
+        g.stop()
+
+
+async def _removed_but_alive(g: LocalBrokerGroup) -> None:
+    master = await g.wait_for_master(30)
+    victim = next(n for n in g.node_ids if n != master)
+    gone = g.broker_addr[victim]
+    removed = await asyncio.to_thread(
+        admin, g.namesrv_addr_str, "member-remove", "-b", "broker-a", "--cluster-secret-file",
+        g.cluster_secret_file(), victim,
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    async with RemotingClient() as rc, AdminClient(g.namesrv_addrs) as adm:
+
+        async def routes() -> dict[int, str]:
+            bd = (await adm.cluster_info()).broker_addr_table.get("broker-a")
+            return dict(bd.broker_addrs) if bd else {}
+
+        async def off_the_routes() -> bool:
+            return gone not in (await routes()).values()
+
+        async def knows_it() -> dict[str, Any] | None:
+            info = await runtime_info(rc, gone)
+            return info if info and info["membership"].get("removed") else None
+
+        await wait_for("the removed broker off the routes", off_the_routes)
+        info = await wait_for("the removed broker to know it", knows_it)
+        assert not info["membership"]["voter"] and not info["membership"]["registered"], info
+        # alive, it has a registration round every 10 s: over more than one it stays off
+        for _ in range(12):
+            await asyncio.sleep(1.0)
+            assert await off_the_routes(), await routes()
+        assert len(await routes()) == 2
+    log = (g.base_dir / g.name_of(victim) / "broker.log").read_text(errors="replace")
+    assert "this broker was removed from the group: it no longer registers with the nameservers" in log
