@@ -133,6 +133,7 @@ def group(image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Comp
         # ACL is on, as docker-compose.yml has it, with a fresh superuser secret; no cluster
         # secret, as a user's plain `docker-compose up`: the nodes make one and share it
         secret_key=secrets.token_hex(24),
+        broker_settings={"lock_max_live_s": 20.0},  # one passed setting; the others stay unset
     )
     assert g.acl_enabled, "docker-compose.yml's default is ACL on; the test group must keep it"
     t0 = time.monotonic()
@@ -181,6 +182,17 @@ def test_group_comes_up_healthy_on_its_fixed_addresses(group: ComposeGroup) -> N
             assert json.loads(bytes(resp.body))["role"] == "MASTER"
 
     asyncio.run(scenario())
+
+
+def test_the_brokers_get_the_passed_settings_and_no_others(group: ComposeGroup) -> None:
+    """A passed setting reaches every broker as its BROKER_ variable; one not passed is not set
+    at all (the broker's default), not set empty."""
+    for broker in BROKERS:
+        assert group.exec(broker, "printenv", "BROKER_LOCK_MAX_LIVE_S").strip() == "20.0", broker
+        unset = group.docker(
+            "exec", group.container_id(broker), "printenv", "BROKER_TRANSACTION_TIMEOUT_S", check=False
+        )
+        assert unset.returncode == 1 and not unset.stdout, (broker, unset.stdout)
 
 
 def test_acl_is_on_unsigned_requests_are_refused_signed_ones_served(group: ComposeGroup) -> None:

@@ -23,6 +23,7 @@ from common.settings import ConfigError
 from jepsen.docker.compose import COMPOSE_FILE, ComposeGroup
 from jepsen.docker.layout import (
     MAX_GROUPS,
+    PASSED_BROKER_SETTINGS,
     SECRET_DIR,
     SECRET_FILE,
     SECRET_VOLUME,
@@ -30,6 +31,7 @@ from jepsen.docker.layout import (
     check_groups,
     groups_override,
     layout,
+    passed_setting_var,
     with_secret,
 )
 from jepsen.systems.broker import QueueEndpoints
@@ -166,6 +168,43 @@ def test_compose_env_carries_the_group_credentials_and_no_forced_acl_off(monkeyp
     assert "LEDGERMQ_ACL_ENABLE" not in env and g.acl_enabled
     monkeypatch.setenv("LEDGERMQ_ACL_ENABLE", "false")
     assert not ComposeGroup("credtest").acl_enabled
+
+
+def test_compose_env_passes_the_held_message_settings_and_refuses_others(monkeypatch) -> None:
+    """Only the passed settings, as BROKER_<KEY> for compose to hand to every broker (the file
+    names them without a value); unset, the brokers keep their defaults."""
+    for key in PASSED_BROKER_SETTINGS:
+        monkeypatch.delenv(passed_setting_var(key), raising=False)
+    g = ComposeGroup(
+        "settest", broker_settings={"transaction_timeout_s": 1.0, "message_delay_level": "1s 2s"}
+    )
+    env = g.compose_env()
+    assert env["BROKER_TRANSACTION_TIMEOUT_S"] == "1.0" and env["BROKER_MESSAGE_DELAY_LEVEL"] == "1s 2s"
+    assert "BROKER_LOCK_MAX_LIVE_S" not in env
+    assert "BROKER_LOCK_MAX_LIVE_S" not in ComposeGroup("settest").compose_env()
+    with pytest.raises(ValueError, match="segment_bytes cannot be passed"):
+        ComposeGroup("settest", broker_settings={"segment_bytes": 1})
+    env_of = broker_service(layout(2)["broker5"], layout(2))["environment"]
+    assert all(env_of[passed_setting_var(k)] is None for k in PASSED_BROKER_SETTINGS)
+
+
+def test_the_docker_backend_runs_the_short_held_message_timing(tmp_path: Path) -> None:
+    from jepsen.docker.compose import docker_unavailable_reason
+    from jepsen.systems.broker_semantics import SEMANTICS_SETTINGS, BrokerTiming
+    from jepsen.systems.docker import DockerBrokerBackend
+
+    reason = docker_unavailable_reason()  # the backend picks a free network among Docker's
+    if reason:
+        pytest.skip(f"needs a Docker engine: {reason}")
+
+    backend = DockerBrokerBackend(tmp_path)
+    assert backend.group.broker_settings == SEMANTICS_SETTINGS
+    assert backend.timing == BrokerTiming.from_settings(SEMANTICS_SETTINGS)
+    assert (
+        backend.client_spec()["timing"]["transaction_timeout_s"]
+        == SEMANTICS_SETTINGS["transaction_timeout_s"]
+    )
+    assert backend.forge_targets()["secured"] is True
 
 
 def test_credentials_file_round_trip_private_and_bad_files(tmp_path: Path) -> None:

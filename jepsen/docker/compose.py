@@ -60,6 +60,7 @@ from .layout import (
     DEFAULT_ACCESS_KEY,
     DEFAULT_SECRET_KEY,
     NAMESRV_PORT,
+    PASSED_BROKER_SETTINGS,
     SECRET_FILE,
     SPARK_CONNECT_PORT,
     SPARK_MASTER_PORT,
@@ -69,6 +70,7 @@ from .layout import (
     disk_holder,
     groups_override,
     layout,
+    passed_setting_var,
     small_disks_override,
 )
 
@@ -229,6 +231,7 @@ class ComposeGroup:
         spark: bool = False,
         runs_dir: Path | None = None,
         small_disk_bytes: int | None = None,
+        broker_settings: Mapping[str, Any] | None = None,
     ) -> None:
         """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
         ``published_ports``: service -> host port (defaults as in docker-compose.yml);
@@ -243,7 +246,10 @@ class ComposeGroup:
         ``runs_dir`` (absolute; default /tmp/ledgermq-runs) at the same path as this host;
         ``small_disk_bytes``: put each broker's data on a tmpfs volume of that size, kept mounted
         by a holder service (:func:`jepsen.docker.layout.small_disks_override`), so that
-        :meth:`fill_disk` can make its writes fail with ENOSPC (None: plain volumes)."""
+        :meth:`fill_disk` can make its writes fail with ENOSPC (None: plain volumes);
+        ``broker_settings``: broker settings every broker gets, of
+        :data:`~jepsen.docker.layout.PASSED_BROKER_SETTINGS` (delay levels, transaction checks,
+        lock lifetime; the others are the file's), handed to compose as ``BROKER_<KEY>``."""
         self.project = project
         self.groups = check_groups(groups)
         self.spark = spark
@@ -267,6 +273,13 @@ class ComposeGroup:
         self.cluster_secret = cluster_secret
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.small_disk_bytes = small_disk_bytes
+        unknown = sorted(set(broker_settings or {}) - set(PASSED_BROKER_SETTINGS))
+        if unknown:
+            raise ValueError(
+                f"broker settings {', '.join(unknown)} cannot be passed to the compose group "
+                f"(it takes {', '.join(PASSED_BROKER_SETTINGS)})"
+            )
+        self.broker_settings = dict(broker_settings or {})
         if small_disk_bytes is not None:
             small_disks_override(self.groups, small_disk_bytes)  # a bad size fails here, not at `up`
         self.killed: set[str] = set()
@@ -406,6 +419,8 @@ class ComposeGroup:
         )
         if self.cluster_secret is not None:
             env["LEDGERMQ_CLUSTER_SECRET"] = self.cluster_secret
+        for key, value in self.broker_settings.items():
+            env[passed_setting_var(key)] = str(value)
         if self.spark:
             env["LEDGERMQ_RUNS_DIR"] = str(self.runs_dir)
             env.setdefault("LEDGERMQ_SPARK_IMAGE", DEFAULT_SPARK_IMAGE)

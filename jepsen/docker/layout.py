@@ -35,6 +35,20 @@ DATA_DIR = "/var/lib/ledgermq"
 SECRET_VOLUME = "cluster-secret"
 SECRET_DIR = "/run/ledgermq"
 SECRET_FILE = f"{SECRET_DIR}/cluster.secret"
+#: broker settings a compose project may set (``ComposeGroup(broker_settings=...)``): each is a
+#: ``BROKER_<KEY>`` variable with no value in the file, so compose passes it from its own
+#: environment when set there and leaves it out (the broker's default) otherwise
+PASSED_BROKER_SETTINGS = (
+    "message_delay_level",
+    "transaction_timeout_s",
+    "transaction_check_interval_s",
+    "lock_max_live_s",
+)
+
+
+def passed_setting_var(key: str) -> str:
+    """The container variable a passed broker setting travels in (``BROKER_`` + its key)."""
+    return "BROKER_" + key.upper()
 
 
 def with_secret(argv: list[str]) -> list[str]:
@@ -177,6 +191,7 @@ def broker_service(spec: ServiceSpec, services: dict[str, ServiceSpec]) -> dict[
             "BROKER_REGISTER_INTERVAL_S": "10",
             "BROKER_CLUSTER_SECRET_FILE": SECRET_FILE,
             "BROKER_NODE_ID": spec.node_id,
+            **dict.fromkeys(map(passed_setting_var, PASSED_BROKER_SETTINGS)),
         },
         "healthcheck": {
             "test": ["CMD", "python", "-m", "jepsen.docker.healthcheck", "broker", f"127.0.0.1:{spec.port}"],

@@ -6,7 +6,10 @@ run gets its own compose project, network prefix and published ports, so it neve
 a group a user already runs, and the group is torn down (volumes included) afterwards,
 with every container's log saved beside the history.
 
-The group runs as docker-compose.yml has it: ACL on and the ledger peers authenticated. Each
+The group runs as docker-compose.yml has it: ACL on and the ledger peers authenticated, with
+the local backend's short held-message timing (``SEMANTICS_SETTINGS``: delay levels,
+transaction checks, lock lifetime), so the delay, txn and order workloads judge it in a run
+of seconds as they do a local group. Each
 run makes its own superuser secret and cluster secret and hands them to compose; the
 harness's clients (status calls, the workload's producers and consumers, in this process and
 in the workers) sign with that account. ``groups`` > 1 (``--groups``) adds broker groups
@@ -42,6 +45,7 @@ from jepsen.net import relay
 from jepsen.net.proxy import Link
 from jepsen.systems.base import FILLER, SMALL_DISK_MB, SMALL_DISK_MB_MAX, Backend, Unsupported
 from jepsen.systems.broker import BrokerQueueClient, broker_status, queue_spec
+from jepsen.systems.broker_semantics import SEMANTICS_SETTINGS, BrokerTiming
 from jepsen.systems.clients import LogClient
 from jepsen.systems.credentials import Credentials
 
@@ -90,7 +94,10 @@ class DockerBrokerBackend(Backend):
             access_key=self.credentials.access_key,
             secret_key=self.credentials.secret_key,
             cluster_secret=secrets.token_hex(32),
+            broker_settings=SEMANTICS_SETTINGS,
         )
+        #: what the held-message workloads must know of the group's timing (in the client spec)
+        self.timing = BrokerTiming.from_settings(SEMANTICS_SETTINGS)
         self.group.published_ports = {name: free_port() for name in self.group.services}
         self.nodes = list(self.group.node_ids)
         #: several groups: the workload spreads its queues over these (None: one group)
@@ -161,7 +168,7 @@ class DockerBrokerBackend(Backend):
         """The containers' real ledger and broker addresses (reachable from a Linux host)."""
         return {
             "ledger": dict(self.group.ledger_addrs),
-            "secured": bool(self.group.cluster_secret),
+            "secured": True,  # every compose node runs with the cluster secret (made if none is given)
             "admin": [self.group.broker_addr(s) for s in self.group.brokers],
             "acl": self.group.acl_enabled,
         }
