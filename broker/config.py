@@ -26,6 +26,7 @@ from remoting.config import RemotingConfig, listener_limits
 from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
+from .meta import MAX_POP_INFLIGHT_CAP
 from .system_topics import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 #: Default of ``BrokerConfig.learner_catchup_mb_per_s``, measured with bench/membership_bench.py.
@@ -107,6 +108,9 @@ class BrokerConfig:
     lock_max_live_s: float = 60.0  # a consumer's queue lock lasts this long unless renewed (RocketMQ: 60 s)
     enable_property_filter: bool = True  # SQL92 subscriptions (RocketMQ's enablePropertyFilter)
     max_suspended_pulls: int = 10_000  # long polls held at once; over it a pull is answered at once
+    # POP consumption: messages of one (group, topic, queue) popped and not yet acked; past it
+    # a POP with nothing expired to give is SYSTEM_BUSY (RocketMQ: popInflightMessageThreshold)
+    max_pop_inflight: int = 1024
     acl_enable: bool = False  # every request must be signed by an account of acl_file (RocketMQ ACL)
     acl_file: str = ""  # TOML accounts file (remoting/acl.py)
     acl_admin_access_key: str = ""  # a superuser given in settings/env instead of (or besides) acl_file
@@ -226,9 +230,14 @@ class BrokerConfig:
             ("max_heartbeat_bytes", 1 << 12),
             ("max_subscriptions_per_client", 1),
             ("max_topics", 16),
+            ("max_pop_inflight", 1),
         ):
             if getattr(self, key) < least:
                 raise ConfigError(f"key '{key}' must be at least {least}, got {getattr(self, key)}")
+        if self.max_pop_inflight > MAX_POP_INFLIGHT_CAP:
+            raise ConfigError(
+                f"key 'max_pop_inflight' must be at most {MAX_POP_INFLIGHT_CAP}, got {self.max_pop_inflight}"
+            )
         self.server_ssl = server_ssl(
             self.tls_server_mode,
             self.tls_cert_file,

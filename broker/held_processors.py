@@ -2,7 +2,8 @@
 headers: a consumer sending a message back for a retry (CONSUMER_SEND_MSG_BACK), a producer
 ending a transaction (END_TRANSACTION), orderly consumers locking queues (LOCK_BATCH_MQ,
 UNLOCK_BATCH_MQ), the delay schedule's progress (GET_ALL_DELAY_OFFSET) and a consumer's
-subscription check (CHECK_CLIENT_CONFIG). RocketMQ 5's POP consumption is refused by name.
+subscription check (CHECK_CLIENT_CONFIG). The RocketMQ 5 POP codes ``broker.pop_processors``
+does not serve (PEEK_MESSAGE, NOTIFICATION, POLLING_INFO, BATCH_ACK_MESSAGE) are refused by name.
 
 Each change goes through the ledger as an entry whose application is idempotent (see
 ``broker.schedule``), and each answer is given once that entry is applied, so what a
@@ -274,6 +275,6 @@ class HeldMessageProcessors:
     def pop_refused(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
         return req.make_response(
             ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-            f"{request_code_name(req.code)} ({req.code}): RocketMQ 5's POP consumption is not supported by ledgermq; "
-            "use pull or push consumers",
+            f"{request_code_name(req.code)} ({req.code}) is not served by ledgermq; POP_MESSAGE, ACK_MESSAGE "
+            "and CHANGE_MESSAGE_INVISIBLETIME are, as are pull and push consumers",
         )

@@ -91,10 +91,52 @@ class BrokerAddrOp:
     drop: tuple[str, ...] = ()
 
 
-MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp | BrokerAddrOp
+@dataclass(frozen=True, slots=True)
+class PopPick:
+    """What a POP takes from one queue: the offsets the master chose (expired in-flight ones and
+    new ones) and how far its cursor may move (past messages the consumer's filter skipped).
+    ``start`` is where a queue never popped by the group begins (its init mode)."""
+
+    queue: int
+    start: int
+    cursor_to: int
+    offsets: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PopOp:
+    """A POP_MESSAGE: the master's clock at proposal, the invisible time asked, the in-flight
+    bound (the master's ``max_pop_inflight``) and per queue what it takes; see ``broker.pop``."""
+
+    group: str
+    topic: str
+    now: int
+    invisible: int
+    limit: int
+    picks: tuple[PopPick, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PopAckOp:
+    """ACK_MESSAGE (one handle) or CHANGE_MESSAGE_INVISIBLETIME (``invisible`` set, one
+    handle): handles are (offset, pop time) pairs of one queue, judged at the master's ``now``."""
+
+    group: str
+    topic: str
+    queue: int
+    now: int
+    handles: tuple[tuple[int, int], ...]
+    invisible: int = 0  # > 0: change the invisible time instead of acknowledging
+
+
+MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp | BrokerAddrOp | PopOp | PopAckOp
 TXN_ACTIONS = ("rollback", "discard")
 MAX_LOCK_QUEUES = 1024  # queues one lock request may name
 MAX_BROKER_ADDRS = 64  # entries one broker-address record may set or drop (the ledger's MAX_MEMBERS)
+MAX_POP_INFLIGHT_CAP = 65_536  # the most any max_pop_inflight may say (state stays bounded)
+MAX_POP_PICKS = 1024  # queues one POP record may take from (a topic's queue bound)
+MAX_POP_OFFSETS = 1024  # offsets one POP record may take from a queue, or one ack record name
+MAX_INVISIBLE_MS = 12 * 3600 * 1000  # the longest invisible time (RocketMQ 5's proxy bound)
 MAX_ADDR_CHARS = 255  # a broker host:port (the ledger's bound on a member address)
 _MEMBER_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
@@ -221,6 +263,10 @@ def parse_meta(data: bytes | memoryview) -> MetaOp:
         )
     if op == "brokers":
         return _broker_addrs(doc)
+    if op == "pop":
+        return _pop(doc)
+    if op in ("ack", "invisible"):
+        return _pop_ack(doc, op)
     raise MetaError(f"unknown metadata op {op[:40]!r}")
 
 
@@ -259,6 +305,106 @@ def _broker_addrs(doc: dict[str, Any]) -> BrokerAddrOp:
         raise MetaError(f"{where}: sets and drops nothing")
     pairs = tuple((_member_id(k, where), _host_port(v, f"{where} {k!r}")) for k, v in entries.items())
     return BrokerAddrOp(pairs, tuple(_member_id(d, where) for d in drop))
+
+
+def _offsets(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > MAX_POP_OFFSETS:
+        raise MetaError(f"{where}: offsets must be a list of at most {MAX_POP_OFFSETS}")
+    if any(type(v) is not int or not 0 <= v <= _MAX_OFFSET for v in value):
+        raise MetaError(f"{where}: an offset is not an integer in 0..{_MAX_OFFSET}")
+    return tuple(value)
+
+
+def _pop(doc: dict[str, Any]) -> PopOp:
+    where = "pop record"
+    picks = _field(doc, "picks", where)
+    if not isinstance(picks, list) or not 0 < len(picks) <= MAX_POP_PICKS:
+        raise MetaError(
+            f"{where}: 'picks' must be a list of 1..{MAX_POP_PICKS} [queue, start, cursor, offsets]"
+        )
+    parsed = []
+    for i, item in enumerate(picks):
+        if not isinstance(item, list) or len(item) != 4:
+            raise MetaError(f"{where}: picks[{i}] must be [queue, start, cursor, offsets]")
+        fields = dict(zip(("queue", "start", "cursor"), item[:3], strict=True))
+        at = f"{where} picks[{i}]"
+        parsed.append(
+            PopPick(
+                _int(fields, "queue", 0, _MAX_QUEUE_ID, at),
+                _int(fields, "start", 0, _MAX_OFFSET, at),
+                _int(fields, "cursor", 0, _MAX_OFFSET, at),
+                _offsets(item[3], at),
+            )
+        )
+    return PopOp(
+        _name(doc, "group", where),
+        _name(doc, "topic", where),
+        _int(doc, "now", 0, _MAX_OFFSET, where),
+        _int(doc, "invisible", 1, MAX_INVISIBLE_MS, where),
+        _int(doc, "limit", 1, MAX_POP_INFLIGHT_CAP, where),
+        tuple(parsed),
+    )
+
+
+def _pop_ack(doc: dict[str, Any], op: str) -> PopAckOp:
+    where = f"{op} record"
+    handles = _field(doc, "handles", where)
+    if not isinstance(handles, list) or not 0 < len(handles) <= MAX_POP_OFFSETS:
+        raise MetaError(f"{where}: 'handles' must be a list of 1..{MAX_POP_OFFSETS} [offset, pop time]")
+    parsed = []
+    for i, item in enumerate(handles):
+        if not isinstance(item, list) or len(item) != 2:
+            raise MetaError(f"{where}: handles[{i}] must be [offset, pop time]")
+        fields = {"offset": item[0], "pop_time": item[1]}
+        parsed.append(
+            (_int(fields, "offset", 0, _MAX_OFFSET, where), _int(fields, "pop_time", 0, _MAX_OFFSET, where))
+        )
+    invisible = _int(doc, "invisible", 1, MAX_INVISIBLE_MS, where) if op == "invisible" else 0
+    if invisible and len(parsed) != 1:
+        raise MetaError(f"{where}: changes the invisible time of exactly one handle")
+    return PopAckOp(
+        _name(doc, "group", where),
+        _name(doc, "topic", where),
+        _int(doc, "queue", 0, _MAX_QUEUE_ID, where),
+        _int(doc, "now", 0, _MAX_OFFSET, where),
+        tuple(parsed),
+        invisible,
+    )
+
+
+def pop_op(group: str, topic: str, now_ms: int, invisible_ms: int, limit: int, picks: list[PopPick]) -> bytes:
+    """A POP: per queue the offsets the master chose and how far the cursor may move."""
+    return encode_meta(
+        "pop",
+        group=group,
+        topic=topic,
+        now=now_ms,
+        invisible=invisible_ms,
+        limit=limit,
+        picks=[[p.queue, p.start, p.cursor_to, list(p.offsets)] for p in picks],
+    )
+
+
+def ack_op(group: str, topic: str, queue_id: int, now_ms: int, handles: list[tuple[int, int]]) -> bytes:
+    """Acknowledge (offset, pop time) handles of one queue."""
+    return encode_meta(
+        "ack", group=group, topic=topic, queue=queue_id, now=now_ms, handles=[list(h) for h in handles]
+    )
+
+
+def invisible_op(
+    group: str, topic: str, queue_id: int, now_ms: int, handle: tuple[int, int], invisible_ms: int
+) -> bytes:
+    """Make one in-flight message invisible for ``invisible_ms`` from now, under a new handle."""
+    return encode_meta(
+        "invisible",
+        group=group,
+        topic=topic,
+        queue=queue_id,
+        now=now_ms,
+        handles=[list(handle)],
+        invisible=invisible_ms,
+    )
 
 
 def topic_op(name: str, read_queue_nums: int, write_queue_nums: int, perm: int, order: bool = False) -> bytes:

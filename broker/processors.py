@@ -42,6 +42,7 @@ from .heartbeats import SQL92, TAG, Heartbeats
 from .held_processors import HeldMessageProcessors
 from .message_store import Stored
 from .meta import offset_op, topic_op
+from .pop_processors import PopProcessors
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext, Response, host_bytes
 from .sql_filter import Filter as SqlFilter
 from .sql_filter import SqlFilterError, compile_filter
@@ -122,6 +123,7 @@ class Processors:
         self.clients = ctx.clients
         self.heartbeats = Heartbeats(ctx)
         self.held = HeldMessageProcessors(ctx)
+        self.pops = PopProcessors(ctx)
         self._not_master, self._check_topic, self._append = ctx.not_master, ctx.check_topic, ctx.append
         self._msg_id, self._begin_creation, self._created = ctx.msg_id, ctx.begin_creation, ctx.created
         self.suspended_pulls = 0  # long polls being held (at most max_suspended_pulls)
@@ -151,6 +153,7 @@ class Processors:
         if pulls:
             table[RequestCode.PULL_MESSAGE] = self.pull
         table.update(self.held.handlers())  # send-backs, transactions, locks, delay offsets
+        table.update(self.pops.handlers())  # RocketMQ 5's POP, ACK, CHANGE_MESSAGE_INVISIBLETIME
         table.update(self.admin_stats.handlers())  # topic/consume stats, runtime info with KVTable
         for code, fn in table.items():
             server.register_processor(code, fn)

@@ -42,12 +42,15 @@ from .meta import (
     LockOp,
     MetaError,
     OffsetOp,
+    PopAckOp,
+    PopOp,
     SnapshotOp,
     TopicOp,
     TxnEndOp,
     parse_meta,
     snapshot_op,
 )
+from .pop import Granted, PopStates
 from .schedule import Half, HalfMessages, QueueLocks, Schedule, TakenKeys
 from .system_topics import HALF, SCHEDULE_TOPIC, SCHEDULED, queue_kind
 
@@ -121,6 +124,8 @@ class BrokerState:
         self.locks = QueueLocks()
         self.send_backs = TakenKeys(dedup_window)
         self.lock_outcomes: OrderedDict[int, frozenset[tuple[str, int]]] = OrderedDict()  # by entry index
+        self.pops = PopStates()  # RocketMQ 5's POP consumption (broker.pop)
+        self.pop_outcomes: OrderedDict[int, list[Any]] = OrderedDict()  # by entry index, for the answers
         # The first index this state replayed (entries before it were removed by retention): a
         # derived record resolving something from before it is stored the first time it is met.
         self.replay_base = applied + 1
@@ -488,6 +493,14 @@ class BrokerState:
         if type(op) is BrokerAddrOp:
             self._set_broker_addrs(op)
             return False
+        if type(op) is PopOp or type(op) is PopAckOp:
+            outcome: list[Granted] | list[str | Granted] = (
+                self.pops.pop(op) if type(op) is PopOp else self.pops.ack(op)
+            )
+            self.pop_outcomes[index] = outcome
+            if len(self.pop_outcomes) > MAX_LOCK_OUTCOMES:
+                self.pop_outcomes.popitem(last=False)
+            return False
         if type(op) is OffsetOp:
             key = (op.group, op.topic, op.queue)
             offset = op.offset
@@ -744,6 +757,7 @@ class BrokerState:
             "scheduled_messages": len(self.schedule),
             "pending_half_messages": len(self.halves),
             "queue_locks": len(self.locks.held),
+            "pop_queues": len(self.pops),
         }
 
 

@@ -432,6 +432,10 @@ RULES: Final[dict[int, Rule]] = {
     ),
     # a commit stores the half message in its real topic: PUB there
     RequestCode.END_TRANSACTION: Rule(topic_perm=PUB, by_record=True),
+    # POP consumption reads the topic's messages and changes the group's state: SUB on both
+    RequestCode.POP_MESSAGE: _GROUP_OFFSETS,
+    RequestCode.ACK_MESSAGE: _GROUP_OFFSETS,
+    RequestCode.CHANGE_MESSAGE_INVISIBLETIME: _GROUP_OFFSETS,
 }
 
 #: Codes any signed account may use, each because it reads no topic's messages or a
@@ -451,7 +455,7 @@ OPEN_CODES: Final = frozenset(
         RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_NS,
         RequestCode.GET_NAMESRV_CONFIG,
         RequestCode.GET_ALL_DELAY_OFFSET,  # the delay schedule's progress: counts only
-        *POP_REQUEST_NAMES,  # refused by name by every broker: nothing to protect
+        *POP_REQUEST_NAMES,  # the POP codes not served, refused by name: nothing to protect
     )
 )
 

@@ -46,6 +46,11 @@ class RequestCode(IntEnum):
     GET_ALL_DELAY_OFFSET = 45
     CHECK_CLIENT_CONFIG = 46
 
+    # --- broker: RocketMQ 5's POP consumption (broker.pop) ------------------------------
+    POP_MESSAGE = 200050
+    ACK_MESSAGE = 200051
+    CHANGE_MESSAGE_INVISIBLETIME = 200053
+
     # --- nameserver -------------------------------------------------------------------
     PUT_KV_CONFIG = 100
     GET_KV_CONFIG = 101
@@ -123,6 +128,7 @@ class ResponseCode(IntEnum):
     SUBSCRIPTION_GROUP_NOT_EXIST = 26
     FILTER_DATA_NOT_EXIST = 27
     FILTER_DATA_NOT_LATEST = 28
+    INVALID_PARAMETER = 29
     TRANSACTION_SHOULD_COMMIT = 200
     TRANSACTION_SHOULD_ROLLBACK = 201
     TRANSACTION_STATE_UNKNOW = 202
@@ -132,6 +138,8 @@ class ResponseCode(IntEnum):
     CONSUMER_NOT_ONLINE = 206
     CONSUME_MSG_TIMEOUT = 207
     NO_MESSAGE = 208
+    POLLING_FULL = 209
+    POLLING_TIMEOUT = 210
 
     # --- ledgermq only ----------------------------------------------------------------
     NOT_MASTER = 1001
@@ -150,14 +158,12 @@ class ResponseCode(IntEnum):
 
 
 POP_REQUEST_NAMES = {
-    200050: "POP_MESSAGE",
-    200051: "ACK_MESSAGE",
     200052: "PEEK_MESSAGE",
-    200053: "CHANGE_MESSAGE_INVISIBLETIME",
     200054: "NOTIFICATION",
     200055: "POLLING_INFO",
+    200151: "BATCH_ACK_MESSAGE",
 }
-"""RocketMQ 5's POP consumption codes, which ledgermq brokers refuse by name."""
+"""RocketMQ 5's POP codes ledgermq brokers do not serve (yet), refused by name."""
 
 _REQUEST_NAMES = {c.value: c.name for c in RequestCode} | POP_REQUEST_NAMES
 _RESPONSE_NAMES = {c.value: c.name for c in ResponseCode}

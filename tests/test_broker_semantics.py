@@ -405,9 +405,9 @@ def test_what_is_not_supported_is_refused_by_name(group: LocalBrokerGroup) -> No
         )
         assert r.code == ResponseCode.MESSAGE_ILLEGAL and "batch message 1" in r.remark, r
         assert await grp.bodies(TOPIC) == []  # nothing of the batch was stored
-        pop = RemotingCommand.request(200050, {"consumerGroup": "cg", "topic": TOPIC})
-        pop.serialize_type = SERIALIZE_JSON
-        r = await grp.call(pop)
-        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "POP_MESSAGE" in r.remark
+        peek = RemotingCommand.request(200052, {"consumerGroup": "cg", "topic": TOPIC})
+        peek.serialize_type = SERIALIZE_JSON
+        r = await grp.call(peek)
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "PEEK_MESSAGE" in r.remark
 
     run(group, scenario)
