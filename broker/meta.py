@@ -95,12 +95,15 @@ class BrokerAddrOp:
 class PopPick:
     """What a POP takes from one queue: the offsets the master chose (expired in-flight ones and
     new ones) and how far its cursor may move (past messages the consumer's filter skipped).
-    ``start`` is where a queue never popped by the group begins (its init mode)."""
+    ``start`` is the group's cursor in the queue as the master saw it, or where a group that
+    never popped the queue begins (its init mode): stated in every POP, so that a replay whose
+    first entries retention removed starts the cursor where it was."""
 
     queue: int
     start: int
     cursor_to: int
     offsets: tuple[int, ...]
+    floor: int = 0  # the queue's min offset at the master: what lies below was removed by retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,20 +323,21 @@ def _pop(doc: dict[str, Any]) -> PopOp:
     picks = _field(doc, "picks", where)
     if not isinstance(picks, list) or not 0 < len(picks) <= MAX_POP_PICKS:
         raise MetaError(
-            f"{where}: 'picks' must be a list of 1..{MAX_POP_PICKS} [queue, start, cursor, offsets]"
+            f"{where}: 'picks' must be a list of 1..{MAX_POP_PICKS} [queue, start, floor, cursor, offsets]"
         )
     parsed = []
     for i, item in enumerate(picks):
-        if not isinstance(item, list) or len(item) != 4:
-            raise MetaError(f"{where}: picks[{i}] must be [queue, start, cursor, offsets]")
-        fields = dict(zip(("queue", "start", "cursor"), item[:3], strict=True))
+        if not isinstance(item, list) or len(item) != 5:
+            raise MetaError(f"{where}: picks[{i}] must be [queue, start, floor, cursor, offsets]")
+        fields = dict(zip(("queue", "start", "floor", "cursor"), item[:4], strict=True))
         at = f"{where} picks[{i}]"
         parsed.append(
             PopPick(
                 _int(fields, "queue", 0, _MAX_QUEUE_ID, at),
                 _int(fields, "start", 0, _MAX_OFFSET, at),
                 _int(fields, "cursor", 0, _MAX_OFFSET, at),
-                _offsets(item[3], at),
+                _offsets(item[4], at),
+                _int(fields, "floor", 0, _MAX_OFFSET, at),
             )
         )
     return PopOp(
@@ -381,7 +385,7 @@ def pop_op(group: str, topic: str, now_ms: int, invisible_ms: int, limit: int, p
         now=now_ms,
         invisible=invisible_ms,
         limit=limit,
-        picks=[[p.queue, p.start, p.cursor_to, list(p.offsets)] for p in picks],
+        picks=[[p.queue, p.start, p.floor, p.cursor_to, list(p.offsets)] for p in picks],
     )
 
 

@@ -101,7 +101,8 @@ class PopStates:
 
         An in-flight offset is taken again only once expired at ``op.now`` (its pop count
         goes up); a new one only at or past the cursor, below ``cursor_to`` and while the
-        queue holds fewer than ``op.limit`` in flight. The cursor moves to ``cursor_to``, or
+        queue holds fewer than ``op.limit`` in flight. In-flight offsets below ``floor`` (removed
+        by retention) are dropped and the cursor moves to it at least. The cursor moves to ``cursor_to``, or
         to the first new offset refused for the bound (so nothing unserved is passed over).
         """
         limit = min(op.limit, MAX_POP_INFLIGHT_CAP)
@@ -123,6 +124,11 @@ class PopStates:
                 continue
             pq.last_pop_time = pop_time
             inflight = pq.inflight
+            if pick.floor > pq.cursor or inflight and pick.floor > min(inflight):
+                # retention removed what lies below the queue's min offset: nothing to deliver there
+                for gone in [o for o in inflight if o < pick.floor]:
+                    del inflight[gone]
+                pq.cursor = max(pq.cursor, pick.floor)
             cursor_to = pick.cursor_to
             for offset in pick.offsets:
                 entry = inflight.get(offset)

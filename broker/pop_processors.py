@@ -271,8 +271,9 @@ class PopProcessors:
             cursor_to = max(cursor_to, min(lo, hi)) if cursor < lo else cursor_to
             if room > 0 or offsets or cursor >= hi:
                 full = False
-            if offsets or new or cursor_to > cursor:
-                picks.append(PopPick(qid, start, cursor_to, tuple(offsets + new)))
+            gone = pq is not None and any(o < lo for o in pq.inflight)
+            if offsets or new or cursor_to > cursor or gone:
+                picks.append(PopPick(qid, cursor, cursor_to, tuple(offsets + new), lo))
                 want -= len(offsets) + len(new)
         return picks, full and not picks
 

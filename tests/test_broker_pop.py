@@ -124,6 +124,19 @@ def test_change_invisible_time_gives_a_new_handle_and_stales_the_old() -> None:
     assert r.apply(invisible_op(G, T, 0, 6400, (0, 1500), 5000)) == ["acknowledged"]
 
 
+def test_in_flight_messages_removed_by_retention_are_dropped() -> None:
+    r = Replicas()
+    r.apply(pop(1000, (0, 0, 4, (0, 1, 2, 3))))
+    r.apply(ack_op(G, T, 0, 1100, [(1, 1000)]))
+    # the queue's min offset is now 3: 0 and 2 can never be delivered again
+    assert r.apply(pop_op(G, T, 1200, 1000, 100, [PopPick(0, 4, 4, (), floor=3)])) == []
+    q = r.pops.get(G, T, 0)
+    assert q is not None and sorted(q.inflight) == [3] and q.cursor == 4
+    # a floor past the cursor moves it: the messages below were removed unread
+    r.apply(pop_op(G, T, 1300, 1000, 100, [PopPick(0, 4, 4, (), floor=9)]))
+    assert q.cursor == 9 and q.inflight == {}
+
+
 def test_the_table_of_queues_is_bounded() -> None:
     pops = PopStates(max_queues=2)
     from broker.meta import PopOp
@@ -143,7 +156,7 @@ def test_the_table_of_queues_is_bounded() -> None:
             "now": 1,
             "invisible": 0,
             "limit": 1,
-            "picks": [[0, 0, 1, [0]]],
+            "picks": [[0, 0, 0, 1, [0]]],
         },
         {"op": "pop", "group": G, "topic": T, "now": 1, "invisible": 1, "limit": 1, "picks": []},
         {
@@ -153,7 +166,7 @@ def test_the_table_of_queues_is_bounded() -> None:
             "now": 1,
             "invisible": 1,
             "limit": 1,
-            "picks": [[0, 0, 1, [-1]]],
+            "picks": [[0, 0, 0, 1, [-1]]],
         },
         {
             "op": "pop",
@@ -162,9 +175,9 @@ def test_the_table_of_queues_is_bounded() -> None:
             "now": 1,
             "invisible": 1,
             "limit": 10**9,
-            "picks": [[0, 0, 1, []]],
+            "picks": [[0, 0, 0, 1, []]],
         },
-        {"op": "pop", "group": G, "topic": T, "now": 1, "invisible": 1, "limit": 1, "picks": [[0, 0, 1]]},
+        {"op": "pop", "group": G, "topic": T, "now": 1, "invisible": 1, "limit": 1, "picks": [[0, 0, 1, []]]},
         {"op": "ack", "group": G, "topic": T, "queue": 0, "now": 1, "handles": [[0]]},
         {"op": "ack", "group": G, "topic": T, "queue": 0, "now": 1, "handles": []},
         {"op": "ack", "group": "", "topic": T, "queue": 0, "now": 1, "handles": [[0, 1]]},
