@@ -159,3 +159,27 @@ def test_the_run_records_the_format_its_setting_names(
     monkeypatch.setenv(FORMAT_ENV, "csv")
     with pytest.raises(ValueError, match="must be one of jsonl, parquet"):
         shard_path(tmp_path, 0)
+
+
+def test_history_export_writes_parquet_parts_and_reads_them_back(tmp_path: Path) -> None:
+    generate_log_history(tmp_path / "h.jsonl", 2_000, seed=4)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jepsen", "history", "export", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    made = cli(str(tmp_path / "h.jsonl"), "--parquet", "-o", str(tmp_path / "pq"))
+    assert made.returncode == 0, made.stderr
+    assert list((tmp_path / "pq").glob("h.*.parquet"))
+    again = cli(str(tmp_path / "h.jsonl"), "--parquet", "-o", str(tmp_path / "pq"))
+    assert again.returncode != 0 and "is not empty" in again.stderr and "Traceback" not in again.stderr
+    back = cli(str(tmp_path / "pq"), "-o", str(tmp_path / "back.jsonl"))
+    assert back.returncode == 0, back.stderr
+    got = [json.loads(x) for x in (tmp_path / "back.jsonl").read_text().splitlines()]
+    assert got == [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
