@@ -13,7 +13,7 @@ The figures: the bench's batched msgs/s, the ok sends per second the run recorde
 ratio, the history's operations and bytes per operation, the checker's seconds, the
 verdict, recovery per kill and each process's peak memory.
 
-    python bench/harness_bench.py [--time 60] [--workers N]
+    python bench/harness_bench.py [--time 60] [--workers N] [--history-format jsonl|parquet]
 
 Ends with one JSON line: bench_msgs_per_s, recorded_ok_per_s, ratio, ops, check_s,
 history_bytes_per_op, check_ops_per_s (the checker's operations per second), spark_start_s
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FORMAT_ENV = "LEDGERMQ_HISTORY_FORMAT"  # jepsen.history.FORMAT_ENV (not imported: the bench runs the CLI)
 
 
 def last_json(text: str) -> dict:
@@ -60,7 +62,7 @@ def bench_rate() -> float:
     return float(last_json(out.stdout)["send_batched_msgs_per_s"])
 
 
-def harness_run(seconds: float, workers: int | None, out: Path) -> dict:
+def harness_run(seconds: float, workers: int | None, out: Path, history_format: str = "jsonl") -> dict:
     argv = [
         sys.executable,
         "-m",
@@ -83,7 +85,8 @@ def harness_run(seconds: float, workers: int | None, out: Path) -> dict:
     if workers is not None:
         argv += ["--workers", str(workers)]
     started = time.monotonic()
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 1800, cwd=ROOT)
+    env = {**os.environ, FORMAT_ENV: history_format}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 1800, cwd=ROOT, env=env)
     wall = time.monotonic() - started
     print("\n".join(f"  {line}" for line in res.stdout.strip().splitlines()), flush=True)
     runs = sorted(out.glob("*/2*"))
@@ -92,7 +95,9 @@ def harness_run(seconds: float, workers: int | None, out: Path) -> dict:
     run_dir = runs[-1]
     summary = json.loads((run_dir / "run.json").read_text())
     summary["wall_s"] = wall
-    summary["history_bytes"] = sum(f.stat().st_size for f in (run_dir / "history").glob("*.jsonl"))
+    summary["history_bytes"] = sum(
+        f.stat().st_size for pattern in ("*.jsonl", "*.parquet") for f in (run_dir / "history").glob(pattern)
+    )
     results = run_dir / "results.json"
     summary["results"] = json.loads(results.read_text()) if results.exists() else {}
     return summary
@@ -102,12 +107,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--time", type=float, default=60.0, help="seconds of load in the harness run")
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: jepsen run's)")
+    ap.add_argument(
+        "--history-format",
+        choices=("jsonl", "parquet"),
+        default="jsonl",
+        help=f"the run's shards (sets ${FORMAT_ENV}); compare formats by alternating invocations",
+    )
     args = ap.parse_args()
     print("broker_bench --quick (capacity):", flush=True)
     capacity = bench_rate()
     print(f"jepsen run --rate max --time {args.time:g} (queue, kill-leader):", flush=True)
     with tempfile.TemporaryDirectory(prefix="harness-bench-") as d:
-        s = harness_run(args.time, args.workers, Path(d))
+        s = harness_run(args.time, args.workers, Path(d), args.history_format)
     by_f = s.get("counts_by_f", {})
     ok_sends = by_f.get("send:ok", 0)
     ops = sum(s.get("counts", {}).values())
@@ -163,6 +174,7 @@ def main() -> None:
                 "worker_cpu_us_per_op": round(worker_cpu_us, 1),
                 "controller_peak_rss_mb": s.get("controller_peak_rss_mb"),
                 "all_drained": all_drained,
+                "history_format": args.history_format,
             }
         )
     )
