@@ -25,7 +25,12 @@ non-master voter removed and wiped), the master SIGKILLed and restarted every
 ``broker_lost_acks`` must be 0; ``broker_sends_per_s_during_vs_between_pct`` compares the
 send rate while a change is in flight (add, promote, remove) with the rate between changes,
 and ``broker_catchup_vs_between_pct`` the rate while a learner catches up (start-ups of the
-new brokers and failovers are left out of both).
+new brokers and failovers are left out of both). A change commits in about 10 ms, one or two
+commit rounds each slowed by the configuration record's durable write, too short a window to
+carry a rate: ``broker_change_seconds_vs_between_pct`` takes the second from each change's
+start, and ``broker_add_to_promote_vs_between_pct`` the whole first half of a replacement (add,
+catch-up, promotion). ``--learner-catchup-mb-per-s`` sets the brokers' catch-up throttle
+(default: the broker's; 0: none, as before it existed), to compare the two in alternating runs.
 
 Prints figures as it goes and ends with one JSON line: catchup_mb_per_s, catchup_mb,
 change_commit_ms_p50, change_commit_heartbeats_p50, change_commit_heartbeats_max,
@@ -35,7 +40,9 @@ during_vs_before_pct (during vs between),
 catchup_vs_before_pct, changes, leader_kills, acked, lost_acks, errors, and broker_changes,
 broker_master_kills, broker_acked, broker_lost_acks, broker_send_errors,
 broker_sends_per_s_during, broker_sends_per_s_between, broker_sends_per_s_during_vs_between_pct,
-broker_sends_per_s_during_catchup, broker_catchup_vs_between_pct, broker_change_ms_p50.
+broker_sends_per_s_during_catchup, broker_catchup_vs_between_pct, broker_sends_per_s_add_to_promote,
+broker_add_to_promote_vs_between_pct, broker_add_to_promote_s, broker_sends_per_s_change_seconds,
+broker_change_seconds_vs_between_pct, broker_change_ms_p50.
 """
 
 from __future__ import annotations
@@ -515,6 +522,21 @@ async def broker_changes_under_faults(base: Path, args: argparse.Namespace, out:
         out["broker_sends_per_s_by_change"] = {k: round(rate(w)) for k, w in by_kind.items()}
         out["broker_sends_per_s_during_catchup"] = round(catching)
         replacing_rate = rate(replacing)
+        # the second from each change's start (an add's includes the start of its catch-up),
+        # unless a broker start-up or a failover falls in it: a rate over a change's own ~10 ms
+        # is one or two commit rounds, each slowed by the configuration's own durable write
+        seconds = [(a, a + 1.0) for a, _ in in_change if not any(x < a + 1.0 and a < y for x, y in aside)]
+        merged: list[tuple[float, float]] = []
+        for a, b in sorted(seconds):  # two changes within a second share it
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        change_seconds = rate(merged)
+        out["broker_sends_per_s_change_seconds"] = round(change_seconds)
+        out["broker_change_seconds_vs_between_pct"] = (
+            round(100 * (change_seconds / between - 1), 1) if between else None
+        )
         out["broker_sends_per_s_add_to_promote"] = round(replacing_rate)
         out["broker_add_to_promote_vs_between_pct"] = (
             round(100 * (replacing_rate / between - 1), 1) if between else None
