@@ -130,6 +130,7 @@ class PopAckOp:
     now: int
     handles: tuple[tuple[int, int], ...]
     invisible: int = 0  # > 0: change the invisible time instead of acknowledging
+    dead: bool = False  # dead-lettered: drop expired deliveries (their handles as the master saw them)
 
 
 MetaOp = TopicOp | OffsetOp | SnapshotOp | TxnEndOp | LockOp | BrokerAddrOp | PopOp | PopAckOp
@@ -268,7 +269,7 @@ def parse_meta(data: bytes | memoryview) -> MetaOp:
         return _broker_addrs(doc)
     if op == "pop":
         return _pop(doc)
-    if op in ("ack", "invisible"):
+    if op in ("ack", "invisible", "dead"):
         return _pop_ack(doc, op)
     raise MetaError(f"unknown metadata op {op[:40]!r}")
 
@@ -373,6 +374,7 @@ def _pop_ack(doc: dict[str, Any], op: str) -> PopAckOp:
         _int(doc, "now", 0, _MAX_OFFSET, where),
         tuple(parsed),
         invisible,
+        op == "dead",
     )
 
 
@@ -393,6 +395,13 @@ def ack_op(group: str, topic: str, queue_id: int, now_ms: int, handles: list[tup
     """Acknowledge (offset, pop time) handles of one queue."""
     return encode_meta(
         "ack", group=group, topic=topic, queue=queue_id, now=now_ms, handles=[list(h) for h in handles]
+    )
+
+
+def dead_op(group: str, topic: str, queue_id: int, now_ms: int, handles: list[tuple[int, int]]) -> bytes:
+    """Drop expired deliveries whose messages were stored as dead letters (past their retries)."""
+    return encode_meta(
+        "dead", group=group, topic=topic, queue=queue_id, now=now_ms, handles=[list(h) for h in handles]
     )
 
 

@@ -149,7 +149,8 @@ class PopStates:
 
     def ack(self, op: PopAckOp) -> list[str | Granted]:
         """Apply an ACK (or, with ``op.invisible``, a CHANGE_MESSAGE_INVISIBLETIME): per handle
-        "" if acknowledged (the new delivery if its invisible time changed), else why not. An
+        "" if acknowledged (the new delivery if its invisible time changed), else why not; with
+        ``op.dead`` an expired delivery is dropped (its message stored as a dead letter). An
         offset below the cursor and not in flight is acknowledged already: a repeated ack
         (its answer lost) succeeds."""
         pq = self.queues.get((op.group, op.topic, op.queue))
@@ -164,6 +165,11 @@ class PopStates:
                 continue
             if entry.pop_time != pop_time:
                 out.append(STALE)
+            elif op.dead:
+                assert pq is not None
+                if entry.deadline <= op.now:
+                    del pq.inflight[offset]
+                out.append("" if entry.deadline <= op.now else "not expired")
             elif entry.deadline <= op.now:
                 out.append(EXPIRED)
             elif op.invisible:

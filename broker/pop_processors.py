@@ -37,7 +37,8 @@ from remoting.message import (
 from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ
 
-from .meta import MAX_INVISIBLE_MS, PopPick, ack_op, invisible_op, pop_op
+from . import codec, derive
+from .meta import MAX_INVISIBLE_MS, PopPick, ack_op, dead_op, invisible_op, pop_op
 from .pop import Granted, PopQueue
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext
 from .sql_filter import Filter as SqlFilter
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 MAX_POP_BATCH = 32  # messages one POP may ask for (RocketMQ's broker refuses more)
 MAX_POP_BYTES = 4 << 20  # message bytes one POP answers with (at least one message)
 POP_SCAN_LIMIT = 16_000  # consume-queue entries one filtered POP looks at per queue
-MAX_POP_ROUNDS = 8  # entries one POP request may append before it answers
+MAX_BURY_PER_POP = 32  # deliveries past their retries one POP stores as dead letters per queue
+MAX_POP_ROUNDS = 8  # entries one POP request may append (each past filtered-out messages at least)
 INIT_MODE_MIN, INIT_MODE_MAX = 0, 1  # RocketMQ's ConsumeInitMode: a new group starts at min or max
 NORMAL_TOPIC_FLAG = "0"  # ExtraInfoUtil: "1" would name the group's POP retry topic
 _I32 = struct.Struct(">i")
@@ -186,10 +188,15 @@ class PopProcessors:
             first = random.randrange(max(nums, 1))
             queues = [(first + i) % nums for i in range(nums)]
         deadline = time.monotonic() + poll_ms / 1000
-        for _ in range(MAX_POP_ROUNDS):
+        appends = 0
+        while True:  # bounded: MAX_POP_ROUNDS appends, and waits until the deadline
             now_ms = int(time.time() * 1000)
+            buried = await self._bury(req, group, topic, queues, now_ms)
+            if buried is not None:
+                return buried
             picks, full = self._picks(group, topic, queues, init_mode, max_nums, now_ms, matcher)
-            if picks:
+            if picks and appends < MAX_POP_ROUNDS:
+                appends += 1
                 entry = pop_op(group, topic, now_ms, invisible, self.config.max_pop_inflight, picks)
                 outcome = await self._apply(req, entry)
                 if isinstance(outcome, RemotingCommand):
@@ -263,7 +270,10 @@ class PopProcessors:
             pq = self.store.state.pops.get(group, topic, qid)
             start = self._start(group, topic, qid, init_mode, lo, hi)
             cursor = pq.cursor if pq is not None else start
-            offsets = [o for o in pq.expired(now_ms, want) if o >= lo] if pq is not None else []
+            offsets = []
+            if pq is not None:
+                last = self.config.max_reconsume_times  # (past it, dead-lettered by _bury)
+                offsets = [o for o in pq.expired(now_ms, want) if o >= lo and pq.inflight[o].times < last]
             room = limit - (len(pq.inflight) if pq is not None else 0)
             new, cursor_to = self._new_offsets(
                 topic, qid, max(cursor, lo), min(want - len(offsets), room), matcher
@@ -310,6 +320,62 @@ class PopProcessors:
             if len(read) < len(chunk):
                 break  # removed by retention meanwhile
         return out, at
+
+    async def _bury(
+        self, req: RemotingCommand, group: str, topic: str, queues: list[int], now_ms: int
+    ) -> RemotingCommand | None:
+        """Store expired deliveries popped ``max_reconsume_times`` times as dead letters in
+        ``%DLQ%<group>`` (RocketMQ 5's POP does so at revive), and drop them from the table;
+        None, or the refusal to answer with. The dead letter's origin names the message, its
+        pop count and the group, so a master that fails over between the two entries and a new
+        one that buries it again store it once."""
+        last = self.config.max_reconsume_times
+        for qid in queues:
+            pq = self.store.state.pops.get(group, topic, qid)
+            cq = self.store.queue(topic, qid)
+            if pq is None or cq is None:
+                continue
+            due = [(o, e) for o, e in pq.inflight.items() if e.deadline <= now_ms and e.times >= last]
+            pairs: list[tuple[bytes, bytes]] = []
+            handles: list[tuple[int, int]] = []
+            for offset, entry in due[:MAX_BURY_PER_POP]:
+                i = offset - cq.base
+                found = self.store.record_at(cq.positions[i]) if 0 <= i < len(cq.positions) else None
+                if found is None:
+                    continue  # removed by retention: the next POP's floor drops it
+                position = cq.positions[i]
+                try:
+                    msg = derive.decode_held(found[1])
+                except MessageFormatError:
+                    continue
+                place = derive.retry(msg, group, -1, last, "", now_ms, self.config.delay_levels_ms)
+                self.ctx.ensure_topic(place.topic, 1, time.monotonic())
+                reconsumed = msg.reconsume_times + entry.times
+                rec = derive.record(
+                    msg,
+                    place,
+                    sys_flag=msg.sys_flag,
+                    reconsume_times=min(reconsumed, INT32_MAX),
+                    store_ms=now_ms,
+                    store_host=self.ctx.store_host,
+                )
+                origin = (
+                    codec.ORIGIN_SEND_BACK
+                    + position.to_bytes(8, "big")
+                    + min(reconsumed, INT32_MAX).to_bytes(4, "big")
+                    + group.encode()
+                )
+                pairs.append((origin, rec))
+                handles.append((offset, entry.pop_time))
+            if pairs:
+                # one entry per dead letter (a message may be as large as an entry allows)
+                entries = [codec.encode_derived([pair]) for pair in pairs]
+                entries.append(dead_op(group, topic, qid, now_ms, handles))
+                try:
+                    await self.store.append_async(entries)
+                except EmbedError as exc:
+                    return self._refusal(req, exc)
+        return None
 
     async def _wait(self, group: str, topic: str, queues: list[int], remaining: float, now_ms: int) -> None:
         """Until a message arrives in one of the queues, an in-flight one's invisible time passes,

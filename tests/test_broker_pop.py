@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from broker.localgroup import LocalBrokerGroup
-from broker.meta import PopPick, ack_op, encode_meta, invisible_op, pop_op
+from broker.meta import PopPick, ack_op, dead_op, encode_meta, invisible_op, pop_op
 from broker.pop import EXPIRED, NOT_POPPED, STALE, Granted, PopStates
 from broker.state import BrokerState
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
-from remoting.message import Message, decode_stored_messages
+from remoting.message import Message, decode_stored_messages, properties_to_bytes
 
 G, T = "cg", "PopTopic"
 
@@ -137,6 +137,15 @@ def test_in_flight_messages_removed_by_retention_are_dropped() -> None:
     assert q.cursor == 9 and q.inflight == {}
 
 
+def test_a_dead_lettered_delivery_is_dropped_only_once_expired() -> None:
+    r = Replicas()
+    r.apply(pop(1000, (0, 0, 2, (0, 1))))
+    assert r.apply(dead_op(G, T, 0, 1500, [(0, 1000)])) == ["not expired"]
+    assert r.apply(dead_op(G, T, 0, 2000, [(0, 1000), (1, 999)])) == ["", STALE]
+    q = r.pops.get(G, T, 0)
+    assert q is not None and sorted(q.inflight) == [1] and q.cursor == 2
+
+
 def test_the_table_of_queues_is_bounded() -> None:
     pops = PopStates(max_queues=2)
     from broker.meta import PopOp
@@ -206,7 +215,11 @@ def test_a_malformed_pop_record_is_skipped_by_every_replica(doc: dict[str, Any])
 
 @pytest.fixture
 def group(tmp_path: Path) -> Iterator[LocalBrokerGroup]:
-    g = LocalBrokerGroup(tmp_path, topics=(f"{T}:2",), settings={"register_interval_s": 10})
+    g = LocalBrokerGroup(
+        tmp_path,
+        topics=(f"{T}:2",),
+        settings={"register_interval_s": 10, "max_pop_inflight": 4, "max_reconsume_times": 3},
+    )
     g.start()
     try:
         yield g
@@ -230,14 +243,15 @@ class Popper:
             self.g.broker_addr[self.master], RemotingCommand.request(code, headers, body), timeout
         )
 
-    async def send(self, body: bytes, queue_id: int = 0) -> None:
-        r = await self.call(
-            RequestCode.SEND_MESSAGE, {"producerGroup": "pg", "topic": T, "queueId": queue_id}, body
-        )
+    async def send(self, body: bytes, queue_id: int = 0, tags: str = "", topic: str = T) -> None:
+        headers: dict[str, Any] = {"producerGroup": "pg", "topic": topic, "queueId": queue_id}
+        if tags:
+            headers["properties"] = properties_to_bytes({"TAGS": tags}).decode()
+        r = await self.call(RequestCode.SEND_MESSAGE, headers, body)
         assert r.code == ResponseCode.SUCCESS, r
 
     async def pop(
-        self, n: int, invisible_ms: int, poll_ms: int = 0, queue_id: int = 0
+        self, n: int, invisible_ms: int, poll_ms: int = 0, queue_id: int = 0, **more: Any
     ) -> tuple[RemotingCommand, list[tuple[Message, str]]]:
         """The answer and each message with the POP_CK a RocketMQ client builds from it."""
         r = await self.call(
@@ -251,6 +265,7 @@ class Popper:
                 "pollTime": poll_ms,
                 "bornTime": int(time.time() * 1000),
                 "initMode": 0,
+                **more,
             },
         )
         if r.code != ResponseCode.SUCCESS:
@@ -400,5 +415,87 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
             },
         )
         assert bad.code == 1004 and "maxMsgNums" in bad.remark, bad
+
+        # a tag filter passes over what it does not select; max_pop_inflight=4 bounds queue 1
+        await p.send(b"tag-a", queue_id=1, tags="a")
+        await p.send(b"tag-b", queue_id=1, tags="b")
+        r, got = await p.pop(4, 60_000, queue_id=1, expType="TAG", exp="b")
+        assert [m.body for m, _ in got] == [b"tag-b"], r
+        for i in range(3):
+            await p.send(f"more-{i}".encode(), queue_id=1)
+        r, got = await p.pop(4, 60_000, queue_id=1)
+        assert [m.body for m, _ in got] == [b"more-0", b"more-1"], r  # "late", "tag-b" and these two
+        busy, _ = await p.pop(4, 60_000, queue_id=1)
+        assert busy.code == ResponseCode.SYSTEM_BUSY and "max_pop_inflight" in busy.remark, busy
+        more0 = got[0]
+        assert (await p.ack(*more0)).code == ResponseCode.SUCCESS
+        r, got = await p.pop(4, 60_000, queue_id=1)
+        assert [m.body for m, _ in got] == [b"more-2"], r  # tag-a was passed over for good
+
+        # bad requests get a code and a reason, never a traceback
+        m, ck = more0
+        cases = [
+            ({"extraInfo": "garbage"}, 1004, "extraInfo"),
+            ({"offset": 999}, ResponseCode.NO_MESSAGE, "outside"),
+            (
+                {"extraInfo": ck.replace(f" {p.g.broker_name} ", " broker-z ")},
+                ResponseCode.INVALID_PARAMETER,
+                "broker-z",
+            ),
+            ({"topic": "NoSuchTopic"}, ResponseCode.TOPIC_NOT_EXIST, "NoSuchTopic"),
+        ]
+        for change, code, words in cases:
+            headers = {
+                "consumerGroup": G,
+                "topic": T,
+                "queueId": 1,
+                "extraInfo": ck,
+                "offset": m.queue_offset,
+            }
+            r = await p.call(RequestCode.ACK_MESSAGE, {**headers, **change})
+            assert r.code == code and words in r.remark, (change, r)
+        r, _ = await p.pop(1, 1000, expType="SQL92", exp="a IN (")
+        assert r.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, r
+        r, _ = await p.pop(1, 1000, order="true")
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "order" in r.remark, r
+        r, _ = await p.pop(1, 0)
+        assert r.code == 1004 and "invisibleTime" in r.remark, r
+        # popped max_reconsume_times times and never acked: a dead letter in %DLQ%<group>
+        await p.send(b"doomed", topic="PopDead")
+        popped = []
+        for _ in range(8):
+            r, got = await p.pop(1, 300, poll_ms=2000, consumerGroup="dlq", topic="PopDead")
+            popped += [(m.body, m.reconsume_times) for m, _ in got]
+            if len(popped) >= 3:
+                break
+        assert popped == [(b"doomed", 0), (b"doomed", 1), (b"doomed", 2)], popped
+        r, got = await p.pop(1, 300, poll_ms=1000, consumerGroup="dlq", topic="PopDead")
+        assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
+        dead = []
+        for _ in range(50):
+            pulled = await p.call(
+                RequestCode.PULL_MESSAGE,
+                {
+                    "consumerGroup": "x",
+                    "topic": "%DLQ%dlq",
+                    "queueId": 0,
+                    "queueOffset": 0,
+                    "maxMsgNums": 32,
+                    "sysFlag": 0x4,
+                    "subscription": "*",
+                },
+            )
+            dead = decode_stored_messages(pulled.body) if pulled.code == ResponseCode.SUCCESS else []
+            if dead:
+                break
+            await asyncio.sleep(0.1)
+        assert [(m.body, m.reconsume_times, m.properties.get("RETRY_TOPIC")) for m in dead] == [
+            (b"doomed", 3, "PopDead")
+        ]
+
+        slave = next(n for n in p.g.node_ids if n not in (p.master, old))
+        p.master = slave
+        r, _ = await p.pop(1, 1000)
+        assert r.code == ResponseCode.NOT_MASTER, r
 
     _run(group, scenario)
