@@ -3,7 +3,7 @@ headers: a consumer sending a message back for a retry (CONSUMER_SEND_MSG_BACK),
 ending a transaction (END_TRANSACTION), orderly consumers locking queues (LOCK_BATCH_MQ,
 UNLOCK_BATCH_MQ), the delay schedule's progress (GET_ALL_DELAY_OFFSET) and a consumer's
 subscription check (CHECK_CLIENT_CONFIG). The RocketMQ 5 POP codes ``broker.pop_processors``
-does not serve (PEEK_MESSAGE, NOTIFICATION, POLLING_INFO, BATCH_ACK_MESSAGE) are refused by name.
+does not serve (PEEK_MESSAGE, NOTIFICATION, POLLING_INFO) are refused by name.
 
 Each change goes through the ledger as an entry whose application is idempotent (see
 ``broker.schedule``), and each answer is given once that entry is applied, so what a

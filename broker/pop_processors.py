@@ -1,5 +1,5 @@
-"""RocketMQ 5's POP consumption requests with RocketMQ's codes and headers: POP_MESSAGE,
-ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME.
+"""RocketMQ 5's POP consumption requests with RocketMQ's codes, headers and bodies: POP_MESSAGE,
+ACK_MESSAGE, BATCH_ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME.
 
 The master chooses what a POP takes from its applied state (expired in-flight messages
 first, then new ones past the cursor that match the request's filter) and proposes it as one
@@ -17,6 +17,8 @@ CHANGE_MESSAGE_INVISIBLETIME names that extra info and the queue offset.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import random
 import struct
 import time
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.embed import EmbedError, LedgerBusy, NotLeaderError
 from remoting.codes import RequestCode, ResponseCode
 from remoting.exceptions import RemotingCommandError
+from remoting.jsonbody import loads_bounded
 from remoting.message import (
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
@@ -38,7 +41,7 @@ from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ
 
 from . import codec, derive
-from .meta import MAX_INVISIBLE_MS, PopPick, ack_op, dead_op, invisible_op, pop_op
+from .meta import MAX_INVISIBLE_MS, MAX_POP_OFFSETS, PopPick, ack_op, dead_op, invisible_op, pop_op
 from .pop import Granted, PopQueue
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext
 from .sql_filter import Filter as SqlFilter
@@ -51,6 +54,8 @@ MAX_POP_BATCH = 32  # messages one POP may ask for (RocketMQ's broker refuses mo
 MAX_POP_BYTES = 4 << 20  # message bytes one POP answers with (at least one message)
 POP_SCAN_LIMIT = 16_000  # consume-queue entries one filtered POP looks at per queue
 MAX_BURY_PER_POP = 32  # deliveries past their retries one POP stores as dead letters per queue
+MAX_BATCH_ACK_BODY = 1 << 20  # a BATCH_ACK_MESSAGE body
+MAX_BATCH_ACKS = 1024  # BatchAck items in one BATCH_ACK_MESSAGE
 MAX_POP_ROUNDS = 8  # entries one POP request may append (each past filtered-out messages at least)
 INIT_MODE_MIN, INIT_MODE_MAX = 0, 1  # RocketMQ's ConsumeInitMode: a new group starts at min or max
 NORMAL_TOPIC_FLAG = "0"  # ExtraInfoUtil: "1" would name the group's POP retry topic
@@ -96,6 +101,60 @@ def parse_extra_info(text: str) -> tuple[int, int, str, int]:
     return ck, pop_time, fields[5], queue_id
 
 
+def _batch_field(item: dict[str, Any], short: str, long: str) -> Any:
+    """A BatchAck field by its JSON name or its alternate (RocketMQ's fastjson accepts both)."""
+    return item.get(short, item.get(long))
+
+
+def parse_batch_ack(doc: Any, broker_name: str) -> dict[tuple[str, str, int], list[tuple[int, int]]]:
+    """RocketMQ's BatchAckMessageRequestBody (``brokerName``, ``acks``: BatchAck with consumer
+    group, topic, retry flag, start offset, queue id, pop time and a base64 java.util.BitSet of
+    the offsets acked, relative to the start) as handles per (group, topic, queue); a
+    RemotingCommandError says what is wrong."""
+    what = "BATCH_ACK_MESSAGE body"
+    if not isinstance(doc, dict) or not isinstance(doc.get("acks"), list):
+        raise RemotingCommandError(f"{what} must be an object with a list 'acks'")
+    if doc.get("brokerName", broker_name) != broker_name:
+        raise RemotingCommandError(
+            f"{what} names broker {str(doc.get('brokerName'))[:80]!r}, not {broker_name!r}"
+        )
+    acks = doc["acks"]
+    if len(acks) > MAX_BATCH_ACKS:
+        raise RemotingCommandError(f"{what}: {len(acks)} acks, at most {MAX_BATCH_ACKS}")
+    out: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for i, item in enumerate(acks):
+        if not isinstance(item, dict):
+            raise RemotingCommandError(f"{what}: acks[{i}] is not an object")
+        group, topic = _batch_field(item, "c", "consumerGroup"), _batch_field(item, "t", "topic")
+        start, qid = _batch_field(item, "so", "startOffset"), _batch_field(item, "q", "queueId")
+        pop_time, bits = _batch_field(item, "pt", "popTime"), _batch_field(item, "b", "bitSet")
+        if not (isinstance(group, str) and group and isinstance(topic, str) and topic):
+            raise RemotingCommandError(f"{what}: acks[{i}] needs a consumer group (c) and a topic (t)")
+        if str(_batch_field(item, "r", "retry") or "0") != NORMAL_TOPIC_FLAG:
+            raise RemotingCommandError(f"{what}: acks[{i}] names a POP retry topic, which ledgermq has not")
+        for name, value, hi in (
+            ("so", start, MAX_TIMESTAMP_MS),
+            ("q", qid, INT32_MAX),
+            ("pt", pop_time, MAX_TIMESTAMP_MS),
+        ):
+            if type(value) is not int or not 0 <= value <= hi:
+                raise RemotingCommandError(f"{what}: acks[{i}].{name} must be an integer in 0..{hi}")
+        try:
+            raw = (
+                base64.b64decode(bits or "", validate=True) if isinstance(bits, str) or bits is None else None
+            )
+        except (binascii.Error, ValueError):
+            raw = None
+        if raw is None or len(raw) * 8 > MAX_POP_OFFSETS:
+            raise RemotingCommandError(
+                f"{what}: acks[{i}].b must be a base64 bit set of at most {MAX_POP_OFFSETS} bits"
+            )
+        offsets = [start + 8 * k + j for k, byte in enumerate(raw) for j in range(8) if byte >> j & 1]
+        handles = out.setdefault((group, topic, qid), [])
+        handles.extend((o, pop_time) for o in offsets if o <= MAX_TIMESTAMP_MS)
+    return out
+
+
 class PopProcessors:
     """POP_MESSAGE, ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME."""
 
@@ -111,6 +170,7 @@ class PopProcessors:
             RequestCode.POP_MESSAGE: self.pop,
             RequestCode.ACK_MESSAGE: self.ack,
             RequestCode.CHANGE_MESSAGE_INVISIBLETIME: self.change_invisible_time,
+            RequestCode.BATCH_ACK_MESSAGE: self.batch_ack,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -524,3 +584,40 @@ class PopProcessors:
         return req.make_response(
             headers={"popTime": result.pop_time, "invisibleTime": invisible, "reviveQid": 0}
         )
+
+    async def batch_ack(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
+        """BATCH_ACK_MESSAGE (200151): many handles of one pop time each, as bit sets over a start
+        offset (RocketMQ 5 clients batch their acks so). SUCCESS when every handle was taken,
+        else NO_MESSAGE saying how many were not and why the first was not."""
+        if len(req.body) > MAX_BATCH_ACK_BODY:
+            raise RemotingCommandError(
+                f"BATCH_ACK_MESSAGE body of {len(req.body)} bytes is over {MAX_BATCH_ACK_BODY}"
+            )
+        doc = loads_bounded(bytes(req.body) or b"{}", "BATCH_ACK_MESSAGE body")
+        by_queue = parse_batch_ack(doc, self.config.broker_name)
+        if not self.broker.is_master:
+            return self.ctx.not_master(req)
+        now_ms = int(time.time() * 1000)
+        entries: list[bytes] = []
+        refused: list[str] = []
+        for (group, topic, qid), handles in by_queue.items():
+            bad = self._queue_check(req, topic, qid)
+            if bad is not None:
+                refused += [bad.remark] * len(handles)
+                continue
+            for at in range(0, len(handles), MAX_POP_OFFSETS):
+                entries.append(ack_op(group, topic, qid, now_ms, handles[at : at + MAX_POP_OFFSETS]))
+        if entries:
+            try:
+                results = await self.store.append_async(entries)
+            except EmbedError as exc:
+                return self._refusal(req, exc)
+            outcomes = self.store.state.pop_outcomes
+            for stored in results:
+                refused += [r for r in outcomes.get(stored.ledger_index, ["not applied"]) if r]
+        if refused:
+            return req.make_response(
+                ResponseCode.NO_MESSAGE,
+                f"{len(refused)} of the handles were not acked; the first: {refused[0]}",
+            )
+        return req.make_response()

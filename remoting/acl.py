@@ -347,6 +347,21 @@ def _client_config_needs(doc: dict[str, Any]) -> list[Need]:
     return needs
 
 
+def _batch_ack_needs(doc: dict[str, Any]) -> list[Need]:
+    """BATCH_ACK_MESSAGE: SUB on each ack's group and topic (JSON names or their alternates)."""
+    needs: list[Need] = []
+    acks = doc.get("acks")
+    for item in acks if isinstance(acks, list) else ():
+        if not isinstance(item, dict):
+            continue
+        group, topic = item.get("c", item.get("consumerGroup")), item.get("t", item.get("topic"))
+        if isinstance(group, str):
+            needs.append((True, group, SUB))
+        if isinstance(topic, str) and not topic.startswith(RETRY_PREFIX):
+            needs.append((False, topic, SUB))
+    return needs
+
+
 def _header(name: str) -> TopicOf:
     return lambda request: request.headers.get(name)
 
@@ -436,6 +451,7 @@ RULES: Final[dict[int, Rule]] = {
     RequestCode.POP_MESSAGE: _GROUP_OFFSETS,
     RequestCode.ACK_MESSAGE: _GROUP_OFFSETS,
     RequestCode.CHANGE_MESSAGE_INVISIBLETIME: _GROUP_OFFSETS,
+    RequestCode.BATCH_ACK_MESSAGE: Rule(body=_batch_ack_needs),
 }
 
 #: Codes any signed account may use, each because it reads no topic's messages or a

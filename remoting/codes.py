@@ -50,6 +50,7 @@ class RequestCode(IntEnum):
     POP_MESSAGE = 200050
     ACK_MESSAGE = 200051
     CHANGE_MESSAGE_INVISIBLETIME = 200053
+    BATCH_ACK_MESSAGE = 200151
 
     # --- nameserver -------------------------------------------------------------------
     PUT_KV_CONFIG = 100
@@ -161,7 +162,6 @@ POP_REQUEST_NAMES = {
     200052: "PEEK_MESSAGE",
     200054: "NOTIFICATION",
     200055: "POLLING_INFO",
-    200151: "BATCH_ACK_MESSAGE",
 }
 """RocketMQ 5's POP codes ledgermq brokers do not serve (yet), refused by name."""
 

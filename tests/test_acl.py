@@ -460,6 +460,30 @@ def test_malformed_heartbeat_bodies_do_not_break_the_gate(tmp_path: Path) -> Non
     assert refusal is not None and "needs SUB on topic 'Secret'" in refusal.remark
 
 
+def test_pop_codes_need_sub_on_the_topic_and_every_group_named(tmp_path: Path) -> None:
+    validator = AccessValidator(load_accounts(accounts_file(tmp_path)), require_signature=True)
+
+    def judged(signer: RequestSigner, code: int, headers: dict[str, Any], body: bytes = b"") -> str | None:
+        req = RemotingCommand.request(code, headers, body)
+        signer(req)
+        refusal = validator.check(None, req)
+        return None if refusal is None else refusal.remark
+
+    for code in (RequestCode.POP_MESSAGE, RequestCode.ACK_MESSAGE, RequestCode.CHANGE_MESSAGE_INVISIBLETIME):
+        assert judged(READER, code, {"consumerGroup": "g", "topic": "AclTopic"}) is None
+        refused = judged(WRITER, code, {"consumerGroup": "g", "topic": "AclTopic"})
+        assert refused is not None and "needs SUB on topic 'AclTopic'" in refused
+    acks = [{"c": "g", "t": "AclTopic", "so": 0, "q": 0, "pt": 1, "b": "AQ=="}]
+    body = json.dumps({"brokerName": "b", "acks": acks}).encode()
+    assert judged(READER, RequestCode.BATCH_ACK_MESSAGE, {}, body) is None
+    acks.append({"consumerGroup": "g", "topic": "Secret", "startOffset": 0, "queueId": 0, "popTime": 1})
+    body = json.dumps({"brokerName": "b", "acks": acks}).encode()
+    refused = judged(READER, RequestCode.BATCH_ACK_MESSAGE, {}, body)
+    assert refused is not None and "needs SUB on topic 'Secret'" in refused
+    for malformed in (b"[1]", b'{"acks": 3}', b'{"acks": [7, {"c": 5}]}', b"\xff"):
+        assert judged(READER, RequestCode.BATCH_ACK_MESSAGE, {}, malformed) is None  # the processor says
+
+
 # An account may send to AclTopic only; every way of naming another topic in a send must be
 # judged by the topic the broker would store into.
 MIXED_SENDS = [

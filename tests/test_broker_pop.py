@@ -7,6 +7,8 @@ come back and acked ones do not."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,10 @@ import pytest
 from broker.localgroup import LocalBrokerGroup
 from broker.meta import PopPick, ack_op, dead_op, encode_meta, invisible_op, pop_op
 from broker.pop import EXPIRED, NOT_POPPED, STALE, Granted, PopStates
+from broker.pop_processors import parse_batch_ack
 from broker.state import BrokerState
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from remoting.exceptions import RemotingCommandError
 from remoting.message import Message, decode_stored_messages, properties_to_bytes
 
 G, T = "cg", "PopTopic"
@@ -144,6 +148,30 @@ def test_a_dead_lettered_delivery_is_dropped_only_once_expired() -> None:
     assert r.apply(dead_op(G, T, 0, 2000, [(0, 1000), (1, 999)])) == ["", STALE]
     q = r.pops.get(G, T, 0)
     assert q is not None and sorted(q.inflight) == [1] and q.cursor == 2
+
+
+def test_batch_ack_bodies_are_read_as_rocketmq_writes_them() -> None:
+    body = {
+        "brokerName": "b",
+        "acks": [
+            {"c": "g", "t": "T", "r": "0", "so": 10, "q": 1, "rq": 0, "pt": 7, "it": 1000, "b": "BQE="},
+            {"consumerGroup": "g", "topic": "T", "startOffset": 20, "queueId": 1, "popTime": 8},
+        ],
+    }
+    # BitSet.toByteArray: bit i of byte k is offset start + 8k + i ("BQE=" is 0x05 0x01)
+    assert parse_batch_ack(body, "b") == {("g", "T", 1): [(10, 7), (12, 7), (18, 7)]}
+    bad = [
+        ({"acks": 3}, "list 'acks'"),
+        ({"brokerName": "other", "acks": []}, "other"),
+        ({"acks": [{"c": "g", "t": "T", "so": -1, "q": 0, "pt": 1}]}, "so"),
+        ({"acks": [{"c": "g", "t": "T", "so": 0, "q": 0, "pt": 1, "r": "1"}]}, "retry"),
+        ({"acks": [{"c": "g", "t": "T", "so": 0, "q": 0, "pt": 1, "b": "!!"}]}, "base64"),
+        ({"acks": [{"c": "g", "t": "T", "so": 0, "q": 0, "pt": 1, "b": "A" * 400}]}, "bits"),
+        ({"acks": [{"t": "T", "so": 0, "q": 0, "pt": 1}]}, "consumer group"),
+    ]
+    for doc, words in bad:
+        with pytest.raises(RemotingCommandError, match=words):
+            parse_batch_ack(doc, "b")
 
 
 def test_the_table_of_queues_is_bounded() -> None:
@@ -492,6 +520,34 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
         assert [(m.body, m.reconsume_times, m.properties.get("RETRY_TOPIC")) for m in dead] == [
             (b"doomed", 3, "PopDead")
         ]
+
+        # BATCH_ACK_MESSAGE: bit sets over a start offset, as RocketMQ 5 clients batch acks
+        for i in range(3):
+            await p.send(f"b{i}".encode(), topic="PopDead")
+        r, got = await p.pop(4, 60_000, consumerGroup="batch", topic="PopDead")
+        assert [(m.body, m.queue_offset) for m, _ in got] == [
+            (b"doomed", 0),
+            (b"b0", 1),
+            (b"b1", 2),
+            (b"b2", 3),
+        ]
+        pop_time = r.header_int("popTime")
+
+        def batch(bits: bytes, pt: int) -> bytes:
+            ack = {"c": "batch", "t": "PopDead", "r": "0", "so": 0, "q": 0, "rq": 0, "pt": pt, "it": 60_000}
+            ack["b"] = base64.b64encode(bits).decode()
+            return json.dumps({"brokerName": p.g.broker_name, "acks": [ack]}).encode()
+
+        r = await p.call(RequestCode.BATCH_ACK_MESSAGE, {}, batch(b"\x0b", pop_time))  # offsets 0, 1, 3
+        assert r.code == ResponseCode.SUCCESS, r
+        r = await p.call(RequestCode.BATCH_ACK_MESSAGE, {}, batch(b"\x04", pop_time - 1))  # 2, stale
+        assert r.code == ResponseCode.NO_MESSAGE and "1 of the handles" in r.remark, r
+        r = await p.call(RequestCode.BATCH_ACK_MESSAGE, {}, b'{"acks": [{"c": "batch"}]}')
+        assert r.code == 1004 and "topic" in r.remark, r
+        r = await p.call(RequestCode.BATCH_ACK_MESSAGE, {}, batch(b"\x04", pop_time))
+        assert r.code == ResponseCode.SUCCESS, r
+        r, got = await p.pop(4, 60_000, consumerGroup="batch", topic="PopDead")
+        assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
 
         slave = next(n for n in p.g.node_ids if n not in (p.master, old))
         p.master = slave
