@@ -96,6 +96,19 @@ class PopStates:
     def get(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
         return self.queues.get((group, topic, queue_id))
 
+    def progress(self, op: PopOp | PopAckOp) -> list[tuple[tuple[str, str, int], int]]:
+        """The consumer offset of each queue ``op`` touched: below it every message is acked
+        (the least in-flight offset, else the cursor), what admin tools show as the group's
+        progress and lag (RocketMQ commits its POP offsets to the consumer offsets too)."""
+        queues = [p.queue for p in op.picks] if isinstance(op, PopOp) else [op.queue]
+        out = []
+        for qid in queues:
+            key = (op.group, op.topic, qid)
+            pq = self.queues.get(key)
+            if pq is not None:
+                out.append((key, min(pq.inflight, default=pq.cursor)))
+        return out
+
     def pop(self, op: PopOp) -> list[Granted]:
         """Apply a POP: grant each named offset still free to take, in order; the deliveries made.
 

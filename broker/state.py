@@ -500,6 +500,8 @@ class BrokerState:
             self.pop_outcomes[index] = outcome
             if len(self.pop_outcomes) > MAX_LOCK_OUTCOMES:
                 self.pop_outcomes.popitem(last=False)
+            for key, offset in self.pops.progress(op):
+                self.offsets[key] = offset
             return False
         if type(op) is OffsetOp:
             key = (op.group, op.topic, op.queue)

@@ -99,6 +99,9 @@ def test_ack_removes_a_delivery_repeats_succeed_and_bad_handles_are_refused() ->
     assert r.apply(ack_op("other", T, 0, 1600, [(1, 1000)])) == [NOT_POPPED]
     q = r.pops.get(G, T, 0)
     assert q is not None and sorted(q.inflight) == [1, 2]
+    assert r.states[0].offsets[(G, T, 0)] == 1  # the group's progress: everything below is acked
+    r.apply(ack_op(G, T, 0, 1700, [(1, 1000), (2, 1000)]))
+    assert r.states[0].offsets[(G, T, 0)] == 3 and r.states[1].offsets == r.states[0].offsets
 
 
 def test_an_expired_delivery_is_popped_again_under_a_new_handle() -> None:
@@ -408,6 +411,12 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
         assert sorted(back) == [(b"m3", 2), (b"m5", 1)]
         r, got = await p.pop(10, 1000, poll_ms=1500)
         assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
+
+        # everything of queue 0 is acked: the group's consumer offset says so, as admin tools read it
+        offset = await p.call(
+            RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": G, "topic": T, "queueId": 0}
+        )
+        assert offset.code == ResponseCode.SUCCESS and offset.header_int("offset") == 6, offset
 
         # a POP held by long polling is answered when a message arrives; queueId -1: every queue
         waiting = asyncio.ensure_future(p.pop(4, 60_000, poll_ms=8000, queue_id=-1))
