@@ -52,7 +52,7 @@ def test_a_few_keys_get_a_partition_each_and_many_keep_the_size_based_count(tmp_
     keys = ["JepsenQueue/0", "JepsenQueue/1", "x"]
     _write(path, keys, 300)
     src = [Source(0, str(path), "jsonl")]
-    n = keyspread.partitions(spark, src, 22)
+    n = keyspread.partitions(src, 22)
     assert 3 <= n < 22
     # Spark's own hash partitioning (what pair_ops uses) puts each key in its own partition
     df = spark.createDataFrame([(0, k) for k in keys], "src int, key string").repartition(n, "src", "key")
@@ -60,4 +60,25 @@ def test_a_few_keys_get_a_partition_each_and_many_keep_the_size_based_count(tmp_
     assert len({r["p"] for r in placed}) == len(keys), placed
     many = tmp_path / "many.jsonl"
     _write(many, [f"k{i}" for i in range(40)], 400)
-    assert keyspread.partitions(spark, [Source(0, str(many), "jsonl")], 22) == 22
+    assert keyspread.partitions([Source(0, str(many), "jsonl")], 22) == 22
+
+
+def test_the_partition_hash_is_sparks_own() -> None:
+    """keyspread computes Spark's Murmur3 hash of (src, key) itself; it must be Spark's, bit for
+    bit, for keys of every length modulo 4, non-ASCII keys and the empty key."""
+    from pyspark.sql import functions as F
+
+    spark = get_spark()
+    pairs = [
+        (s, k)
+        for s in (0, 1, 7, 123456)
+        for k in ("", "a", "ab", "abc", "abcd", "q/0", "JepsenQueue/17", "é队列/3", "x" * 37)
+    ]
+    rows = (
+        spark.createDataFrame(pairs, "src int, key string")
+        .select("src", "key", F.hash("src", "key").alias("h"))
+        .collect()
+    )
+    assert len(rows) == len(pairs)
+    for r in rows:
+        assert keyspread.spark_hash(r["src"], r["key"]) == r["h"], (r["src"], r["key"])

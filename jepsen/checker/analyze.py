@@ -404,7 +404,7 @@ def _check_sources(
     spark = get_spark(master)
     for s in sources:
         outcomes[s.src].engine = f"spark {master_in_use()}"
-    parts = keyspread.partitions(spark, sources, partitions_for(sources))
+    parts = keyspread.partitions(sources, partitions_for(sources))
     conf = analysis_conf(parts, input_bytes(sources))
     excluded = spark.conf.get("spark.sql.optimizer.excludedRules", None)
     if excluded and EXCLUDED_RULE not in excluded:

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from jepsen.checker.frames import Source
 
 SAMPLE_BYTES = 1 << 20  # read from the start of each JSON Lines file
@@ -94,17 +92,64 @@ def _parquet_keys(path: Path) -> set[str] | None:
         return None
 
 
-def partitions(spark: SparkSession, sources: list[Source], upper: int) -> int:
+# Spark's Murmur3Hash (the hash of its hash partitioning), as Murmur3_x86_32 computes it
+_C1, _C2, _MASK = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
+SPARK_HASH_SEED = 42
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def _mix_k1(k1: int) -> int:
+    return (_rotl((k1 * _C1) & _MASK, 15) * _C2) & _MASK
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & _MASK
+
+
+def _fmix(h1: int, length: int) -> int:
+    h1 ^= length
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _MASK
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _MASK
+    return h1 ^ (h1 >> 16)
+
+
+def _hash_int(value: int, seed: int) -> int:
+    return _fmix(_mix_h1(seed, _mix_k1(value & _MASK)), 4)
+
+
+def _hash_bytes(data: bytes, seed: int) -> int:
+    """Spark's ``hashUnsafeBytes``: little-endian 4-byte words, then each remaining byte alone
+    (sign-extended), unlike the reference Murmur3's tail."""
+    h1 = seed
+    aligned = len(data) - len(data) % 4
+    for i in range(0, aligned, 4):
+        h1 = _mix_h1(h1, _mix_k1(int.from_bytes(data[i : i + 4], "little")))
+    for b in data[aligned:]:
+        h1 = _mix_h1(h1, _mix_k1((b - 256 if b > 127 else b) & _MASK))
+    return _fmix(h1, len(data))
+
+
+def spark_hash(src: int, key: str) -> int:
+    """``F.hash(src, key)`` for an int ``src`` and a string ``key``, as a signed 32-bit int:
+    which partition Spark's ``repartition(n, "src", "key")`` puts the pair in is
+    ``spark_hash % n``. Computed here, the partition count needs no Spark job (a session's
+    first job took 6-22 s on a loaded machine, most of it start-up the checks then repeat)."""
+    h = _hash_bytes(key.encode("utf-8"), _hash_int(src, SPARK_HASH_SEED))
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partitions(sources: list[Source], upper: int) -> int:
     """At most ``upper`` (the size-based count): fewer when the sampled keys are fewer, as
     few as keep them in partitions of their own."""
     keys = sample_keys(sources, enough=upper)
     if not keys or len(keys) >= upper:
         return upper
-    from pyspark.sql import functions as F
-
-    # Spark's hash partitioning: pmod(murmur3(src, key) seeded 42, n), as F.hash computes it
-    rows = spark.createDataFrame(sorted(keys), "src int, key string").select(F.hash("src", "key")).collect()
-    hashes = [r[0] for r in rows]
+    hashes = [spark_hash(src, key) for src, key in sorted(keys)]
     for n in range(max(2, len(hashes)), upper):
         if len({h % n for h in hashes}) == len(hashes):
             return n
