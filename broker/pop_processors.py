@@ -41,7 +41,16 @@ from remoting.protocol import RemotingCommand
 from remoting.topic import PERM_READ
 
 from . import codec, derive
-from .meta import MAX_INVISIBLE_MS, MAX_POP_OFFSETS, PopPick, ack_op, dead_op, invisible_op, pop_op
+from .meta import (
+    MAX_INVISIBLE_MS,
+    MAX_NAME_CHARS,
+    MAX_POP_OFFSETS,
+    PopPick,
+    ack_op,
+    dead_op,
+    invisible_op,
+    pop_op,
+)
 from .pop import Granted, PopQueue
 from .requests import INT32_MAX, INT32_MIN, MAX_TIMESTAMP_MS, RequestContext
 from .sql_filter import Filter as SqlFilter
@@ -101,6 +110,12 @@ def parse_extra_info(text: str) -> tuple[int, int, str, int]:
     return ck, pop_time, fields[5], queue_id
 
 
+def _check_group(group: str) -> None:
+    """A consumer group a POP entry may name (the log's bound on names), else RemotingCommandError."""
+    if not 0 < len(group) <= MAX_NAME_CHARS:
+        raise RemotingCommandError(f"consumerGroup must be 1..{MAX_NAME_CHARS} characters, got {len(group)}")
+
+
 def _batch_field(item: dict[str, Any], short: str, long: str) -> Any:
     """A BatchAck field by its JSON name or its alternate (RocketMQ's fastjson accepts both)."""
     return item.get(short, item.get(long))
@@ -130,6 +145,7 @@ def parse_batch_ack(doc: Any, broker_name: str) -> dict[tuple[str, str, int], li
         pop_time, bits = _batch_field(item, "pt", "popTime"), _batch_field(item, "b", "bitSet")
         if not (isinstance(group, str) and group and isinstance(topic, str) and topic):
             raise RemotingCommandError(f"{what}: acks[{i}] needs a consumer group (c) and a topic (t)")
+        _check_group(group)
         if str(_batch_field(item, "r", "retry") or "0") != NORMAL_TOPIC_FLAG:
             raise RemotingCommandError(f"{what}: acks[{i}] names a POP retry topic, which ledgermq has not")
         for name, value, hi in (
@@ -226,8 +242,7 @@ class PopProcessors:
         init_mode = req.header_int(
             "initMode", INIT_MODE_MIN, min_value=INIT_MODE_MIN, max_value=INIT_MODE_MAX
         )
-        if not group:
-            raise RemotingCommandError("POP_MESSAGE needs a consumerGroup")
+        _check_group(group)
         if req.header_bool("order", False):
             return req.make_response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -247,6 +262,8 @@ class PopProcessors:
         else:
             first = random.randrange(max(nums, 1))
             queues = [(first + i) % nums for i in range(nums)]
+        if not queues:
+            return req.make_response(ResponseCode.POLLING_TIMEOUT, f"topic {topic!r} has no readable queue")
         deadline = time.monotonic() + poll_ms / 1000
         appends = 0
         while True:  # bounded: MAX_POP_ROUNDS appends, and waits until the deadline
@@ -524,8 +541,7 @@ class PopProcessors:
         queue_id = req.header_int("queueId", min_value=0, max_value=INT32_MAX)
         offset = req.header_int("offset", min_value=0, max_value=MAX_TIMESTAMP_MS)
         _ck, pop_time, broker_name, extra_qid = parse_extra_info(req.header_str("extraInfo"))
-        if not group:
-            raise RemotingCommandError("a POP handle needs a consumerGroup")
+        _check_group(group)
         if broker_name != self.config.broker_name or extra_qid != queue_id:
             return req.make_response(
                 ResponseCode.INVALID_PARAMETER,

@@ -497,6 +497,8 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
         assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "order" in r.remark, r
         r, _ = await p.pop(1, 0)
         assert r.code == 1004 and "invisibleTime" in r.remark, r
+        r, _ = await p.pop(1, 1000, consumerGroup="g" * 2000)  # longer than the log's names
+        assert r.code == 1004 and "consumerGroup" in r.remark, r
         # popped max_reconsume_times times and never acked: a dead letter in %DLQ%<group>
         await p.send(b"doomed", topic="PopDead")
         popped = []
