@@ -38,11 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from jepsen.checker.columnar import (
+    JSONL_BYTES_PER_EVENT,
     PART_SUFFIX,
     ROLL_EVENTS,
     ROLL_EVERY_S,
+    STRUCTURE_FIELDS,
     ParquetParts,
     iter_part_events,
+    rows,
     shard_name,
 )
 
@@ -359,9 +362,9 @@ def shard_groups(path: str | Path) -> list[list[Path]]:
     return list(groups.values())
 
 
-def _iter_file(f: Path) -> Iterator[dict[str, Any]]:
+def _iter_file(f: Path, structure_only: bool = False) -> Iterator[dict[str, Any]]:
     if f.suffix == PART_SUFFIX:
-        yield from iter_part_events(f)
+        yield from iter_part_events(f, STRUCTURE_FIELDS if structure_only else None)
         return
     with open(f, encoding="utf-8") as fh:
         for line in fh:
@@ -369,11 +372,12 @@ def _iter_file(f: Path) -> Iterator[dict[str, Any]]:
                 yield json.loads(line)
 
 
-def iter_events(path: str | Path | list[Path]) -> Iterator[dict[str, Any]]:
+def iter_events(path: str | Path | list[Path], structure_only: bool = False) -> Iterator[dict[str, Any]]:
     """Stream a history's events in file order (one shard after another for a folder; a
-    list of files: those files, in order)."""
+    list of files: those files, in order). ``structure_only``: a Parquet part's events may
+    come without their values and errors (what validation reads)."""
     for f in path if isinstance(path, list) else shard_files(path):
-        yield from _iter_file(f)
+        yield from _iter_file(f, structure_only)
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:
@@ -427,11 +431,16 @@ VALIDATE_TIMEOUT_S = 900
 MAX_SHARD_PROBLEMS = 1000
 
 
+def _weight(f: Path) -> int:
+    """A shard file's size as JSON Lines (a Parquet part's events at ``JSONL_BYTES_PER_EVENT``)."""
+    return rows(f) * JSONL_BYTES_PER_EVENT if f.suffix == PART_SUFFIX else f.stat().st_size
+
+
 def _validate_shard(files: list[Path], n: int) -> tuple[list[str], set[Any], set[int]]:
     """One shard's own violations, the processes it names and its index residues modulo ``n``."""
     seen: set[Any] = set()
     residues: set[int] = set()
-    found = validate_history(_tap(iter_events(files), seen, residues, n))
+    found = validate_history(_tap(iter_events(files, structure_only=True), seen, residues, n))
     return found[:MAX_SHARD_PROBLEMS], seen, residues
 
 
@@ -441,7 +450,7 @@ def _validate_each(groups: list[list[Path]]) -> list[tuple[list[str], set[Any], 
     history: 12.8 s in one process), else here."""
     n = len(groups)
     procs = min(n, os.cpu_count() or 1, VALIDATE_PROCESSES)
-    if procs < 2 or sum(f.stat().st_size for g in groups for f in g) < VALIDATE_PARALLEL_BYTES:
+    if procs < 2 or sum(_weight(f) for g in groups for f in g) < VALIDATE_PARALLEL_BYTES:
         return [_validate_shard(g, n) for g in groups]
     results: list[tuple[list[str], set[Any], set[int]]] = []
     waiting = list(groups)
@@ -450,7 +459,7 @@ def _validate_each(groups: list[list[Path]]) -> list[tuple[list[str], set[Any], 
         while waiting or running:
             while waiting and len(running) < procs:
                 g = waiting.pop(0)
-                argv = [sys.executable, "-m", "jepsen.history", str(n), *map(str, g)]
+                argv = [sys.executable, "-m", "jepsen.history", *map(str, g), str(n)]
                 running.append(
                     (g, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 )
@@ -468,8 +477,9 @@ def _validate_each(groups: list[list[Path]]) -> list[tuple[list[str], set[Any], 
 
 
 def _validate_main(argv: list[str]) -> None:
-    """``python -m jepsen.history N FILE...``: one shard's ``_validate_shard`` as JSON."""
-    found, seen, residues = _validate_shard([Path(a) for a in argv[1:]], int(argv[0]))
+    """``python -m jepsen.history FILE... N``: one shard's ``_validate_shard`` as JSON (a Parquet
+    shard is several files, its parts in order)."""
+    found, seen, residues = _validate_shard([Path(a) for a in argv[:-1]], int(argv[-1]))
     json.dump({"problems": found, "processes": list(seen), "residues": sorted(residues)}, sys.stdout)
 
 

@@ -183,3 +183,27 @@ def test_history_export_writes_parquet_parts_and_reads_them_back(tmp_path: Path)
     assert back.returncode == 0, back.stderr
     got = [json.loads(x) for x in (tmp_path / "back.jsonl").read_text().splitlines()]
     assert got == [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+
+
+def test_parquet_shards_are_validated_part_by_part_in_child_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jepsen import history as hmod
+
+    for s in (0, 1):
+        with History(tmp_path / f"shard-{s:02d}.parquet", 0, shard=s, shards=2) as h:
+            _record(h, 50)
+            h.flush()
+            h._flush_locked()  # a second part for each shard: a process's events span parts
+            _record(h, 50)
+    groups = hmod.shard_groups(tmp_path)
+    assert [len(g) for g in groups] == [4, 4]  # each nemesis event closes a part too
+    monkeypatch.setattr(hmod, "VALIDATE_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(hmod.os, "cpu_count", lambda: 2)
+    spawned: list[list[str]] = []
+    real_popen = hmod.subprocess.Popen
+    monkeypatch.setattr(
+        hmod.subprocess, "Popen", lambda argv, **kw: spawned.append(argv) or real_popen(argv, **kw)
+    )
+    assert validate_shards(tmp_path) == []
+    assert [a[-5:] for a in spawned] == [[*map(str, g), "2"] for g in groups]
