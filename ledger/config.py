@@ -47,7 +47,8 @@ Membership (see ``ledger.membership``):
 - ``promote_max_lag_entries`` (1024): a learner is promoted to voter only when its log is at
   most this many entries behind the leader's.
 - ``learner_catchup_mb_per_s`` (0: no limit): the most MB/s the leader sends one learner
-  catching up (counted per tick, so bursts are at most one tick's share). Unthrottled, a
+  catching up (counted per tick, so bursts are at most one tick's share, on top of what the
+  log grew by; its last ``promote_max_lag_entries`` are not metered). Unthrottled, a
   learner takes the log as fast as the leader can read and encode it, which on a busy
   leader is CPU its clients' appends lose while the change is under way; a broker's ledger
   sets it (see ``broker.config``). Voters are never throttled.

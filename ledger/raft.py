@@ -1200,11 +1200,10 @@ class RaftCore:
 
     def _send_appends(self, peer: str) -> None:
         """Send as much as the follower's window allows: one probe, or a pipeline of batches
-        (for a learner, no more bytes than its catch-up budget left this tick)."""
+        (for a learner, of its backlog no more bytes than its catch-up budget left this tick)."""
         pr = self.progress[peer]
         log = self.log
         last = log.last_index
-        max_bytes = self.config.max_append_bytes
         throttled = self.config.learner_bytes_per_tick > 0 and peer not in self.voters
         while pr.next <= last:
             if pr.state == PROBE:
@@ -1215,13 +1214,18 @@ class RaftCore:
             if pr.next < log.first_index:
                 self._send_install_base(peer, pr)
                 return
-            if throttled:
+            # The backlog is metered; the last max_promote_lag entries are not, so a learner near
+            # the end is kept there, promotable, however fast the log grows.
+            metered = throttled and last - pr.next >= self.config.max_promote_lag
+            if metered:
                 if pr.budget <= 0:
                     return
                 max_bytes = min(self.config.max_append_bytes, pr.budget)
+            else:
+                max_bytes = self.config.max_append_bytes
             prev = pr.next - 1
             entries = log.entries(pr.next, last, max_bytes)
-            if throttled:
+            if metered:
                 pr.budget -= sum(map(len, map(_data_of, entries))) + ENTRY_HEADER_BYTES * len(entries)
             self._send(
                 AppendRequest(

@@ -526,7 +526,7 @@ def test_a_learners_catch_up_is_throttled_per_tick_and_the_voters_are_not() -> N
     """With ``learner_bytes_per_tick`` a learner is sent at most one tick's bytes (plus the one
     entry that overdraws it) per tick, however far behind; a lagging voter gets its whole window."""
     size = 1000 + 44  # a 1000-byte entry with its header
-    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=5 * size)
+    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=5 * size, max_promote_lag=5)
     leader = net.elect("n1")
     net.down = {"n3"}
     for i in range(100):
@@ -567,7 +567,7 @@ def test_a_throttled_learner_still_catches_up_while_the_log_grows_faster_than_th
     """Each tick a learner is also given what the log grew by: under a load above the throttle
     its backlog still shrinks, by the throttle's share per tick."""
     size = 1000 + 44
-    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=2 * size)
+    net = Net(group("n1", "n2", "n3"), learner_bytes_per_tick=2 * size, max_promote_lag=5)
     leader = net.elect("n1")
     for i in range(60):
         leader.propose([b"%04d" % i + b"x" * 996])
@@ -583,3 +583,10 @@ def test_a_throttled_learner_still_catches_up_while_the_log_grows_faster_than_th
         if lags[-1] == 0:
             break
     assert lags[-1] == 0, lags[::10]
+    # caught up, it is kept there between ticks: the last max_promote_lag entries are not metered
+    for t in range(5):
+        leader.propose([b"z%d" % t])
+        net.run()
+        assert net["n4"].log.last_index == leader.log.last_index
+    index = net.change("n1", PROMOTE, "n4")
+    assert leader.commit >= index and net["n4"].is_voter
