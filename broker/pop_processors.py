@@ -285,7 +285,7 @@ class PopProcessors:
                 return req.make_response(
                     ResponseCode.SYSTEM_BUSY,
                     f"group {group!r} holds max_pop_inflight={self.config.max_pop_inflight} messages of "
-                    f"{topic!r} un-acked in every queue asked: ack some, or wait for invisible times to pass",
+                    f"{topic!r} un-acked in a queue with more to give: ack some, or wait for invisible times to pass",
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -335,10 +335,11 @@ class PopProcessors:
         matcher: Any,
     ) -> tuple[list[PopPick], bool]:
         """What to propose: per queue the expired in-flight offsets, then new ones matching the
-        filter; and whether every queue with messages to give is at its in-flight bound."""
+        filter; and, when there is nothing to take, whether a queue with messages to give is at
+        its in-flight bound (the consumer is told, rather than left to poll)."""
         picks: list[PopPick] = []
         want = max_nums
-        full = bool(queues)
+        bounded = False  # a queue with messages to give is at max_pop_inflight
         limit = self.config.max_pop_inflight
         for qid in queues:
             if want <= 0:
@@ -356,13 +357,13 @@ class PopProcessors:
                 topic, qid, max(cursor, lo), min(want - len(offsets), room), matcher
             )
             cursor_to = max(cursor_to, min(lo, hi)) if cursor < lo else cursor_to
-            if room > 0 or offsets or cursor >= hi:
-                full = False
+            if room <= 0 and not offsets and cursor < hi:
+                bounded = True
             gone = pq is not None and any(o < lo for o in pq.inflight)
             if offsets or new or cursor_to > cursor or gone:
                 picks.append(PopPick(qid, cursor, cursor_to, tuple(offsets + new), lo))
                 want -= len(offsets) + len(new)
-        return picks, full and not picks
+        return picks, bounded and not picks
 
     def _new_offsets(
         self, topic: str, qid: int, offset: int, count: int, matcher: Any

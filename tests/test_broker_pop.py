@@ -560,6 +560,39 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
         r, got = await p.pop(4, 60_000, consumerGroup="batch", topic="PopDead")
         assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
 
+        # four consumers popping at once from every queue: each message goes to exactly one
+        for i in range(40):
+            await p.send(f"race-{i}".encode(), queue_id=i % 2, topic="PopRace")
+
+        async def consumer() -> list[bytes]:
+            mine: list[bytes] = []
+            for _ in range(200):
+                r, got = await p.pop(3, 60_000, queue_id=-1, consumerGroup="racers", topic="PopRace")
+                if r.code == ResponseCode.POLLING_TIMEOUT:
+                    return mine
+                if r.code == ResponseCode.SYSTEM_BUSY:  # max_pop_inflight=4 reached by the others
+                    await asyncio.sleep(0.02)
+                    continue
+                assert r.code == ResponseCode.SUCCESS, r
+                for m, ck in got:
+                    mine.append(m.body)
+                    ack = await p.call(
+                        RequestCode.ACK_MESSAGE,
+                        {
+                            "consumerGroup": "racers",
+                            "topic": "PopRace",
+                            "queueId": m.queue_id,
+                            "extraInfo": ck,
+                            "offset": m.queue_offset,
+                        },
+                    )
+                    assert ack.code == ResponseCode.SUCCESS, ack
+            return mine
+
+        shares = await asyncio.gather(*(consumer() for _ in range(4)))
+        everything = [b for share in shares for b in share]
+        assert sorted(everything) == sorted(f"race-{i}".encode() for i in range(40))
+
         slave = next(n for n in p.g.node_ids if n not in (p.master, old))
         p.master = slave
         r, _ = await p.pop(1, 1000)
