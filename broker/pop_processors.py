@@ -271,7 +271,7 @@ class PopProcessors:
             buried = await self._bury(req, group, topic, queues, now_ms)
             if buried is not None:
                 return buried
-            picks, full = self._picks(group, topic, queues, init_mode, max_nums, now_ms, matcher)
+            picks, busy = self._picks(group, topic, queues, init_mode, max_nums, now_ms, matcher)
             if picks and appends < MAX_POP_ROUNDS:
                 appends += 1
                 entry = pop_op(group, topic, now_ms, invisible, self.config.max_pop_inflight, picks)
@@ -281,12 +281,8 @@ class PopProcessors:
                 if outcome:
                     return self._found(req, group, topic, queues, invisible, outcome)
                 continue  # only moved past filtered-out messages, or lost a race: look again
-            if full:
-                return req.make_response(
-                    ResponseCode.SYSTEM_BUSY,
-                    f"group {group!r} holds max_pop_inflight={self.config.max_pop_inflight} messages of "
-                    f"{topic!r} un-acked in a queue with more to give: ack some, or wait for invisible times to pass",
-                )
+            if busy:
+                return req.make_response(ResponseCode.SYSTEM_BUSY, busy)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -333,19 +329,24 @@ class PopProcessors:
         max_nums: int,
         now_ms: int,
         matcher: Any,
-    ) -> tuple[list[PopPick], bool]:
+    ) -> tuple[list[PopPick], str]:
         """What to propose: per queue the expired in-flight offsets, then new ones matching the
-        filter; and, when there is nothing to take, whether a queue with messages to give is at
-        its in-flight bound (the consumer is told, rather than left to poll)."""
+        filter (a queue the group never popped gets a pick anyway, so that where it starts is
+        fixed in the log: initMode 1 must not move with the queue's end); and, when there is
+        nothing to take, why the consumer waits in vain (told rather than left to poll)."""
         picks: list[PopPick] = []
         want = max_nums
-        bounded = False  # a queue with messages to give is at max_pop_inflight
+        busy = ""
         limit = self.config.max_pop_inflight
+        pops = self.store.state.pops
         for qid in queues:
             if want <= 0:
                 break
             lo, hi = self.store.offsets_of(topic, qid)
-            pq = self.store.state.pops.get(group, topic, qid)
+            pq = pops.get(group, topic, qid)
+            if pq is None and len(pops) >= pops.max_queues:
+                busy = f"the broker group's POP state holds {pops.max_queues} (group, topic, queue): no new one starts"
+                continue
             start = self._start(group, topic, qid, init_mode, lo, hi)
             cursor = pq.cursor if pq is not None else start
             offsets = []
@@ -358,12 +359,15 @@ class PopProcessors:
             )
             cursor_to = max(cursor_to, min(lo, hi)) if cursor < lo else cursor_to
             if room <= 0 and not offsets and cursor < hi:
-                bounded = True
+                busy = (
+                    f"group {group!r} holds max_pop_inflight={limit} messages of {topic!r} un-acked in a "
+                    "queue with more to give: ack some, or wait for invisible times to pass"
+                )
             gone = pq is not None and any(o < lo for o in pq.inflight)
-            if offsets or new or cursor_to > cursor or gone:
+            if offsets or new or cursor_to > cursor or gone or pq is None:
                 picks.append(PopPick(qid, cursor, cursor_to, tuple(offsets + new), lo))
                 want -= len(offsets) + len(new)
-        return picks, bounded and not picks
+        return picks, "" if picks else busy
 
     def _new_offsets(
         self, topic: str, qid: int, offset: int, count: int, matcher: Any

@@ -560,6 +560,13 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
         r, got = await p.pop(4, 60_000, consumerGroup="batch", topic="PopDead")
         assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
 
+        # initMode 1: a new group starts at the queue's end, fixed by its first POP
+        r, got = await p.pop(4, 60_000, consumerGroup="latest", topic="PopDead", initMode=1)
+        assert r.code == ResponseCode.POLLING_TIMEOUT and got == [], r
+        await p.send(b"fresh", topic="PopDead")
+        r, got = await p.pop(4, 60_000, consumerGroup="latest", topic="PopDead", initMode=1)
+        assert [m.body for m, _ in got] == [b"fresh"], r
+
         # four consumers popping at once from every queue: each message goes to exactly one
         for i in range(40):
             await p.send(f"race-{i}".encode(), queue_id=i % 2, topic="PopRace")
