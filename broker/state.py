@@ -59,6 +59,7 @@ log = logging.getLogger("broker.state")
 DEFAULT_DEDUP_WINDOW = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
 DEFAULT_DEDUP_TTL_S = 600.0
 MAX_LISTED_QUEUES = 1024  # queues a status answer lists by name
+MAX_POP_OUTCOMES = 4096  # POP/ack entries whose outcomes are kept for their answers (> a slice's entries)
 MAX_BROKER_ADDR_TABLE = 256  # members' broker addresses kept (broker.membership); the oldest go first
 MAX_LOCK_OUTCOMES = 4096  # lock entries whose grants are kept for their answers  # ... and for at most this long (by the records' store time); 0: no limit
 
@@ -498,7 +499,7 @@ class BrokerState:
                 self.pops.pop(op) if type(op) is PopOp else self.pops.ack(op)
             )
             self.pop_outcomes[index] = outcome
-            if len(self.pop_outcomes) > MAX_LOCK_OUTCOMES:
+            if len(self.pop_outcomes) > MAX_POP_OUTCOMES:
                 self.pop_outcomes.popitem(last=False)
             for key, offset in self.pops.progress(op):
                 self.offsets[key] = offset
