@@ -12,6 +12,7 @@ several executors. The cluster is stopped at the end, whatever happens.
     python bench/checker_cluster_bench.py                       # 100k and 1M
     python bench/checker_cluster_bench.py --sizes 100000,1000000,10000000
     python bench/checker_cluster_bench.py --formats jsonl,parquet --engines local --runs 3
+    python bench/checker_cluster_bench.py --history RUN_DIR --formats jsonl,parquet --engines local
 
 ``--formats``: the same history as JSON Lines and as Parquet parts (converted by Spark into
 the parts the recorder writes); with several, the runs alternate between them, so a loaded
@@ -93,6 +94,11 @@ for f in (dst / "spark").iterdir():
 """
 
 
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for _ in fh)
+
+
 def to_parquet(path: Path, folder: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -132,6 +138,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per engine and size (median reported)")
     ap.add_argument("--engines", default="local,standalone,connect")
     ap.add_argument("--formats", default="jsonl", help="jsonl, parquet or both (alternating runs)")
+    ap.add_argument(
+        "--history", default=None, help="a recorded JSON Lines history (run folder) instead of --sizes"
+    )
     args = ap.parse_args()
     formats = [f for f in args.formats.split(",") if f]
     sizes = [int(x) for x in args.sizes.split(",") if x]
@@ -145,21 +154,30 @@ def main() -> None:
             t0 = time.monotonic()
             c = spark_cluster.start(state, cores=args.cores)
             print(f"cluster up in {time.monotonic() - t0:.1f} s: {c.master} {c.connect}", flush=True)
-        for n in sizes:
-            label = LABELS.get(n, str(n))
-            path = work / f"log-{label}.jsonl"
-            st = generate_log_history(path, n, seed=n)
-            inputs = {"jsonl": path}
+        for n in [0] if args.history else sizes:
+            if args.history:  # a recorded JSON Lines history; Parquet by the structure-keeping converter
+                label = "run"
+                path, _ = shards.resolve(args.history)
+                events = sum(count_lines(f) for f in shards.shard_files(path))
+                n = events // 2  # about: each operation is an invoke and a completion
+            else:
+                label = LABELS.get(n, str(n))
+                path = work / f"log-{label}.jsonl"
+                events = generate_log_history(path, n, seed=n).events
+            inputs = {"jsonl": Path(path)}
             if "parquet" in formats:
                 t0 = time.monotonic()
-                to_parquet(path, work / f"log-{label}-parquet")
+                if args.history:
+                    shards.to_parquet(path, work / f"log-{label}-parquet")
+                else:
+                    to_parquet(Path(path), work / f"log-{label}-parquet")
                 inputs["parquet"] = work / f"log-{label}-parquet"
                 print(f"  converted to Parquet in {time.monotonic() - t0:.0f} s", flush=True)
             for fmt in formats:
                 size = shards.size_bytes(inputs[fmt])
                 figures[f"{fmt}_bytes_per_op_{label}"] = round(size / n, 1)
                 print(
-                    f"\n{n:,} ops ({st.events:,} events), {fmt}: {size / 1e6:,.0f} MB = {size / n:.0f} bytes/op",
+                    f"\n{n:,} ops ({events:,} events), {fmt}: {size / 1e6:,.0f} MB = {size / n:.0f} bytes/op",
                     flush=True,
                 )
             for engine in engines:
@@ -197,7 +215,8 @@ def main() -> None:
                         f"= {n / secs:>9,.0f} ops/s  (runs: {all_s})  {spread}",
                         flush=True,
                     )
-            path.unlink()
+            if not args.history:
+                Path(path).unlink()
             if "parquet" in inputs:
                 shutil.rmtree(inputs["parquet"], ignore_errors=True)
     finally:
