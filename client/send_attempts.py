@@ -263,6 +263,7 @@ class SendAttempts(Generic[R]):
         "redirects",
         "asking",
         "switching",
+        "pending",
     )
 
     def __init__(
@@ -308,6 +309,9 @@ class SendAttempts(Generic[R]):
         self.redirects = 0  # answers that only named the master (not counted as tries)
         self.asking = False  # this attempt went to a slave, to learn the master
         self.switching = False  # the last answer said a master is coming: pause briefly
+        # A leader still applying its backlog before it serves as master: asked (a small pull)
+        # until it serves, not sent the whole request again each time
+        self.pending = ""
 
     @property
     def remaining(self) -> float:
@@ -475,6 +479,10 @@ class SendAttempts(Generic[R]):
         else:
             mq = publish.select_queue(self.avoid_broker)
         addr = self.routes.master_addr(mq.broker_name)
+        pending = self.pending
+        if pending and (addr is None or addr == pending):
+            self.asking = True
+            return mq, pending
         self.asking = addr is None
         if addr is None:  # master dead or unknown: a slave knows the new one before the nameservers
             addr = self.routes.member_to_ask(mq.broker_name, self.addr)
@@ -519,8 +527,13 @@ class SendAttempts(Generic[R]):
         code = response.code
         hint = response.header_str(B.MASTER_ADDR, "") if response.headers else ""
         if code == ResponseCode.NOT_MASTER and hint:
+            if hint == addr:  # itself: the leader, master once its backlog is applied
+                self.pending = addr
+                self.redirected(switching=True)
+                return
+            self.pending = ""
             self.routes.note_master(mq.broker_name, hint)
-            self.redirected(switching=hint == addr)  # itself: the leader, master in a moment
+            self.redirected()
             return
         if code == ResponseCode.SERVICE_NOT_AVAILABLE:
             self.last_code = code
@@ -531,6 +544,7 @@ class SendAttempts(Generic[R]):
             # It served a pull only a master may serve: it is the master now. (A RocketMQ slave
             # ignores requireMaster and serves it too; once it has refused a send it is not
             # taken for the master again while that is fresh.)
+            self.pending = ""
             self.routes.note_master(mq.broker_name, addr)
             self.redirected()
             return
@@ -564,8 +578,8 @@ class SendAttempts(Generic[R]):
                     routes.note_master(mq.broker_name, hint)
                     self.redirected()
                     return None  # go straight to the master it named
-                if hint:  # the group's leader, still applying its backlog: master in a moment
-                    routes.note_master(mq.broker_name, hint)
+                if hint:  # the group's leader, still applying its backlog: ask it until it serves
+                    self.pending = hint
                     self.redirected(switching=True)
                     return None
             elif code == ResponseCode.SERVICE_NOT_AVAILABLE and self.asking:
