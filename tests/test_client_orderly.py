@@ -6,34 +6,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from bounded import runner, until
 from client_fake_broker import FakeCluster, FakeGroup
 
 from client import ConsumeStatus, Message, MessageQueue, Producer, PushConsumer, dlq_topic, retry_topic
 from remoting.message import properties_from_bytes
 
 pytestmark = pytest.mark.timeout(60)
-T = TypeVar("T")
 _names = itertools.count(1)
 
 
-def run(coro: Awaitable[T], timeout: float = 30.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout)
-
-    return asyncio.run(bounded())
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.02)
-    return check()
+run = runner(30.0)
 
 
 @pytest.fixture(scope="module")

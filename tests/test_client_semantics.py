@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from bounded import runner
+from bounded import until as bounded_until
 from click.testing import CliRunner
 
 from broker.localgroup import LocalBrokerGroup
@@ -34,7 +36,6 @@ from client import (
 from client.admin import main as admin_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-T = TypeVar("T")
 TOPIC, ORDERED, TX = "Semantics", "Ordered", "TxTopic"
 LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s 1s 1s 1s 1s 1s 1s 2s"
 """Delay levels 1..18, short: level 3 (a first retry) is 300 ms, level 18 is 2 s."""
@@ -60,20 +61,11 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerGroup
         g.stop()
 
 
-def run(coro: Awaitable[T], timeout: float = 120.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout)
-
-    return asyncio.run(bounded())
+run = runner(120.0)
 
 
 async def until(check: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.05)
-    return check()
+    return await bounded_until(check, timeout_s, 0.05)
 
 
 async def read_all(ns: list[str], topic: str) -> list[Message]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from bounded import runner, until
 from client_fake_broker import FakeCluster, FakeGroup
 
 from client import (
@@ -24,7 +24,6 @@ from client import (
 from remoting.message import parse_offset_msg_id, properties_from_bytes
 
 pytestmark = pytest.mark.timeout(60)
-T = TypeVar("T")
 _names = itertools.count(1)
 COMMIT, ROLLBACK, UNKNOW = (
     LocalTransactionState.COMMIT_MESSAGE,
@@ -33,20 +32,7 @@ COMMIT, ROLLBACK, UNKNOW = (
 )
 
 
-def run(coro: Awaitable[T], timeout: float = 20.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(coro, timeout)
-
-    return asyncio.run(bounded())
-
-
-async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        await asyncio.sleep(0.02)
-    return check()
+run = runner(20.0)
 
 
 @pytest.fixture(scope="module")
