@@ -549,6 +549,7 @@ class PushConsumer(ConsumerBase):
                 await asyncio.gather(*(self._drop(q) for q in gone), return_exceptions=True)
                 if self.orderly:
                     await self._unlock(gone, oneway=True)
+            asked = time.monotonic()  # a lock counts from its request: the broker's expiry does
             if added and self.orderly:
                 granted = await self._lock(added)
                 refused = [q for q in added if q not in granted]
@@ -560,11 +561,10 @@ class PushConsumer(ConsumerBase):
                 added = [q for q in added if q in granted]
             if not self._running:
                 return self.allocated_queues
-            now = time.monotonic()
             for q in added:
                 pq = self._start_queue(q)
                 if self.orderly:
-                    pq.locked, pq.lock_granted = True, now
+                    pq.locked, pq.lock_granted = True, asked
             if gone or added:
                 log.info(
                     "rebalanced",

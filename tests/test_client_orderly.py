@@ -255,3 +255,35 @@ def test_rebalance_unlocks_given_up_queues_oneway(cluster: FakeCluster, topic: s
     }
     b_locks = [r for r in requests(cluster, "LOCK") if r["clientId"] == b.client_id]
     assert b_locks and all(r["consumerGroup"] == group for r in b_locks)
+
+
+def test_a_lock_counts_from_its_request_not_from_its_slow_answer(cluster: FakeCluster, topic: str) -> None:
+    """The broker starts a lock's expiry when it grants it, before its answer travels back: the
+    consumer must not think it holds the lock for longer than the broker does."""
+    group = f"gs-{topic}"
+    asked: list[float] = []
+
+    async def on(msgs: list[Message], q: MessageQueue) -> ConsumeStatus:
+        return ConsumeStatus.CONSUME_SUCCESS
+
+    async def go() -> list[float]:
+        c = orderly(cluster, group, topic, on, lock_interval_s=30.0, lock_max_live_s=60.0)
+        real_lock = c._lock
+
+        async def slow_lock(queues: Any) -> set[MessageQueue]:
+            asked.append(time.monotonic())
+            granted = await real_lock(queues)
+            await asyncio.sleep(0.3)  # the answer is slow to arrive
+            return granted
+
+        c._lock = slow_lock  # type: ignore[method-assign]
+        await c.start()
+        try:
+            assert await until(lambda: len(c.locked_queues()) == 5)
+            return [pq.lock_granted for pq in c._queues.values()]
+        finally:
+            await c.shutdown()
+
+    granted = run(go())
+    assert asked and len(granted) == 5
+    assert all(g <= asked[0] + 0.05 for g in granted), (granted, asked[0])
