@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from jepsen.checker import membership
 from jepsen.checker.semantics_model import DESCRIPTIONS as SEMANTICS_DESCRIPTIONS
 
 DESCRIPTIONS = {
@@ -291,6 +292,7 @@ def _plots(data: dict[str, Any], faults: list[dict[str, Any]] | None = None) -> 
             ax.axvline(x["start_s"] + x["recovery_ms"] / 1e3, color="black", lw=0.8, ls="-.", zorder=3)
         if marks:
             ax.plot([], [], color="black", lw=0.8, ls="-.", label="recovered")
+        _mark_membership(ax, data["nemesis"], t0)
         ax.set_ylabel("ops/s", fontsize=8)
         ax.set_xlabel("time (s)", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -318,6 +320,29 @@ def _plots(data: dict[str, Any], faults: list[dict[str, Any]] | None = None) -> 
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=3)
         out.append((f"Offsets acknowledged over time, per key{more}", _png(fig)))
     return out
+
+
+def _mark_membership(ax: Any, nemesis: list[Any], t0: int) -> None:
+    """Label each ended membership change at its end on a plot: the nodes added (+) or removed
+    (-), and the number of voters it left, or that it failed."""
+    for c in membership.changes(nemesis):
+        if c.end is None:
+            continue
+        sign = "+" if c.f == "member-add" else "-"
+        after = f" ({len(c.voters)} voters)" if c.ok and c.voters is not None else " (failed)"
+        x = (c.end - t0) / 1e9
+        ax.axvline(x, color="#555", lw=0.6, ls=":", zorder=2)
+        ax.text(
+            x,
+            0.98,
+            sign + ",".join(c.nodes) + after,
+            transform=ax.get_xaxis_transform(),
+            rotation=90,
+            fontsize=6,
+            va="top",
+            ha="right",
+            color="#333",
+        )
 
 
 def _timeline_svg(failure: dict[str, Any]) -> str:
@@ -432,6 +457,7 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
     if result.get("faults"):
         h.append(_recovery_tables(result["faults"], result.get("recovery", {})))
     if plot_data:
+        h.append(_membership_section(membership.by_group(plot_data.get("nemesis", [])), plot_data["t0"]))
         for title, uri in _plots(plot_data, result.get("faults")):
             h.append(f"<h2>{_esc(title)}</h2><img alt='{_esc(title)}' src='{uri}'>")
     for name, examples in result.get("anomalies", {}).items():
@@ -460,6 +486,46 @@ def render(path: str, result: dict[str, Any], plot_data: dict[str, Any] | None) 
         else:
             h.append(_examples_table(examples, timed))
     h.append("</body></html>")
+    return "".join(h)
+
+
+def _names(nodes: Any) -> str:
+    return "?" if nodes is None else ", ".join(nodes) or "(none)"
+
+
+def _membership_section(groups: list[membership.GroupMembership], t0: int) -> str:
+    """Each group's first members and every membership change (empty without changes)."""
+    if not groups:
+        return ""
+    h = [
+        "<h2>Membership</h2><p class='muted'>From the history's member-add / member-remove events: "
+        "a change is ok when its end event holds the configuration it committed; voters and "
+        "learners are those after the change.</p>"
+    ]
+    for g in groups:
+        title = f"group {g.group}" if g.group else "the group"
+        h.append(
+            f"<h3>{_esc(title)}</h3><p>First members: <b>{_esc(_names(g.initial))}</b> "
+            f"<span class='muted'>({_esc(g.initial_from)})</span></p><table><tr><th>start (s)</th>"
+            "<th>end (s)</th><th>change</th><th>nodes</th><th>variant</th><th>outcome</th>"
+            "<th>voters</th><th>learners</th></tr>"
+        )
+        for c in g.changes[:MAX_FAULT_ROWS]:
+            end = "never ended" if c.end is None else f"{(c.end - t0) / 1e9:.3f}"
+            outcome = (
+                "unknown"
+                if c.ok is None
+                else "ok"
+                if c.ok
+                else "failed" + (f": {c.error}" if c.error else "")
+            )
+            h.append(
+                f"<tr><td>{(c.start - t0) / 1e9:.3f}</td><td>{end}</td><td>{_esc(c.f)}</td>"
+                f"<td>{_esc(', '.join(c.nodes))}</td><td>{_esc(c.variant or '')}</td>"
+                f"<td>{_esc(outcome)}</td><td>{_esc(_names(c.voters))}</td>"
+                f"<td>{_esc(_names(c.learners))}</td></tr>"
+            )
+        h.append("</table>")
     return "".join(h)
 
 
