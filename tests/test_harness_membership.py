@@ -171,3 +171,4 @@ def test_a_short_run_with_membership_changes_is_valid(
     assert all(len(e["value"]["voters"]) >= 2 for e in changes)
     counts = Counter(e["f"] for e in changes)
     assert counts["member-add"] and counts["member-remove"], counts
+    assert "<h2>Membership</h2>" in result.report.read_text(encoding="utf-8")  # the report shows them
