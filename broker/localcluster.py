@@ -2,8 +2,9 @@
 quick start for ledgermq.
 
 Everything listens on loopback. The first line printed is ``namesrv=HOST:PORT`` (what a
-RocketMQ application's ``namesrvAddr`` should be set to), then one line per broker group
-once it has a master the nameserver routes to. SIGTERM or Ctrl-C stops every process
+RocketMQ application's ``namesrvAddr`` should be set to), then ``proxy=HOST:PORT`` (the
+RocketMQ 5 gRPC proxy, ``proxy``, for 5.x clients' endpoints: port 8081 when free), then one
+line per broker group once it has a master the nameserver routes to. SIGTERM or Ctrl-C stops every process
 (by PID, through ``common.localgroup``) and the command exits. The node specs (configs,
 commands, ports) are ``broker.localgroup``'s, shared with the tests and the harness.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import socket
 import sys
 import threading
 import time
@@ -44,6 +46,8 @@ READY_TIMEOUT_S = 60.0
 POLL_S = 0.5
 #: seconds the nameserver may take to answer the cluster-info request
 CLUSTER_INFO_TIMEOUT_S = 2.0
+#: the RocketMQ 5 gRPC proxy's port (RocketMQ's default); any free one when it is taken
+PROXY_PORT = 8081
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,10 @@ class LocalCluster(LocalGroup):
         namesrv_port: int = 0,
         cluster_name: str = "DefaultCluster",
         python: str = sys.executable,
+        proxy_port: int | None = None,
     ) -> None:
+        """``proxy_port``: also start the RocketMQ 5 gRPC proxy (``proxy``) there (0: any free
+        port); None: no proxy."""
         check_groups(groups)
         super().__init__(base_dir)
         self.python = python
@@ -88,6 +95,7 @@ class LocalCluster(LocalGroup):
         self.groups = [group_name(i) for i in range(groups)]
         self.brokers: dict[str, dict[str, tuple[str, str]]] = {}  # group -> node -> (broker, ledger)
         self.replaced: dict[str, Replacement] = {}  # "group/node" that died -> its planned replacement
+        self.proxy_addr = "" if proxy_port is None else f"{HOST}:{proxy_port or free_port(HOST)}"
         for name in self.groups:
             self.brokers[name] = {
                 f"n{k + 1}": (f"{HOST}:{free_port_pair(HOST)}", f"{HOST}:{free_port(HOST)}")
@@ -146,6 +154,10 @@ class LocalCluster(LocalGroup):
                 d = self.base_dir / name / nid
                 self.spawn(f"{name}/{nid}", broker_argv(self.python, d / "broker.toml"), d / "broker.log")
                 self.write_pid(f"{name}/{nid}", d / "broker.pid")
+        if self.proxy_addr:
+            argv = [self.python, "-m", "proxy", "--namesrv", self.namesrv_addr, "--listen", self.proxy_addr]
+            self.spawn("proxy", argv, self.base_dir / "proxy" / "proxy.log")
+            self.write_pid("proxy", self.base_dir / "proxy" / "proxy.pid")
 
     async def masters(self) -> dict[str, str]:
         """Broker group -> master address, as the nameserver routes them."""
@@ -199,6 +211,10 @@ def _watch(cluster: LocalCluster, base_dir: Path, stop: threading.Event) -> int:
     while True:
         dead = cluster.dead()
         ready = len(reported) == len(cluster.groups)
+        if "proxy" in dead and "proxy" not in gone:  # the 4.x side works without it
+            gone.add("proxy")
+            _say(f"the RocketMQ 5 proxy exited; see {base_dir / 'proxy' / 'proxy.log'}")
+        dead = [d for d in dead if d != "proxy"]
         if dead and (not ready or "namesrv" in dead):
             _say(f"stopping: {', '.join(dead)} exited; logs under {base_dir}")
             return 1
@@ -218,13 +234,24 @@ def _watch(cluster: LocalCluster, base_dir: Path, stop: threading.Event) -> int:
             return 0
 
 
+def _proxy_port() -> int:
+    """PROXY_PORT when it is free, else 0 (any free port): a second local cluster still starts."""
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, PROXY_PORT))
+        except OSError:
+            return 0
+    return PROXY_PORT
+
+
 def run(base_dir: Path, groups: int, namesrv_port: int) -> int:
     """Start the cluster, print its addresses, and stop it all on SIGTERM or Ctrl-C."""
-    cluster = LocalCluster(base_dir, groups=groups, namesrv_port=namesrv_port)
+    cluster = LocalCluster(base_dir, groups=groups, namesrv_port=namesrv_port, proxy_port=_proxy_port())
     with stop_requested() as stop:
         try:
             cluster.start()
             print(f"namesrv={cluster.namesrv_addr}", flush=True)
+            print(f"proxy={cluster.proxy_addr}", flush=True)
             return _watch(cluster, base_dir, stop)
         finally:
             cluster.stop()

@@ -1,0 +1,296 @@
+"""RocketMQ 5's gRPC proxy (``proxy``) in front of a real local cluster (a nameserver, a 3-broker
+group, the proxy process), driven over gRPC with the v2 message types: routes, the settings
+handshake, sends of every message type, receive/ack/invisible time, and RocketMQ's status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from broker.localcluster import LocalCluster
+from client import AdminClient
+from proxy.protocol import pb, sgrpc, spb
+
+pytestmark = pytest.mark.slow
+
+T = "ProxyT"
+START_TIMEOUT_S = 60
+
+
+def wait_for(cluster: LocalCluster, topics: dict[str, int]) -> None:
+    """Until the group has a master, the topics exist and the proxy answers their routes."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not asyncio.run(cluster.masters()):
+        assert time.monotonic() < deadline, "no master"
+        time.sleep(0.2)
+
+    async def create() -> None:
+        async with AdminClient(cluster.namesrv_addr) as admin:
+            for topic, queues in topics.items():
+                for r in await admin.update_topic(topic, read_queue_nums=queues, write_queue_nums=queues):
+                    assert r.ok, r
+
+    asyncio.run(create())
+    with grpc.insecure_channel(cluster.proxy_addr) as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        while True:
+            try:
+                answers = [stub.QueryRoute(route_request(t), timeout=3).status.code for t in topics]
+                if all(c == pb.Code.OK for c in answers):
+                    return
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() < deadline, "the proxy never routed the topics"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("proxy"), namesrv_port=0, proxy_port=0)
+    c.start()
+    try:
+        wait_for(c, {T: 2, "ProxyFifo": 4, "ProxyTx": 2, "ProxyDelay": 1})
+        yield c
+    finally:
+        c.stop()
+        log = (Path(c.base_dir) / "proxy" / "proxy.log").read_text(errors="replace")
+        assert "Traceback" not in log, log[-4000:]
+
+
+@pytest.fixture
+def stub(cluster: LocalCluster) -> Iterator[Any]:
+    with grpc.insecure_channel(cluster.proxy_addr) as ch:
+        yield sgrpc.MessagingServiceStub(ch)
+
+
+def route_request(topic: str) -> Any:
+    return spb.QueryRouteRequest(topic=pb.Resource(name=topic))
+
+
+_ids = iter(range(1, 1 << 30))
+
+
+def message(topic: str, body: bytes, **sysp: Any) -> Any:
+    m = pb.Message(topic=pb.Resource(name=topic), body=body)
+    m.system_properties.message_id = f"01PROXYTEST{next(_ids):012X}"
+    m.system_properties.message_type = pb.MessageType.Value(sysp.pop("kind", "NORMAL"))
+    for key, value in sysp.items():
+        if key == "delivery_ms":
+            m.system_properties.delivery_timestamp.FromMilliseconds(value)
+        else:
+            setattr(m.system_properties, key, value)
+    return m
+
+
+def send(stub: Any, *msgs: Any) -> Any:
+    return stub.SendMessage(spb.SendMessageRequest(messages=list(msgs)), timeout=10)
+
+
+def receive(
+    stub: Any,
+    group: str,
+    topic: str = T,
+    n: int = 8,
+    invisible_s: float = 30,
+    poll_s: float = 1,
+    tag: str = "*",
+) -> tuple[Any, list[Any]]:
+    """(status, messages) of one ReceiveMessage."""
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name=group),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name=topic), broker=pb.Broker(name="broker-a")),
+        filter_expression=pb.FilterExpression(type=pb.FilterType.TAG, expression=tag),
+        batch_size=n,
+    )
+    req.invisible_duration.FromMilliseconds(int(invisible_s * 1000))
+    req.long_polling_timeout.FromMilliseconds(int(poll_s * 1000))
+    answers = list(stub.ReceiveMessage(req, timeout=poll_s + 10))
+    status = [a.status for a in answers if a.HasField("status")]
+    assert len(status) == 1, answers
+    return status[0], [a.message for a in answers if a.HasField("message")]
+
+
+def receive_all(stub: Any, group: str, want: int, topic: str = T, **kw: Any) -> list[Any]:
+    """Receive until ``want`` messages came (or 20 tries found nothing more)."""
+    out: list[Any] = []
+    for _ in range(20):
+        if len(out) >= want:
+            break
+        _status, got = receive(stub, group, topic, **kw)
+        out += got
+    return out
+
+
+def ack(stub: Any, group: str, m: Any, topic: str = T, handle: str | None = None) -> Any:
+    entry = spb.AckMessageEntry(
+        message_id=m.system_properties.message_id if m is not None else "x",
+        receipt_handle=handle if handle is not None else m.system_properties.receipt_handle,
+    )
+    req = spb.AckMessageRequest(group=pb.Resource(name=group), topic=pb.Resource(name=topic), entries=[entry])
+    return stub.AckMessage(req, timeout=10).status
+
+
+def code(status: Any) -> str:
+    return pb.Code.Name(status.code)
+
+
+def test_routes_settings_handshake_and_refusals(cluster: LocalCluster, stub: Any) -> None:
+    host, port = cluster.proxy_addr.rsplit(":", 1)
+    endpoints = pb.Endpoints(scheme=pb.AddressScheme.IPv4, addresses=[pb.Address(host=host, port=int(port))])
+    r = stub.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name=T), endpoints=endpoints), timeout=5)
+    assert code(r.status) == "OK"
+    assert sorted(q.id for q in r.message_queues) == [0, 1]
+    for q in r.message_queues:  # cluster mode: every queue is reached through this proxy
+        assert q.broker.name == "broker-a" and q.broker.id == 0 and q.broker.endpoints == endpoints
+        assert q.permission == pb.Permission.READ_WRITE
+        assert pb.MessageType.FIFO in q.accept_message_types
+    assert code(stub.QueryRoute(route_request("NoSuchTopic"), timeout=5).status) == "TOPIC_NOT_FOUND"
+    assert code(stub.QueryRoute(route_request("bad topic!"), timeout=5).status) == "ILLEGAL_TOPIC"
+    assert (
+        code(stub.Heartbeat(spb.HeartbeatRequest(client_type=pb.ClientType.PRODUCER), timeout=5).status)
+        == "OK"
+    )
+    bad_group = spb.HeartbeatRequest(
+        group=pb.Resource(name="bad group"), client_type=pb.ClientType.SIMPLE_CONSUMER
+    )
+    assert code(stub.Heartbeat(bad_group, timeout=5).status) == "ILLEGAL_CONSUMER_GROUP"
+
+    # the settings handshake: a producer's settings answered with the server's
+    ours = pb.Settings(client_type=pb.ClientType.PRODUCER, access_point=endpoints)
+    ours.publishing.topics.add(name=T)
+    ours.publishing.max_body_size = 128 << 20
+    replies = stub.Telemetry(iter([spb.TelemetryCommand(settings=ours)]), timeout=10)
+    first = next(replies)
+    assert code(first.status) == "OK" and first.HasField("settings")
+    assert first.settings.publishing.max_body_size == 4 << 20
+    assert first.settings.backoff_policy.max_attempts >= 2 and not first.settings.metric.on
+    replies.cancel()
+
+    # RocketMQ's status codes for bad sends, handles and groups; UNIMPLEMENTED for RPCs not served
+    r = send(stub, message(T, b"x" * ((4 << 20) + 1)))
+    assert (
+        code(r.status) == "MESSAGE_BODY_TOO_LARGE" and code(r.entries[0].status) == "MESSAGE_BODY_TOO_LARGE"
+    )
+    assert code(send(stub, message(T, b"")).status) == "MESSAGE_BODY_EMPTY"
+    assert code(send(stub, message("NoSuchTopic", b"x")).status) == "TOPIC_NOT_FOUND"
+    assert code(send(stub, message(T, b"x", kind="FIFO")).status) == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
+    assert code(ack(stub, "g-bad", None, handle="garbage")) == "INVALID_RECEIPT_HANDLE"
+    never = "0 1700000000000 30000 0 0 broker-a 0 999999"
+    assert code(ack(stub, "g-bad", None, handle=never)) == "INVALID_RECEIPT_HANDLE"
+    status, _ = receive(stub, "bad group")
+    assert code(status) == "ILLEGAL_CONSUMER_GROUP"
+    status, _ = receive(stub, "g-bad", invisible_s=0.01)
+    assert code(status) == "ILLEGAL_INVISIBLE_TIME"
+    with pytest.raises(grpc.RpcError) as err:
+        stub.PullMessage(spb.PullMessageRequest(group=pb.Resource(name="g")), timeout=5).next()
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as err:
+        stub.UpdateOffset(spb.UpdateOffsetRequest(group=pb.Resource(name="g")), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_receive_ack_invisible_time_tags_and_long_polling(stub: Any) -> None:
+    sent = send(stub, message(T, b"a1", tag="A"), message(T, b"b1", tag="B"), message(T, b"a2", tag="A"))
+    assert code(sent.status) == "OK" and all(code(e.status) == "OK" for e in sent.entries)
+    ids = {e.message_id for e in sent.entries}
+    assert len(ids) == 3
+
+    # a tag filter: only the A messages, each once
+    got = receive_all(stub, "g-tags", 2, tag="A", invisible_s=1)
+    assert sorted(m.body for m in got) == [b"a1", b"a2"]
+    assert all(m.system_properties.tag == "A" and m.system_properties.delivery_attempt == 1 for m in got)
+    assert {m.system_properties.message_id for m in got} <= ids
+    first, second = sorted(got, key=lambda m: m.body)
+    assert code(ack(stub, "g-tags", first)) == "OK"
+    assert code(ack(stub, "g-tags", first)) == "OK"  # a repeated ack (its answer lost) succeeds
+
+    # not acked within its invisible time: it comes back, under a new handle, attempt 2
+    again = receive_all(stub, "g-tags", 1, tag="A", invisible_s=30, poll_s=3)
+    assert [m.body for m in again] == [b"a2"]
+    assert again[0].system_properties.delivery_attempt == 2
+    assert again[0].system_properties.message_id == second.system_properties.message_id
+    assert code(ack(stub, "g-tags", second)) == "INVALID_RECEIPT_HANDLE"  # the old handle is stale
+
+    # a new invisible time gives a new handle and stales the current one
+    change = spb.ChangeInvisibleDurationRequest(
+        group=pb.Resource(name="g-tags"),
+        topic=pb.Resource(name=T),
+        receipt_handle=again[0].system_properties.receipt_handle,
+        message_id=again[0].system_properties.message_id,
+    )
+    change.invisible_duration.FromSeconds(60)
+    changed = stub.ChangeInvisibleDuration(change, timeout=10)
+    assert code(changed.status) == "OK" and changed.receipt_handle != change.receipt_handle
+    assert code(ack(stub, "g-tags", again[0])) == "INVALID_RECEIPT_HANDLE"
+    assert code(ack(stub, "g-tags", None, handle=changed.receipt_handle)) == "OK"
+    status, none = receive(stub, "g-tags", tag="A", poll_s=0.5)
+    assert code(status) == "MESSAGE_NOT_FOUND" and none == []
+
+    # another group sees every message; B alone for a B filter
+    assert sorted(m.body for m in receive_all(stub, "g-all", 3)) == [b"a1", b"a2", b"b1"]
+    assert [m.body for m in receive_all(stub, "g-b", 1, tag="B")] == [b"b1"]
+
+    # long polling: a receive waiting when the message is sent gets it
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.append(receive(stub, "g-all", poll_s=15)))
+    waiter.start()
+    time.sleep(1)
+    assert code(send(stub, message(T, b"late")).status) == "OK"
+    waiter.join(30)
+    assert not waiter.is_alive()
+    status, late = result[0]
+    assert code(status) == "OK" and [m.body for m in late] == [b"late"]
+
+
+def test_fifo_delay_and_transactions(stub: Any) -> None:
+    # FIFO: a message group's messages go to one queue, in order
+    bodies = [f"f{i}".encode() for i in range(6)]
+    for b in bodies:
+        assert code(send(stub, message("ProxyFifo", b, kind="FIFO", message_group="order-7")).status) == "OK"
+    got = receive_all(stub, "g-fifo", 6, topic="ProxyFifo")
+    assert len({m.system_properties.queue_id for m in got}) == 1
+    assert sorted(got, key=lambda m: m.system_properties.queue_offset) == sorted(got, key=lambda m: m.body)
+    assert [m.body for m in sorted(got, key=lambda m: m.system_properties.queue_offset)] == bodies
+    assert all(m.system_properties.message_group == "order-7" for m in got)
+    assert all(m.system_properties.message_type == pb.MessageType.FIFO for m in got)
+
+    # delayed: not delivered before its delivery timestamp
+    due = int(time.time() * 1000) + 2000
+    assert code(send(stub, message("ProxyDelay", b"later", kind="DELAY", delivery_ms=due)).status) == "OK"
+    got = receive_all(stub, "g-delay", 1, topic="ProxyDelay", poll_s=2)
+    assert [m.body for m in got] == [b"later"]
+    assert time.time() * 1000 >= due
+
+    # transactions: a half message is invisible until committed; a rolled-back one never shows
+    commit_me = message("ProxyTx", b"commit", kind="TRANSACTION")
+    roll_me = message("ProxyTx", b"rollback", kind="TRANSACTION")
+    halves = [send(stub, commit_me), send(stub, roll_me)]
+    assert all(code(h.status) == "OK" and h.entries[0].transaction_id for h in halves)
+    status, none = receive(stub, "g-tx", topic="ProxyTx", poll_s=0.5)
+    assert code(status) == "MESSAGE_NOT_FOUND" and none == []
+
+    def end(m: Any, answer: Any, resolution: str, tx_id: str | None = None) -> str:
+        req = spb.EndTransactionRequest(
+            topic=pb.Resource(name="ProxyTx"),
+            message_id=m.system_properties.message_id,
+            transaction_id=tx_id if tx_id is not None else answer.entries[0].transaction_id,
+            resolution=pb.TransactionResolution.Value(resolution),
+            source=pb.TransactionSource.SOURCE_CLIENT,
+        )
+        return code(stub.EndTransaction(req, timeout=10).status)
+
+    assert end(commit_me, halves[0], "COMMIT", tx_id="not-ours") == "INVALID_TRANSACTION_ID"
+    assert end(roll_me, halves[1], "ROLLBACK") == "OK"
+    assert end(commit_me, halves[0], "COMMIT") == "OK"
+    got = receive_all(stub, "g-tx", 1, topic="ProxyTx", poll_s=3)
+    assert [m.body for m in got] == [b"commit"]
+    assert got[0].system_properties.message_id == commit_me.system_properties.message_id
+    status, none = receive(stub, "g-tx", topic="ProxyTx", poll_s=0.5)
+    assert code(status) == "MESSAGE_NOT_FOUND" and none == []
