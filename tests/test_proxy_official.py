@@ -1,0 +1,195 @@
+"""Apache's official Python 5.x client (``rocketmq-python-client`` 5.1.2 from PyPI) through the
+proxy: a producer sends (normal and transactional), a simple consumer receives and acks, and a
+message it does not ack comes back after its invisible duration.
+
+That client installs as the package ``rocketmq``, like the 4.x C++ client of the ``[test]``
+extra, so it lives in a venv of its own under ``~/.cache/ledgermq/rocketmq5-client`` (or
+``$LEDGERMQ_ROCKETMQ5_VENV``), created here on first use; the client runs in a child process of
+that venv (the driver below) bounded in time. Skipped, saying so, only when PyPI is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_proxy import wait_for
+
+from broker.localcluster import LocalCluster
+
+pytestmark = pytest.mark.slow
+
+CLIENT_REQUIREMENT = "rocketmq-python-client==5.1.2"
+VENV = Path(
+    os.environ.get("LEDGERMQ_ROCKETMQ5_VENV", Path.home() / ".cache" / "ledgermq" / "rocketmq5-client")
+)
+INSTALL_TIMEOUT_S = 600
+DRIVER_TIMEOUT_S = 120
+OFFLINE_SIGNS = (
+    "Could not find a version",
+    "Failed to establish",
+    "Temporary failure",
+    "Network is unreachable",
+)
+
+DRIVER = r"""
+import json, sys
+from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
+                      TransactionChecker, TransactionResolution)
+
+endpoints, topic, group = sys.argv[1:4]
+config = ClientConfiguration(endpoints, Credentials())
+out = {}
+
+
+class Checker(TransactionChecker):
+    def check(self, message):
+        return TransactionResolution.COMMIT
+
+
+def message(body, tag="TagA"):
+    m = Message()
+    m.topic, m.body, m.tag = topic, body.encode(), tag
+    m.keys = "key-" + body
+    m.add_property("origin", "official")
+    return m
+
+
+producer = Producer(config, (topic,), Checker())
+producer.startup()
+try:
+    out["sent"] = [producer.send(message(f"official-{i}")).message_id for i in range(3)]
+    out["skipped"] = producer.send(message("other-tag", tag="TagB")).message_id
+    tx = producer.begin_transaction()
+    out["tx"] = producer.send(message("in-transaction"), tx).message_id
+    tx.commit()
+finally:
+    producer.shutdown()
+
+consumer = SimpleConsumer(config, group, {topic: FilterExpression("TagA")}, await_duration=3)
+consumer.startup()
+try:
+    got = []
+    for _ in range(10):
+        if len(got) >= 4:
+            break
+        got += consumer.receive(4, 2)  # invisible for 2 s
+    out["received"] = [[m.message_id, m.body.decode(), m.tag, m.delivery_attempt, m.properties.get("origin"),
+                        sorted(m.keys)] for m in got]
+    kept = next(m for m in got if m.body == b"official-2")
+    for m in got:
+        if m is not kept:
+            consumer.ack(m)
+    back = []
+    for _ in range(10):  # each receive long-polls up to 3 s
+        back = consumer.receive(4, 30)
+        if back:
+            break
+    out["redelivered"] = [[m.message_id, m.delivery_attempt] for m in back]
+    for m in back:
+        consumer.ack(m)
+    out["after"] = [m.message_id for m in consumer.receive(4, 30)]
+finally:
+    consumer.shutdown()
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _client_python() -> Path:
+    """The venv's python with the official client, installing it on first use (skip when offline)."""
+    python = VENV / "bin" / "python"
+    probe = [str(python), "-c", "import rocketmq.v5"]
+    if python.exists() and subprocess.run(probe, capture_output=True, timeout=60).returncode == 0:
+        return python
+    venv.create(VENV, with_pip=True, clear=True)
+    try:
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", CLIENT_REQUIREMENT],
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"installing {CLIENT_REQUIREMENT} took over {INSTALL_TIMEOUT_S} s (is PyPI reachable?)")
+    if done.returncode != 0:
+        if any(sign in done.stderr for sign in OFFLINE_SIGNS):
+            pytest.skip(
+                f"PyPI unreachable, cannot install {CLIENT_REQUIREMENT}: {done.stderr.strip()[-300:]}"
+            )
+        pytest.fail(f"pip install {CLIENT_REQUIREMENT} failed: {done.stderr.strip()[-2000:]}")
+    return python
+
+
+@pytest.fixture(scope="module")
+def official_python() -> Path:
+    return _client_python()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path / "cluster", namesrv_port=0, proxy_port=0)
+    c.start()
+    try:
+        wait_for(c, {"OfficialT": 2})
+        yield c
+    finally:
+        c.stop()
+        log = (tmp_path / "cluster" / "proxy" / "proxy.log").read_text(errors="replace")
+        assert "Traceback" not in log, log[-4000:]
+
+
+def run_driver(python: Path, tmp_path: Path, *args: str) -> dict[str, object]:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    done = subprocess.run(
+        [str(python), str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=DRIVER_TIMEOUT_S,
+        cwd=tmp_path,
+    )
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, (
+        f"driver failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-3000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_official_client_sends_receives_acks_and_gets_unacked_back(
+    official_python: Path, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    out = run_driver(official_python, tmp_path, cluster.proxy_addr, "OfficialT", "official-g")
+    sent, tx = out["sent"], out["tx"]
+    assert isinstance(sent, list) and len(set(sent)) == 3
+    received = out["received"]
+    assert isinstance(received, list)
+    # every TagA message once (the committed transactional one too), under the producer's ids; not TagB
+    assert sorted(r[0] for r in received) == sorted([*sent, tx])
+    assert out["skipped"] not in [r[0] for r in received]
+    by_body = {r[1]: r for r in received}
+    assert set(by_body) == {"official-0", "official-1", "official-2", "in-transaction"}
+    assert all(r[2] == "TagA" and r[3] == 1 and r[4] == "official" for r in received)
+    assert by_body["official-1"][5] == ["key-official-1"]
+    # the one not acked came back after its 2 s invisible time, as its second delivery
+    assert out["redelivered"] == [[by_body["official-2"][0], 2]]
+    assert out["after"] == []
+
+
+def test_protocol_build_is_what_the_proxy_imports() -> None:
+    """The generated modules come from the pinned wheel and import under proxy._pb."""
+    from proxy import protocol_build
+
+    assert protocol_build.built()
+    done = subprocess.run(
+        [sys.executable, "-c", "from proxy.protocol import spb; print(spb.DESCRIPTOR.package)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "apache.rocketmq.v2", done.stderr
