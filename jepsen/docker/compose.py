@@ -70,8 +70,11 @@ from .layout import (
     disk_holder,
     groups_override,
     layout,
+    member_vars,
+    membership_override,
     passed_setting_var,
     small_disks_override,
+    spare_layout,
 )
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -232,6 +235,7 @@ class ComposeGroup:
         runs_dir: Path | None = None,
         small_disk_bytes: int | None = None,
         broker_settings: Mapping[str, Any] | None = None,
+        spares: int = 0,
     ) -> None:
         """``net``: first three octets of the network (default from ``$LEDGERMQ_NET`` or 172.28.10);
         ``published_ports``: service -> host port (defaults as in docker-compose.yml);
@@ -249,7 +253,10 @@ class ComposeGroup:
         :meth:`fill_disk` can make its writes fail with ENOSPC (None: plain volumes);
         ``broker_settings``: broker settings every broker gets, of
         :data:`~jepsen.docker.layout.PASSED_BROKER_SETTINGS` (delay levels, transaction checks,
-        lock lifetime; the others are the file's), handed to compose as ``BROKER_<KEY>``."""
+        lock lifetime; the others are the file's), handed to compose as ``BROKER_<KEY>``;
+        ``spares``: spare brokers a group for membership changes
+        (:func:`jepsen.docker.layout.membership_override`): defined, not started by :meth:`up`;
+        :meth:`start_joining` creates one (or re-creates a wiped member) empty with ``join``."""
         self.project = project
         self.groups = check_groups(groups)
         self.spark = spark
@@ -258,6 +265,16 @@ class ComposeGroup:
         #: the services faults (kills, pauses, cuts) are aimed at: the message system, not Spark
         self.system_services = tuple(n for n, s in self.layout.items() if s.kind != "spark")
         self.brokers = tuple(n for n, s in self.layout.items() if s.kind == "broker")
+        #: spare broker services (not started by ``up``), and the compose variables that set each
+        #: broker's ``group``/``join`` when ``start_joining`` (re)creates it
+        self.spare_layout: dict[str, ServiceSpec] = {}
+        self.spares: tuple[str, ...] = ()
+        self.member_env: dict[str, str] = {}
+        #: spares whose container exists (cuts cover them)
+        self.created_spares: set[str] = set()
+        #: services whose removed containers' logs are already in ``log_dir`` (``remove_node``)
+        self.removed_logs: set[str] = set()
+        self.plan_spares(spares)
         self.broker_names = tuple(broker_name(g) for g in range(self.groups))
         self.net = net or os.environ.get("LEDGERMQ_NET") or DEFAULT_NET
         self.image = image or os.environ.get("LEDGERMQ_IMAGE") or DEFAULT_IMAGE
@@ -387,14 +404,14 @@ class ComposeGroup:
 
     def service_of(self, node_or_addr: str) -> str:
         """The broker service for a node name (``n2``, ``broker-b/n2``), a service or a broker address."""
-        for name in self.brokers:
+        for name in (*self.brokers, *self.spares):
             if node_or_addr in (self.node_name(name), self.broker_addr(name), name):
                 return name
         raise KeyError(f"no broker service for {node_or_addr!r}")
 
     def _spec(self, service: str) -> ServiceSpec:
         try:
-            return self.layout[service]
+            return self.layout.get(service) or self.spare_layout[service]
         except KeyError:
             raise KeyError(f"unknown service {service!r}; services: {', '.join(self.layout)}") from None
 
@@ -421,6 +438,7 @@ class ComposeGroup:
             env["LEDGERMQ_CLUSTER_SECRET"] = self.cluster_secret
         for key, value in self.broker_settings.items():
             env[passed_setting_var(key)] = str(value)
+        env.update(self.member_env)
         if self.spark:
             env["LEDGERMQ_RUNS_DIR"] = str(self.runs_dir)
             env.setdefault("LEDGERMQ_SPARK_IMAGE", DEFAULT_SPARK_IMAGE)
@@ -440,12 +458,25 @@ class ComposeGroup:
             files += ["-f", str(SPARK_COMPOSE_FILE)]
         if self.small_disk_bytes is not None:
             files += ["-f", str(self.small_disks_file())]
+        if self.spares:
+            files += ["-f", str(self.membership_file())]
         argv = [*self.compose_cmd, "-p", self.project, *files, *args]
         return self._run(argv, timeout=timeout, check=check, env=self.compose_env())
 
     def groups_file(self) -> Path:
         """The override file adding groups 2..N, written beside the logs (or in the temp dir)."""
         return self._override_file(f"groups-{self.groups}", groups_override(self.groups))
+
+    def plan_spares(self, spares: int) -> None:
+        """Define ``spares`` spare brokers a group (before :meth:`up`; 0: none, no override file)."""
+        self.spare_layout = spare_layout(self.groups, spares) if spares else {}
+        self.spares = tuple(self.spare_layout)
+
+    def membership_file(self) -> Path:
+        """The override file defining the spare brokers and every broker's settable group/join."""
+        return self._override_file(
+            "membership", membership_override(self.groups, len(self.spares) // self.groups, self.net)
+        )
 
     def small_disks_file(self) -> Path:
         """The override file putting the brokers' data on small tmpfs volumes, beside the groups file."""
@@ -519,7 +550,7 @@ class ComposeGroup:
             if build == "always" or (build == "missing" and not image_exists(spark_image)):
                 build_spark_image(spark_image, base_image=self.extra_env.get("LEDGERMQ_BASE_IMAGE"), log=log)
             self.runs_dir.mkdir(parents=True, exist_ok=True)
-        self.compose("up", "-d", "--no-build", timeout=timeout)
+        self.compose("up", "-d", "--no-build", *(self.layout if self.spares else ()), timeout=timeout)
         self.killed.clear()
         self.paused.clear()
         self.wait_healthy(timeout=timeout)
@@ -685,6 +716,51 @@ class ComposeGroup:
         if wait_healthy:
             self.wait_healthy([service], timeout=timeout)
 
+    def remove_node(self, service: str) -> None:
+        """Remove a broker's container and its data volume: a machine that left for good."""
+        self._spec(service)
+        for cid in self._ids(service):
+            if self.log_dir is not None:  # its log would go with it: keep it beside the others
+                self._save_log(cid, self.log_dir / f"{service}.log")
+                self.removed_logs.add(service)
+            self.docker("rm", "-f", "-v", cid, timeout=60)
+        label = f"label=com.docker.compose.project={self.project}"
+        vols = self.docker(
+            "volume",
+            "ls",
+            "-q",
+            "--filter",
+            label,
+            "--filter",
+            f"label=com.docker.compose.volume={service}-data",
+        ).stdout.split()
+        if vols:
+            self.docker("volume", "rm", "-f", *vols)
+        self.killed.discard(service)
+        self.paused.discard(service)
+        self.created_spares.discard(service)
+
+    def start_joining(self, service: str, members: Sequence[str], *, timeout: float = 120.0) -> None:
+        """(Re)create ``service`` empty (container and data volume removed first) with ``join``,
+        its ``group`` listing ``members`` (services: the group's members now) and itself, so it
+        asks them to be added. Needs ``spares`` (the membership override file)."""
+        if not self.spares:
+            raise ComposeError("the group was started without spares: no membership override file")
+        spec = self._spec(service)
+        if spec.kind != "broker":
+            raise ComposeError(f"{service} is no broker")
+        self.remove_node(service)
+        group_var, join_var = member_vars(service)
+        listed = [self._spec(m) for m in members if m != service] + [spec]
+        self.member_env[group_var] = ",".join(
+            f"{m.node_id}={self.ip(m.name)}:{m.port}@{self.ip(m.name)}:{m.ledger_port}" for m in listed
+        )
+        self.member_env[join_var] = "true"
+        self.compose("up", "-d", "--no-build", "--no-deps", service, timeout=timeout)
+        if service in self.spare_layout:
+            self.created_spares.add(service)
+        self._apply_cuts([service])
+
     def pause(self, service: str) -> None:
         """Freeze every process of the container (cgroup freezer), like SIGSTOP on the whole node."""
         self.docker("pause", self.container_id(service))
@@ -709,7 +785,7 @@ class ComposeGroup:
             if src != dst:
                 wanted.add((src, dst))
         self.cut_links = wanted
-        unapplied = self._apply_cuts(list(self.system_services))
+        unapplied = self._apply_cuts([*self.system_services, *sorted(self.created_spares)])
         return {"cut": sorted([list(link) for link in wanted]), "unapplied": unapplied}
 
     def partition(self, *sides: Iterable[str]) -> dict[str, Any]:
@@ -808,15 +884,25 @@ class ComposeGroup:
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
         out: dict[str, Path] = {}
-        for name in self.layout:
+        for name in (*self.layout, *self.spares):
             ids = self._ids(name)
             if not ids:
                 continue
-            proc = self.docker("logs", "--timestamps", ids[0], timeout=120, check=False)
             path = dest / f"{name}.log"
-            path.write_text(proc.stdout + proc.stderr, encoding="utf-8", errors="replace")
+            if name in self.removed_logs and path.exists():  # an earlier container's log is in it
+                self._save_log(ids[0], path)
+            else:
+                proc = self.docker("logs", "--timestamps", ids[0], timeout=120, check=False)
+                path.write_text(proc.stdout + proc.stderr, encoding="utf-8", errors="replace")
             out[name] = path
         return out
+
+    def _save_log(self, cid: str, path: Path) -> None:
+        """Append a container's log to ``path`` (a member re-created later adds its own after it)."""
+        proc = self.docker("logs", "--timestamps", cid, timeout=120, check=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8", errors="replace") as f:
+            f.write(f"===== container {cid[:12]}, removed =====\n{proc.stdout}{proc.stderr}")
 
     def read_cluster_secret(self, service: str | None = None) -> bytes:
         """The cluster secret a running node holds (``service``, default the first nameserver),

@@ -279,3 +279,84 @@ def small_disks_override(groups: int, size_bytes: int) -> str:
         "# kept mounted across broker restarts by a <broker>-disk holder. Regenerate rather than edit.\n"
     )
     return header + json.dumps(doc, indent=2) + "\n"
+
+
+#: spare brokers a group may have beyond its first three (octets 24..30 + 10g are free)
+MAX_SPARES = 7
+
+
+def spare_name(group: int, member: int) -> str:
+    """The service of a spare broker: ``broker-a-n4`` (group 0's fourth member)."""
+    return f"{broker_name(group)}-n{member}"
+
+
+def spare_layout(groups: int, spares: int) -> dict[str, ServiceSpec]:
+    """Service name -> spec of ``spares`` spare brokers per group, for the ``membership``
+    nemesis: member ``n4``.. at ``<net>.<24+10g>``.., each on ports of its own (10941/20941 for
+    n4, as n1..n3 use 10911/20911..), published on no host port (the harness dials container
+    addresses). They are not started with the group: :func:`membership_override` defines them."""
+    check_groups(groups)
+    if not isinstance(spares, int) or not 0 <= spares <= MAX_SPARES:
+        raise ValueError(f"spare brokers must be 0..{MAX_SPARES} a group (MAX_SPARES), got {spares!r}")
+    specs: dict[str, ServiceSpec] = {}
+    for g in range(groups):
+        for i in range(BROKERS_PER_GROUP + 1, BROKERS_PER_GROUP + spares + 1):
+            name = spare_name(g, i)
+            specs[name] = ServiceSpec(
+                name,
+                "broker",
+                21 + 10 * g + (i - 1),
+                10911 + 10 * (i - 1),
+                20911 + 10 * (i - 1),
+                f"n{i}",
+                broker_name=broker_name(g),
+            )
+    return specs
+
+
+def member_vars(service: str) -> tuple[str, str]:
+    """The compose variables that set a broker's ``group`` and ``join`` when its container is
+    (re)created: ``LEDGERMQ_GROUP_BROKER_A_N4``, ``LEDGERMQ_JOIN_BROKER_A_N4``."""
+    key = service.upper().replace("-", "_")
+    return f"LEDGERMQ_GROUP_{key}", f"LEDGERMQ_JOIN_{key}"
+
+
+def group_value(members: list[ServiceSpec], net: str) -> str:
+    """``BROKER_GROUP``'s value for these members on network ``net`` (``n1=IP:PORT@IP:LEDGER_PORT,...``)."""
+    return ",".join(f"{m.node_id}={net}.{m.octet}:{m.port}@{net}.{m.octet}:{m.ledger_port}" for m in members)
+
+
+def membership_override(groups: int, spares: int, net: str) -> str:
+    """The override file (JSON-style YAML) for the ``membership`` nemesis: the spare brokers
+    (started empty with ``join``, their group's first members and themselves in ``group``), and
+    for every broker a ``group`` and a ``join`` that the harness sets when it re-creates the
+    container (:func:`member_vars`; the defaults are what docker-compose.yml gives the first
+    members, so a plain ``up`` starts the same group). A member taken out, wiped and added back
+    is re-created with ``join`` and the group's members at that time. The addresses are on
+    ``net`` written out (compose v1 does not nest a variable in another's default)."""
+    base = layout(groups)
+    extra = spare_layout(groups, spares)
+    services: dict[str, Any] = {}
+    for name, spec in {**base, **extra}.items():
+        if spec.kind != "broker":
+            continue
+        first = [s for s in base.values() if s.kind == "broker" and s.broker_name == spec.broker_name]
+        group_var, join_var = member_vars(name)
+        if name in extra:
+            service = broker_service(spec, {**base, name: spec})
+            del service["ports"]
+            service["volumes"] = [f"{name}-data:{DATA_DIR}", f"{SECRET_VOLUME}:{SECRET_DIR}"]
+            default_group, default_join = group_value([*first, spec], net), "true"
+        else:
+            service = {}
+            default_group, default_join = group_value(first, net), "false"
+        env = service.setdefault("environment", {})
+        env["BROKER_GROUP"] = _var(group_var, default_group)
+        env["BROKER_JOIN"] = _var(join_var, default_join)
+        services[name] = service
+    doc = {"version": "2.4", "services": services, "volumes": {f"{name}-data": {} for name in extra}}
+    header = (
+        f"# Generated for the membership nemesis: {spares} spare broker(s) a group, and every broker's\n"
+        "# group/join settable when the harness re-creates it. Regenerate rather than edit.\n"
+    )
+    return header + json.dumps(doc, indent=2) + "\n"

@@ -25,7 +25,8 @@ The backend provides the primitives (``jepsen.systems.ledger`` for ledger groups
 ``jepsen.systems.broker_membership`` for broker groups): ``group_members``,
 ``spare_nodes``, ``member_add`` (start empty with ``join``, add, promote) and
 ``member_remove`` (remove, kill, delete its data); ``membership_refusal`` says why it
-cannot (the docker group cannot start nodes that were not in its compose file yet).
+cannot (e.g. a docker group laid out without spare services). ``jepsen.systems.docker_membership``
+does the same for the docker groups with spare compose services.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ through the generated override file; nodes are then named ``<broker name>/<membe
 (``broker-b/n2``) and the workload spreads its queues over every group, as with the local
 backend.
 
+``membership``: when the run's nemeses include it (``plan_faults``), each group gets spare
+broker services that join empty (``jepsen.systems.docker_membership``).
+
 ``disk-full``: when the run's nemeses include it (``plan_faults``, before the group starts),
 each broker's data volume is a tmpfs of ``SMALL_DISK_MB`` kept mounted by a holder container
 (``jepsen.docker.layout.small_disks_override``: a tmpfs volume alone would be emptied by every
@@ -48,6 +51,7 @@ from jepsen.systems.broker import BrokerQueueClient, broker_status, queue_spec
 from jepsen.systems.broker_semantics import SEMANTICS_SETTINGS, BrokerTiming
 from jepsen.systems.clients import LogClient
 from jepsen.systems.credentials import Credentials
+from jepsen.systems.docker_membership import DockerMembership
 
 LOSS_CHAIN = "LEDGERMQ-LOSS"
 
@@ -72,7 +76,7 @@ def loss_script(peers: list[str], drop: float) -> str:
     return "\n".join(lines)
 
 
-class DockerBrokerBackend(Backend):
+class DockerBrokerBackend(DockerMembership, Backend):
     system = "broker"
     client_timeout = 4.0
     topic = TOPIC
@@ -112,6 +116,7 @@ class DockerBrokerBackend(Backend):
         """With ``disk-full`` among the faults, start the brokers on small tmpfs volumes."""
         if "disk-full" in faults and not self._up:
             self.group.small_disk_bytes = SMALL_DISK_MB << 20
+        self._plan_membership(faults)
 
     def small_disk_refusal(self) -> str | None:
         if self.group.small_disk_bytes is None:
@@ -153,10 +158,7 @@ class DockerBrokerBackend(Backend):
     def node_groups(self) -> dict[str, list[str]]:
         if self.group.groups == 1:
             return super().node_groups()
-        return {
-            name: [self.group.node_name(s) for s in self.group.members(name)]
-            for name in self.group.broker_names
-        }
+        return self._member_groups()  # the groups' current members (membership changes them)
 
     async def wait_for_leader(self, timeout: float = 30.0) -> str:
         """Every group has a ready master (the run needs all its queues); returns them, comma-separated."""
@@ -254,7 +256,7 @@ class DockerBrokerBackend(Backend):
         raise Unsupported("the docker group runs brokers: use --workload queue")
 
     def _names(self) -> dict[str, str]:
-        return {self.group.broker_addr(self.group.service_of(n)): n for n in self.nodes}
+        return {self.group.broker_addr(self.group.service_of(n)): n for n in self.pool}
 
     def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
         return BrokerQueueClient(
@@ -275,7 +277,11 @@ class DockerBrokerBackend(Backend):
         return spec
 
     def log_files(self) -> dict[str, Path]:
-        return {n: self.logs_dir / f"{self.group.service_of(n)}.log" for n in self.nodes}
+        return {
+            n: path
+            for n in self.pool
+            if (path := self.logs_dir / f"{self.group.service_of(n)}.log").exists() or n in self.nodes
+        }
 
     def cleanup_data(self) -> None:
         """Nothing to do: ``down -v`` already removed the containers' volumes."""
