@@ -4,7 +4,8 @@ Runs ``jepsen run --backend local --workload queue --rate max`` with one leader 
 (kill-leader by default) ``--runs`` times (or reads finished run directories given with
 ``--analyze``) and, for every fault, puts on the history's clock (ms after the fault's start):
 
-- ``fault``: the nemesis's end event (the victim dead, or cut off);
+- ``signalled``: a kill's SIGKILL sent (the end event's ``signalled_s``);
+- ``fault``: the nemesis's end event (the victim dead and reaped, or cut off);
 - ``elected``: the first ledger member of the group that became leader after the start;
 - ``master``: that broker switched to master (its store applied what was committed);
 - ``registered``: it registered as broker id 0 with every nameserver;
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("fault", "elected", "master", "registered", "first_answer", "first_ok", "recovery")
+STAGES = ("signalled", "fault", "elected", "master", "registered", "first_answer", "first_ok", "recovery")
 RECOVERY_LOOKBACK_NS = 10_000_000_000  # keys with an ok in the 10 s before a fault must recover
 RUN_TIMEOUT_S = 1800
 
@@ -72,7 +73,10 @@ def broker_log_events(run_dir: Path, to_hist_ns: Any) -> list[dict[str, Any]]:
     """The brokers' role, switch and registration lines, on the history's clock."""
     wanted = {"role change", "switched to master", "registered broker with nameservers"}
     out: list[dict[str, Any]] = []
-    for path in sorted((run_dir / "cluster").glob("broker-*/n*/broker.log")):
+    # one group: cluster/broker-n1/broker.log; several: cluster/broker-a/n1/broker.log
+    paths = sorted((run_dir / "cluster").glob("broker-*/n*/broker.log"))
+    paths += sorted((run_dir / "cluster").glob("broker-*/broker.log"))
+    for path in paths:
         with path.open() as f:
             for line in f:
                 if '"msg"' not in line:
@@ -89,21 +93,17 @@ def broker_log_events(run_dir: Path, to_hist_ns: Any) -> list[dict[str, Any]]:
 
 
 def faults(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """(start, end, value) of each nemesis fault (restarts and heals are not faults)."""
+    """(start, end, value) of each nemesis fault (restarts and heals are not faults).
+
+    Nemesis operations run one at a time, so each start event is followed by its own end
+    event (the end's value may say more than the start's: ``signalled_s`` of a kill)."""
     out: list[dict[str, Any]] = []
-    open_: dict[str, dict[str, Any]] = {}
-    for e in events:
-        if e.get("process") != "nemesis":
+    nemesis = [e for e in events if e.get("process") == "nemesis"]
+    for start, end in zip(nemesis[::2], nemesis[1::2], strict=False):
+        if start["f"] in ("restart", "heal", "resume", "stop-partition") or end["f"] != start["f"]:
             continue
-        key = json.dumps(e.get("value"), sort_keys=True)
-        if e["f"] in ("restart", "heal", "resume", "stop-partition"):
-            continue
-        if key in open_:
-            fault = open_.pop(key)
-            fault["end"] = e["time"]
-            out.append(fault)
-        else:
-            open_[key] = {"f": e["f"], "start": e["time"], "value": e.get("value") or {}}
+        value = end.get("value") if isinstance(end.get("value"), dict) else start.get("value")
+        out.append({"f": start["f"], "start": start["time"], "end": end["time"], "value": value or {}})
     return out
 
 
@@ -126,6 +126,9 @@ def stages_of(
     groups = fault_groups(fault["value"])
     ms: dict[str, float | None] = dict.fromkeys(STAGES)
     ms["fault"] = (fault["end"] - start) / 1e6
+    signalled = fault["value"].get("signalled_s")
+    if isinstance(signalled, int | float):
+        ms["signalled"] = signalled * 1e3 - start / 1e6
 
     def after(pred: Any, since: int) -> dict[str, Any] | None:
         return next((r for r in logs if r["t"] >= since and pred(r)), None)
@@ -148,8 +151,12 @@ def stages_of(
             )
             if reg is not None:
                 ms["registered"] = (reg["t"] - start) / 1e6
+        # the history names a one-group run's nodes without their group (n2, not broker-a/n2)
+        short = (
+            node.split("/", 1)[1] if "/" in node and not any("/" in c[4] for c in completions[:1]) else node
+        )
         for t, _inv, typ, _key, n in completions:
-            if t < start or n != node:
+            if t < start or n not in (node, short):
                 continue
             if ms["first_answer"] is None:
                 ms["first_answer"] = (t - start) / 1e6

@@ -6,6 +6,7 @@ Each variant only chooses its targets; killing, pausing and healing them is shar
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from jepsen.faults.base import Fault, FaultContext, Scope, each, leader_info
@@ -39,14 +40,30 @@ class Kill(Fault):
     async def start(self, ctx: FaultContext, scope: Scope) -> None:
         targets, extra = await self.choose(ctx, scope)
         extra.update(scope.info)
-        b = ctx.backend
-        await ctx.op("kill", {"nodes": targets, "fault": self.name, **extra}, lambda: each(b.kill, targets))
+        value = {"nodes": targets, "fault": self.name, **extra}
+        await ctx.op("kill", value, timed_kill(ctx, value, targets))
         self.targets, self.scope_info = targets, scope.info
 
     async def stop(self, ctx: FaultContext) -> None:
         b, targets = ctx.backend, self.targets
         value = {"nodes": targets, "fault": self.name, **self.scope_info}
         await ctx.op("restart", value, lambda: each(b.restart, targets))
+
+
+def timed_kill(ctx: FaultContext, value: dict[str, Any], targets: list[str]) -> Callable[[], dict[str, Any]]:
+    """The kill's action: SIGKILL each target (the backend reaps it) and say in the end event
+    when the first signal went out (``signalled_s``, on the history's clock): the start event
+    is written before the action runs, so a recovery measured from the start includes the
+    way from the start to the signal, and this shows how long that was (a recovery breakdown
+    needs it: bench/recovery_bench.py)."""
+    history, kill = ctx.history, ctx.backend.kill
+
+    def action() -> dict[str, Any]:
+        signalled = history.now_ns()
+        each(kill, targets)
+        return {**value, "signalled_s": round(signalled / 1e9, 6)}
+
+    return action
 
 
 class KillLeader(Kill):
