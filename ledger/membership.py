@@ -49,13 +49,17 @@ Safety argument (Ongaro's thesis, section 4.1, single-server changes):
    entry at all falls back to the node's config file (``peers``).
 
 Disruption. A removed node cannot disturb the group: members that hold its removal ignore
-its vote requests (they never answer, so its term never reaches them). A configuration
+its vote requests (its term never reaches them); a member whose *committed* configuration
+removed it answers "removed" instead (``RaftCore.answer_departed``), and the node stops
+campaigning (``RaftCore.removed_by``): a node removed while it was down learns it is out. A configuration
 names the ids removed from the group (``removed``, the latest ``MAX_REMOVED`` of them, an id
 added back leaves the list), so this holds however far the log was trimmed since. Once a
 removed node holds its removal itself it no longer campaigns once the removal is committed.
-(A removed node that never received its removal still campaigns on its old configuration;
-with PreVote, the default, that moves no term. Without it, it can take the vote of members
-still on that configuration in term after term and delay elections: shut removed nodes down.) The leader keeps
+(A removed node that never received its removal campaigns on its old configuration until a
+member holding the removal committed answers it; with PreVote, the default, that moves no
+term. Without it, and with only members that have not seen the removal committed to ask, it
+can take their votes term after term and delay elections: shut removed nodes down.) The
+leader keeps
 sending to a removed node until it holds its removal, so it learns it is out instead of
 campaigning against a group that ignores it. A node that holds its own removal while it
 is not yet committed still stands for election, pre-vote first (it may hold the longest

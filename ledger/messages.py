@@ -38,6 +38,10 @@ class VoteResponse:
     dst: str
     granted: bool
     pre_vote: bool = False
+    # The answering member holds a committed configuration that removed the candidate: it
+    # stops campaigning (a node removed while it was down learns it is out). On the wire, a
+    # trailing byte that older nodes do not read.
+    removed: bool = False
 
 
 @dataclass(slots=True)
@@ -133,7 +137,8 @@ def encode_message(m: Message) -> bytes:
         head = _VOTE_REQ.pack(m.term, m.last_index, m.last_term, m.pre_vote, m.transfer)
         return bytes((T_VOTE_REQ,)) + head + _ids(m.src, m.dst)
     if isinstance(m, VoteResponse):
-        return bytes((T_VOTE_RESP,)) + _VOTE_RESP.pack(m.term, m.granted, m.pre_vote) + _ids(m.src, m.dst)
+        body = bytes((T_VOTE_RESP,)) + _VOTE_RESP.pack(m.term, m.granted, m.pre_vote) + _ids(m.src, m.dst)
+        return body + b"\x01" if m.removed else body
     if isinstance(m, TimeoutNow):
         return bytes((T_TIMEOUT_NOW,)) + _TIMEOUT_NOW.pack(m.term) + _ids(m.src, m.dst)
     if isinstance(m, InstallBase):
@@ -187,8 +192,9 @@ def decode_message(body: bytes | memoryview) -> Message:
             return VoteRequest(term, src, dst, li, lt, bool(pre), bool(transfer))
         if kind == T_VOTE_RESP:
             term, granted, pre = _VOTE_RESP.unpack_from(buf, 1)
-            src, dst, _ = _read_ids(buf, 1 + _VOTE_RESP.size)
-            return VoteResponse(term, src, dst, bool(granted), bool(pre))
+            src, dst, off = _read_ids(buf, 1 + _VOTE_RESP.size)
+            removed = off < len(buf) and buf[off] == 1
+            return VoteResponse(term, src, dst, bool(granted) and not removed, bool(pre), removed)
         if kind == T_TIMEOUT_NOW:
             (term,) = _TIMEOUT_NOW.unpack_from(buf, 1)
             src, dst, _ = _read_ids(buf, 1 + _TIMEOUT_NOW.size)

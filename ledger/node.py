@@ -363,6 +363,8 @@ class LedgerNode:
         self._loop = asyncio.get_running_loop()
         self.disk.attach(self._loop)
         self._listener = Listener(cfg, self._on_message, self._client_handler)
+        self._listener.on_departed = self.runtime.departed_dialed
+        self._leaving_dropped = self.core.leaving_dropped
         self._reconcile_peers()
         self._server = await self._listener.start()
         self._tasks.append(self._loop.create_task(self._ticker()))
@@ -416,6 +418,9 @@ class LedgerNode:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             self.runtime.tick()
             self.disk.maybe_mark()
+            if self.core.leaving_dropped != self._leaving_dropped:  # stop talking to a removed peer
+                self._leaving_dropped = self.core.leaving_dropped
+                self._reconcile_peers()
             if self._recovery_pending and not self.core.recovering and self.core.log_claim is None:
                 self._recovery_pending = False
                 self._clear_recovery()

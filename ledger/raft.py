@@ -25,7 +25,9 @@ changes through the log (add a learner, promote a learner, remove a member), eac
 effect once appended and reverted when a truncation removes it, one at a time and only
 after the leader has committed an entry of its term. Learners receive the log but neither
 vote nor count toward commit, reads or CheckQuorum; a leader that removed itself steps down
-(handing over at once) when the change commits; vote requests from non-members are ignored.
+(handing over at once) when the change commits; vote requests from removed members are
+ignored, or, once the removal is committed, answered "removed" (``answer_departed``): a node
+removed while it was down then stops campaigning (``removed_by``) instead of asking forever.
 A learner's catch-up may be throttled (``learner_bytes_per_tick``): the leader reads, encodes
 and sends the whole missing log otherwise as fast as the learner acknowledges it, taking the
 CPU (its own and the learner's) that its clients' appends need while a change is under way.
@@ -206,10 +208,13 @@ class Ready:
     # The configuration in effect changed (appended, reverted by a truncation, installed):
     # the runtime tells its membership listeners before any message of this Ready leaves.
     membership: Membership | None = None
+    # A member told this node that the group removed it (``RaftCore.removed_by``): its id.
+    removed_by: str | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.membership is not None
+            or self.removed_by is not None
             or self.hard_state is not None
             or self.messages
             or self.commit_index is not None
@@ -278,6 +283,11 @@ class RaftCore:
         self.log_claim = log_claim
         # The disk refused a write: do not lead, campaign or vote until the runtime clears it.
         self.disk_fault = False
+        # A member holding a committed configuration that removed this node said so (its id):
+        # the node was removed while it was down or cut off and never received the change. It
+        # no longer campaigns (it votes, as any node does) until a leader replicates to it
+        # again, which only a configuration with this id back in it makes a leader do.
+        self.removed_by: str | None = None
         self._ready = Ready()
         self._hs_dirty = False
         self._append_dirty = False
@@ -285,6 +295,7 @@ class RaftCore:
         self._leave_pending = False  # a leader not in its committed configuration hands over in ready()
         # Leader only: removed peers still sent the log until they hold their removal (id -> its index).
         self.leaving: dict[str, int] = {}
+        self.leaving_dropped = 0  # how many removed peers the leader stopped informing
         # Leader, with a learner throttle: the log's byte position at the last tick (its growth
         # since then is added to each learner's budget, so a learner catches up under any load).
         self._catchup_pos = 0
@@ -309,7 +320,7 @@ class RaftCore:
             self._tick_leader()
         elif self.recovering or self.disk_fault or self.log_claim is not None:
             self.election_elapsed = 0  # waits for a leader (or its disk): it may not lead
-        elif not self.is_voter and not self._removal_pending():
+        elif (not self.is_voter and not self._removal_pending()) or self.removed_by is not None:
             # A learner (or a node outside the group) never campaigns, but lets its leader's
             # lease lapse as a voter would, so it grants votes again once the leader is gone.
             self.election_elapsed += 1
@@ -326,7 +337,7 @@ class RaftCore:
         """Start an election (a pre-vote first unless this is a transfer or pre-vote is off)."""
         if self.recovering or self.disk_fault or self.log_claim is not None:
             return
-        if not self.is_voter and not self._removal_pending():
+        if (not self.is_voter and not self._removal_pending()) or self.removed_by is not None:
             return
         if (self.config.pre_vote or not self.is_voter) and not transfer:
             # A node its pending removal left out always asks first (pre-vote moves no term):
@@ -367,6 +378,24 @@ class RaftCore:
             self.campaign()
             return
         self.timeout = rank * max(2, self.config.election_ticks // 4)
+
+    def answer_departed(self, peer: str, pre_vote: bool = True) -> None:
+        """``peer`` asked for our vote (or dialled us) though the group removed it: if the
+        configuration at our commit index says so, answer that it was removed (the answer moves
+        no term and grants nothing), so that a node removed while it was down stops campaigning
+        and says why. Unanswered while the removal is not committed here: it may still be
+        truncated away, and the node would then be a voter that never stands."""
+        if peer in self.departed and peer in self.config_at(self.commit)[2].removed:
+            self._send(VoteResponse(self.term, self.id, peer, False, pre_vote, removed=True))
+
+    def _learn_removed(self, src: str) -> None:
+        """A member told us the group removed us (see ``answer_departed``): stop campaigning."""
+        if self.role is Role.LEADER or self.removed_by is not None:
+            return
+        self.removed_by = src
+        self._ready.removed_by = src
+        if self.role is not Role.FOLLOWER:
+            self._become_follower(self.term, None)
 
     def peer_reachable(self, peer: str) -> None:
         """A connection to ``peer`` was (re)established: resend our vote request if it has not answered.
@@ -537,7 +566,13 @@ class RaftCore:
     def step(self, m: Message) -> None:
         """Handle one message from a peer."""
         if m.__class__ is VoteRequest and m.src in self.departed:
-            return  # a node the group removed: unanswered, its term never reaches us
+            # A node the group removed: its term never reaches us; told it is out if that is
+            # committed here, else unanswered.
+            self.answer_departed(m.src, m.pre_vote)
+            return
+        if m.__class__ is VoteResponse and m.removed:
+            self._learn_removed(m.src)
+            return
         if m.term > self.term:
             if isinstance(m, VoteRequest):
                 in_lease = (
@@ -801,6 +836,7 @@ class RaftCore:
     # ------------------------------------------------------------------ follower side
 
     def _accept_leader(self, m: AppendRequest | InstallBase) -> None:
+        self.removed_by = None  # a leader replicates to us: we are in its configuration
         if self.role is not Role.FOLLOWER or self.leader != m.src:
             self._become_follower(m.term, m.src)
         self.election_elapsed = 0
@@ -1008,6 +1044,7 @@ class RaftCore:
         self._append_dirty = True
 
     def _drop_leaving(self, peer: str) -> None:
+        self.leaving_dropped += 1  # the shell hangs up on it (``contacts`` shrank)
         del self.leaving[peer]
         del self.progress[peer]
         self._targets = self.peers + list(self.leaving)
@@ -1370,6 +1407,7 @@ class RaftCore:
             "log_claim": self.log_claim,
             "disk_fault": self.disk_fault,
             "voter": self.is_voter,
+            "removed_by": self.removed_by,
             "membership": self.membership_status(),
         }
 

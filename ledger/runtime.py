@@ -198,6 +198,13 @@ class LedgerRuntime:
             self.disk_failed(exc)
         self.wake()
 
+    def departed_dialed(self, peer: str) -> None:
+        """A member the group removed dialled us (see ``RaftCore.answer_departed``)."""
+        if self.failed is not None:
+            return
+        self.core.answer_departed(peer)
+        self.wake()
+
     def peer_reachable(self, peer: str) -> None:
         """The shell connected to ``peer`` (see ``RaftCore.peer_reachable``)."""
         if self.failed is not None:
@@ -311,6 +318,14 @@ class LedgerRuntime:
         for role, term, leader in rd.role_changes:
             for fn in self.role_listeners:
                 _call(fn, role, term, leader)
+        if rd.removed_by is not None:
+            log.warning(
+                "this node was removed from the group (member %s holds the committed change): it no "
+                "longer stands for election; shut it down, or add it back (with an empty data "
+                "directory and join)",
+                rd.removed_by,
+                extra={"removed_by": rd.removed_by},
+            )
         if rd.commit_index is not None:
             for fn in self.commit_listeners:
                 _call(fn, rd.commit_index)

@@ -415,6 +415,8 @@ class Listener:
         self.members = set(cfg.members) - {cfg.id}
         self.departed: frozenset[str] = frozenset()  # removed from the group (see set_members)
         self.open_to_all = False  # accept any peer (see set_members)
+        # told the id of a removed member whose dial was refused (the node answers it "removed")
+        self.on_departed: Callable[[str], None] | None = None
         self.auth = PeerAuth(cfg.secret) if cfg.secret else None
         self.flags = FLAG_FRAME_MAC if cfg.frame_mac else 0
         self.on_peer_message = on_peer_message
@@ -434,6 +436,15 @@ class Listener:
         if peer in self.members or self.open_to_all:
             return True
         return self.auth is not None and peer not in self.departed
+
+    def tell_departed(self, peer: str) -> None:
+        """A removed member dialled us (its claim is not proven yet: the answer goes to the
+        address the configuration had for it, through our own authenticated dial)."""
+        if self.on_departed is not None:
+            try:
+                self.on_departed(peer)
+            except Exception:  # noqa: BLE001 - a listener's fault must not break the accept path
+                log.exception("on_departed failed for %s", peer)
 
     def set_members(
         self, peers: set[str], open_to_all: bool = False, departed: frozenset[str] = frozenset()
@@ -716,6 +727,7 @@ class InboundProtocol(FrameProtocol):
                 self.refuse(f"it dialled member {target!r} but this node is {lst.self_id!r}")
             elif dialer in lst.departed and not lst.accepts(dialer):
                 self.refuse("that id was removed from this group")
+                lst.tell_departed(dialer)
             elif not lst.accepts(dialer):
                 self.refuse("that id is not another member of this group")
             elif hs.flags != lst.flags:
@@ -734,6 +746,8 @@ class InboundProtocol(FrameProtocol):
                 self.refuse("unauthenticated peer hello; this node requires the cluster secret")
             elif self._claimed not in lst.members and not lst.open_to_all:
                 self.refuse("that id is not another member of this group")
+                if self._claimed in lst.departed:
+                    lst.tell_departed(self._claimed)
             else:
                 self._accept_peer(self._claimed)
         elif kind == HELLO_CLIENT:

@@ -118,6 +118,49 @@ def test_joining_under_the_id_of_a_voter_is_refused(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("secret", ["", "s3cret-" * 6], ids=["plain", "cluster-secret"])
+def test_a_node_removed_while_it_was_down_learns_it_and_stops_campaigning(
+    tmp_path: Path, secret: str
+) -> None:
+    """Its dials are refused (it was removed), and the members holding the committed removal
+    answer it through their own dial: it stops standing for election and says why."""
+
+    async def main() -> None:
+        addrs = {n: f"127.0.0.1:{free_port()}" for n in ("n1", "n2", "n3")}
+        peers = [f"{n}={a}" for n, a in addrs.items()]
+
+        def member(nid: str) -> EmbeddedLedger:
+            return EmbeddedLedger(node_config(tmp_path, nid, addrs[nid], peers=peers, cluster_secret=secret))
+
+        nodes = {n: member(n) for n in addrs}
+        for node in nodes.values():
+            await node.start()
+        try:
+            await until(lambda: any(n.leader_ready for n in nodes.values()), "a leader")
+            leader = next(n for n in nodes.values() if n.leader_ready)
+            victim = next(n for n in addrs if n != leader.node_id)
+            await nodes[victim].stop()
+            view = await leader.remove_member(victim)
+            assert victim not in view.voters and view.committed
+            await asyncio.sleep(0.5)  # past the leader's last attempts to tell it (an election timeout)
+            term = leader.status()["term"]
+            nodes[victim] = back = member(victim)  # back on its old log: a voter of the old group
+            await back.start()
+            assert back.status()["voter"]
+            await until(lambda: back.status()["removed_by"] is not None, "the removed node to be told", 10)
+            assert back.status()["removed_by"] in addrs and back.status()["voter"]
+            roles = []
+            back.on_role(lambda change: roles.append(change))
+            await asyncio.sleep(0.6)  # several of its election timeouts
+            assert not roles and back.status()["role"] == "follower"  # it no longer stands
+            assert leader.is_leader and leader.status()["term"] == term  # nobody was disturbed
+        finally:
+            for node in nodes.values():
+                await node.stop()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------- real processes
 
 

@@ -365,12 +365,64 @@ def test_a_removed_node_is_ignored_and_told_it_is_out() -> None:
     removed = net["n3"]
     assert removed.config_index == index and not removed.is_voter  # the leader sent it its removal
     assert "n3" not in leader.progress and not leader.leaving
-    # Its vote requests (whatever their term) get no answer and move nobody's term.
+    # Its vote requests (whatever their term) move nobody's term: a member holding the committed
+    # removal answers only that it was removed (granting nothing), at its own term.
+    net.tick(3)  # the followers learn the removal committed
+    assert net["n2"].commit >= index
     for member in (net["n1"], net["n2"]):
         term = member.term
         member.step(VoteRequest(term + 5, "n3", member.id, 10**6, 10**6))
         rd = member.ready()
-        assert member.term == term and not rd.messages
+        assert member.term == term
+        assert [(type(m), m.granted, m.removed, m.term) for m in rd.messages] == [
+            (VoteResponse, False, True, term)
+        ]
+
+
+def test_a_node_removed_while_it_was_down_is_told_so_and_stops_campaigning() -> None:
+    net = Net(group("n1", "n2", "n3"))
+    leader = net.elect("n1")
+    net.tick()
+    net.down = {"n3"}
+    index = net.change("n1", REMOVE, "n3")
+    net.tick(2 * E + 1)  # committed, and the leader stopped sending to the silent n3
+    assert leader.commit >= index and "n3" not in leader.progress and not leader.leaving
+    removed = net["n3"]
+    assert removed.is_voter and removed.config_index == 0  # back up on its old configuration
+    term = leader.term
+    net.down = set()
+    before = len(net.sent)
+    net.tick(4 * E)
+    asks = [m for m in net.sent[before:] if isinstance(m, VoteRequest) and m.src == "n3"]
+    told = [m for m in net.sent[before:] if isinstance(m, VoteResponse) and m.dst == "n3"]
+    assert asks and all(m.pre_vote for m in asks)  # asked once (a pre-vote) ...
+    assert told and all(m.removed and not m.granted for m in told)  # ... and was told it is out
+    assert removed.removed_by in ("n1", "n2") and removed.status()["removed_by"] == removed.removed_by
+    assert removed.role is Role.FOLLOWER
+    last_ask = max(net.sent.index(m) for m in asks)
+    assert last_ask < net.sent.index(told[0]) + len(asks) + 2  # no campaign after the answer
+    before = len(net.sent)
+    net.tick(6 * E)
+    assert not [m for m in net.sent[before:] if isinstance(m, VoteRequest) and m.src == "n3"]
+    assert leader.role is Role.LEADER and leader.term == term  # the group was never disturbed
+    # Added back under the same id: the leader replicates to it, and it is a member again.
+    net.change("n1", ADD, "n3", "n3:1")
+    net.tick(2)
+    assert removed.removed_by is None and removed.membership.learners.keys() == {"n3"}
+
+
+def test_a_removal_not_committed_at_the_member_asked_is_not_told() -> None:
+    """A removal a member holds but has not seen committed may still be truncated away: the
+    node would then be a voter that never stands, so nothing is said."""
+    net = Net(group("n1", "n2", "n3"))
+    leader = net.elect("n1")
+    net.tick()
+    net.down = {"n2", "n3"}
+    leader.propose_membership(MembershipChange(REMOVE, "n3"))
+    net.run()
+    assert "n3" in leader.departed and leader.commit < leader.config_index
+    leader.step(VoteRequest(leader.term + 1, "n3", "n1", 10**6, 10**6, True))
+    assert not leader.ready().messages
 
 
 def test_a_node_removed_by_an_uncommitted_change_still_stands_for_election() -> None:
@@ -590,3 +642,14 @@ def test_a_throttled_learner_still_catches_up_while_the_log_grows_faster_than_th
         assert net["n4"].log.last_index == leader.log.last_index
     index = net.change("n1", PROMOTE, "n4")
     assert leader.commit >= index and net["n4"].is_voter
+
+
+def test_the_removed_answer_is_a_trailing_flag_older_nodes_read_as_a_refusal() -> None:
+    told = VoteResponse(7, "n1", "n3", False, True, removed=True)
+    body = encode_message(told)
+    assert decode_message(body) == told
+    plain = decode_message(body[:-1])  # what a node without the flag reads: a refused pre-vote
+    assert not plain.granted and not plain.removed and plain.term == 7  # type: ignore[union-attr]
+    # a forged "granted and removed" is read as removed, never as a vote
+    forged = decode_message(encode_message(VoteResponse(7, "n1", "n3", True, True, removed=True)))
+    assert forged.removed and not forged.granted  # type: ignore[union-attr]
