@@ -24,7 +24,13 @@ from client.route import MessageQueue
 from client.send_attempts import SendResult, message_result
 from remoting.codes import RequestCode, ResponseCode
 from remoting.exceptions import RemotingError
-from remoting.message import PROPERTY_UNIQ_KEY, Message, MessageFormatError, decode_stored_messages
+from remoting.message import (
+    PROPERTY_UNIQ_KEY,
+    Message,
+    MessageFormatError,
+    decode_stored_messages,
+    parse_offset_msg_id,
+)
 from remoting.protocol import RemotingCommand
 from remoting.route import TopicRouteData
 
@@ -154,8 +160,6 @@ class Backend:
     async def send_half(self, msg: Message) -> tuple[SendResult, TxRef]:
         result, broker_tx = await self.producer.send_half(msg, self.send_timeout_s)
         try:
-            from remoting.message import parse_offset_msg_id
-
             _host, log_offset = parse_offset_msg_id(result.msg_id)
         except MessageFormatError as exc:
             raise BackendError("INTERNAL_ERROR", f"the half message's id is unusable: {exc}") from None
@@ -242,6 +246,7 @@ class Backend:
                     broker,
                     m.queue_id,
                     m.queue_offset,
+                    _position(m),
                 ),
             )
             for m in msgs
@@ -253,7 +258,7 @@ class Backend:
             "consumerGroup": group,
             "topic": topic,
             "queueId": h.queue_id,
-            "extraInfo": h.text(),
+            "extraInfo": h.extra_info(),
             "offset": h.offset,
         }
 
@@ -279,7 +284,35 @@ class Backend:
         )
         if resp.code != ResponseCode.SUCCESS:
             raise BackendError(_code_of(resp.code, handle=True), resp.remark)
-        return Handle(h.ck, resp.header_int("popTime"), invisible_ms, h.broker, h.queue_id, h.offset)
+        return Handle(
+            h.ck, resp.header_int("popTime"), invisible_ms, h.broker, h.queue_id, h.offset, h.position
+        )
+
+    async def to_dead_letters(
+        self, group: str, topic: str, h: Handle, message_id: str, max_attempts: int
+    ) -> None:
+        """Store the delivered message in ``%DLQ%<group>`` (CONSUMER_SEND_MSG_BACK, delay level -1),
+        then ack it: a 5.x consumer gives up on it (ForwardMessageToDeadLetterQueue)."""
+        if h.position < 0:
+            raise BackendError("INVALID_RECEIPT_HANDLE", "the receipt handle names no stored message")
+        headers = {
+            "offset": h.position,
+            "group": group,
+            "delayLevel": -1,
+            "originMsgId": message_id,
+            "originTopic": topic,
+            "unitMode": "false",
+            "maxReconsumeTimes": max_attempts,
+        }
+        resp = await self.master_call(
+            h.broker,
+            topic,
+            lambda: RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, headers),
+            self.send_timeout_s,
+        )
+        if resp.code != ResponseCode.SUCCESS:
+            raise BackendError(_code_of(resp.code), f"dead-letter forward: {resp.remark}")
+        await self.ack(group, topic, h)
 
     # --- master calls -------------------------------------------------------------------------------
     async def master_call(
@@ -324,6 +357,16 @@ class Backend:
                 continue
             return resp
         raise BackendError("PROXY_TIMEOUT", f"broker group {broker!r} answered no call: {error}")
+
+
+def _position(m: Message) -> int:
+    """A popped message's commit-log position (from its offset message id), -1 if unknown."""
+    if m.physical_offset >= 0:
+        return m.physical_offset
+    try:
+        return parse_offset_msg_id(m.msg_id or m.offset_msg_id)[1]
+    except MessageFormatError:
+        return -1
 
 
 def _java_hash(text: str) -> int:

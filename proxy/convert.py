@@ -5,7 +5,8 @@ Both tokens carry everything needed to act on them later, so the proxy keeps no 
 
 - a receipt handle is the broker's ``POP_CK`` extra info (``ck popTime invisibleTime reviveQid
   retryFlag brokerName queueId offset``), what an ACK_MESSAGE or CHANGE_MESSAGE_INVISIBLETIME
-  names; the broker decides whether it is still good (``broker.pop``);
+  names, and the message's commit-log position (what a dead-letter forward copies); the broker
+  decides whether it is still good (``broker.pop``);
 - a transaction id names where the half message was stored (broker group, queue offset,
   commit-log offset) and the broker's own transaction id, what END_TRANSACTION needs.
 """
@@ -86,7 +87,7 @@ MAX_MESSAGE_GROUP_CHARS = 255
 #: the most a delivery timestamp may lie ahead (RocketMQ 5's timerMaxDelaySec default: 3 days)
 MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 MAX_HANDLE_CHARS = 512
-HANDLE_FIELDS = 8
+HANDLE_FIELDS = 9  # POP_CK's 8 fields and the message's commit-log position
 TX_SEPARATOR = "|"
 
 
@@ -247,7 +248,8 @@ def to_v2(m: Message, pb: Any, receipt_handle: str, invisible_ms: int) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Handle:
-    """A receipt handle: one delivery of the message at ``offset`` of ``broker``'s ``queue_id``."""
+    """A receipt handle: one delivery of the message at ``offset`` of ``broker``'s ``queue_id``
+    (stored at commit-log position ``position``, what a dead-letter forward copies)."""
 
     ck: int
     pop_time: int
@@ -255,11 +257,16 @@ class Handle:
     broker: str
     queue_id: int
     offset: int
+    position: int = -1
 
-    def text(self) -> str:
+    def extra_info(self) -> str:
+        """The broker's POP_CK extra info an ACK or CHANGE_MESSAGE_INVISIBLETIME names."""
         return (
             f"{self.ck} {self.pop_time} {self.invisible_ms} 0 0 {self.broker} {self.queue_id} {self.offset}"
         )
+
+    def text(self) -> str:
+        return f"{self.extra_info()} {self.position}"
 
 
 def parse_handle(text: str) -> Handle:
@@ -270,12 +277,12 @@ def parse_handle(text: str) -> Handle:
             "INVALID_RECEIPT_HANDLE", f"receipt handle {text[:80]!r} is not one this proxy gave out"
         )
     try:
-        ck, pop_time, invisible, qid, offset = (int(fields[i]) for i in (0, 1, 2, 6, 7))
+        ck, pop_time, invisible, qid, offset, position = (int(fields[i]) for i in (0, 1, 2, 6, 7, 8))
     except ValueError:
         raise BadRequest("INVALID_RECEIPT_HANDLE", f"receipt handle {text[:80]!r} is malformed") from None
-    if min(ck, pop_time, invisible, qid, offset) < 0 or fields[4] != "0" or not fields[5]:
+    if min(ck, pop_time, invisible, qid, offset) < 0 or position < -1 or fields[4] != "0" or not fields[5]:
         raise BadRequest("INVALID_RECEIPT_HANDLE", f"receipt handle {text[:80]!r} is malformed")
-    return Handle(ck, pop_time, invisible, fields[5], qid, offset)
+    return Handle(ck, pop_time, invisible, fields[5], qid, offset, position)
 
 
 # ---------------------------------------------------------------------- transaction ids

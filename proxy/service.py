@@ -438,6 +438,21 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         )
         return spb.ChangeInvisibleDurationResponse(status=_status(), receipt_handle=handle.text())
 
+    @_answer(spb.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: Any, context: Any, account: Account | None
+    ) -> Any:
+        """A consumer gave up on a message (its delivery attempts spent): store it in the
+        group's dead-letter topic ``%DLQ%<group>`` and ack it."""
+        group = self._group(request.group)
+        topic = self._topic(request.topic)
+        self.auth.allow_topic(account, topic, SUB)
+        self.auth.allow_group(account, group)
+        handle = parse_handle(request.receipt_handle)
+        attempts = max(request.max_delivery_attempts, 1)
+        await self.backend.to_dead_letters(group, topic, handle, request.message_id, attempts)
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=_status())
+
 
 #: RPCs of the v2 service the proxy does not serve: answered UNIMPLEMENTED, saying why
 NOT_SERVED = {

@@ -5,6 +5,9 @@ handshake, sends of every message type, receive/ack/invisible time, and RocketMQ
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ import pytest
 
 from broker.localcluster import LocalCluster
 from client import AdminClient
+from common.process import free_port
 from proxy.protocol import pb, sgrpc, spb
 
 pytestmark = pytest.mark.slow
@@ -182,7 +186,7 @@ def test_routes_settings_handshake_and_refusals(cluster: LocalCluster, stub: Any
     assert code(send(stub, message("NoSuchTopic", b"x")).status) == "TOPIC_NOT_FOUND"
     assert code(send(stub, message(T, b"x", kind="FIFO")).status) == "MESSAGE_PROPERTY_CONFLICT_WITH_TYPE"
     assert code(ack(stub, "g-bad", None, handle="garbage")) == "INVALID_RECEIPT_HANDLE"
-    never = "0 1700000000000 30000 0 0 broker-a 0 999999"
+    never = "0 1700000000000 30000 0 0 broker-a 0 999999 -1"
     assert code(ack(stub, "g-bad", None, handle=never)) == "INVALID_RECEIPT_HANDLE"
     status, _ = receive(stub, "bad group")
     assert code(status) == "ILLEGAL_CONSUMER_GROUP"
@@ -294,3 +298,136 @@ def test_fifo_delay_and_transactions(stub: Any) -> None:
     assert got[0].system_properties.message_id == commit_me.system_properties.message_id
     status, none = receive(stub, "g-tx", topic="ProxyTx", poll_s=0.5)
     assert code(status) == "MESSAGE_NOT_FOUND" and none == []
+
+
+# ---------------------------------------------------------------------- ACL, TLS, dead letters, SQL92
+
+
+def spawn_proxy(cluster: LocalCluster, name: str, *extra: str) -> str:
+    """Another proxy process in front of the same cluster (stopped with it); its address."""
+    addr = f"127.0.0.1:{free_port('127.0.0.1')}"
+    argv = [sys.executable, "-m", "proxy", "--namesrv", cluster.namesrv_addr, "--listen", addr, *extra]
+    log = Path(cluster.base_dir) / name / "proxy.log"
+    cluster.spawn(name, argv, log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "proxy=" not in (log.read_text() if log.exists() else ""):
+        assert cluster.is_running(name), log.read_text()
+        assert time.monotonic() < deadline, f"{name} did not start"
+        time.sleep(0.1)
+    return addr
+
+
+def signed(access_key: str, secret_key: str) -> list[tuple[str, str]]:
+    """The metadata a 5.x client with credentials sends (rocketmq.v5.util.Signature)."""
+    now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    sig = hmac.new(secret_key.encode(), now.encode(), hashlib.sha1).hexdigest()
+    auth = f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders=x-mq-date-time, Signature={sig}"
+    return [("x-mq-date-time", now), ("authorization", auth), ("x-mq-client-id", "test")]
+
+
+def test_rocketmq5_authentication_against_the_acl(cluster: LocalCluster, tmp_path: Path) -> None:
+    acl = tmp_path / "acl.toml"
+    acl.write_text(
+        '[[accounts]]\naccess_key = "alice"\nsecret_key = "alice-secret"\ntopic_perms = ["ProxyT=PUB"]\n\n'
+        '[[accounts]]\naccess_key = "bob"\nsecret_key = "bob-secret"\n'
+        'topic_perms = ["ProxyT=PUB|SUB"]\ngroup_perms = ["g-bob=SUB"]\n'
+    )
+    addr = spawn_proxy(cluster, "proxy-acl", "--acl-file", str(acl))
+    with grpc.insecure_channel(addr) as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        req = spb.SendMessageRequest(messages=[message(T, b"acl")])
+        assert code(stub.SendMessage(req, timeout=10).status) == "UNAUTHORIZED"
+        assert (
+            code(stub.SendMessage(req, timeout=10, metadata=signed("alice", "wrong-secret")).status)
+            == "UNAUTHORIZED"
+        )
+        assert (
+            code(stub.SendMessage(req, timeout=10, metadata=signed("mallory", "x" * 8)).status)
+            == "UNAUTHORIZED"
+        )
+        assert (
+            code(stub.SendMessage(req, timeout=10, metadata=signed("alice", "alice-secret")).status) == "OK"
+        )
+        ask = spb.ReceiveMessageRequest(
+            group=pb.Resource(name="g-bob"),
+            message_queue=pb.MessageQueue(topic=pb.Resource(name=T), broker=pb.Broker(name="broker-a")),
+            batch_size=1,
+        )
+        ask.invisible_duration.FromSeconds(30)
+        ask.long_polling_timeout.FromSeconds(1)
+
+        def status_of(metadata: Any) -> str:
+            answers = list(stub.ReceiveMessage(ask, timeout=15, metadata=metadata))
+            return code(next(a.status for a in answers if a.HasField("status")))
+
+        assert status_of(signed("alice", "alice-secret")) == "FORBIDDEN"  # no SUB
+        assert status_of(signed("bob", "bob-secret")) == "OK"
+        assert status_of(None) == "UNAUTHORIZED"
+
+
+def test_tls(cluster: LocalCluster, tmp_path: Path) -> None:
+    pytest.importorskip("cryptography")
+    from test_ledger_security import make_ca_and_cert
+
+    pki = make_ca_and_cert(tmp_path / "pki", ["127.0.0.1"])
+    addr = spawn_proxy(
+        cluster, "proxy-tls", "--tls-cert", pki["tls_cert_file"], "--tls-key", pki["tls_key_file"]
+    )
+    creds = grpc.ssl_channel_credentials(Path(pki["tls_ca_file"]).read_bytes())
+    with grpc.secure_channel(addr, creds) as ch:
+        assert code(sgrpc.MessagingServiceStub(ch).QueryRoute(route_request(T), timeout=10).status) == "OK"
+    with grpc.insecure_channel(addr) as ch, pytest.raises(grpc.RpcError):
+        sgrpc.MessagingServiceStub(ch).QueryRoute(route_request(T), timeout=3)
+
+
+def test_sql92_filter_and_dead_letter_forward(cluster: LocalCluster, stub: Any) -> None:
+    msgs = [message("ProxyDelay", f"n{i}".encode()) for i in range(6)]
+    for i, m in enumerate(msgs):
+        m.user_properties["n"] = str(i)
+    assert code(send(stub, *msgs).status) == "OK"
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name="g-sql"),
+        message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="ProxyDelay"), broker=pb.Broker(name="broker-a")
+        ),
+        filter_expression=pb.FilterExpression(type=pb.FilterType.SQL, expression="n > 3"),
+        batch_size=8,
+    )
+    req.invisible_duration.FromSeconds(30)
+    req.long_polling_timeout.FromSeconds(1)
+    got: list[Any] = []
+    for _ in range(10):
+        got += [a.message for a in stub.ReceiveMessage(req, timeout=15) if a.HasField("message")]
+        if len(got) >= 2:
+            break
+    assert sorted(m.body for m in got) == [b"n4", b"n5"]
+    assert got[0].user_properties["n"] in ("4", "5")
+    bad = spb.ReceiveMessageRequest()
+    bad.CopyFrom(req)
+    bad.filter_expression.expression = "n >>> 3"
+    answers = list(stub.ReceiveMessage(bad, timeout=15))
+    assert code(answers[0].status) == "ILLEGAL_FILTER_EXPRESSION"
+
+    # a consumer gives up on a message: it goes to the group's dead-letter topic, acked here
+    dead = got[0]
+    forward = spb.ForwardMessageToDeadLetterQueueRequest(
+        group=pb.Resource(name="g-sql"),
+        topic=pb.Resource(name="ProxyDelay"),
+        receipt_handle=dead.system_properties.receipt_handle,
+        message_id=dead.system_properties.message_id,
+        delivery_attempt=1,
+        max_delivery_attempts=1,
+    )
+    answer = stub.ForwardMessageToDeadLetterQueue(forward, timeout=10).status
+    assert code(answer) == "OK", (answer, forward.receipt_handle)
+
+    async def dead_letters() -> list[bytes]:
+        async with AdminClient(cluster.namesrv_addr) as admin:
+            for _ in range(50):
+                found = await admin.group_messages("g-sql", dead=True)
+                if found:
+                    return [bytes(m.body) for m in found]
+                await asyncio.sleep(0.2)
+        return []
+
+    assert asyncio.run(dead_letters()) == [dead.body]
