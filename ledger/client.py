@@ -178,18 +178,20 @@ class LedgerClient:
         _, payload = await self._call(lambda rid: encode_member(rid, MEMBER_LIST), idempotent=True)
         return json.loads(bytes(payload))
 
-    async def add_learner(self, node_id: str, address: str) -> dict[str, Any]:
-        """Add ``node_id`` at ``address`` as a learner; returns the new configuration once committed."""
-        return await self._member(ADD, node_id, address)
+    async def add_learner(self, node_id: str, address: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        """Add ``node_id`` at ``address`` as a learner; returns the new configuration once committed.
+        With ``wait_s`` a ``busy`` refusal (a new leader, another change under way) is retried."""
+        return await self._member(ADD, node_id, address, wait_s=wait_s)
 
     async def promote(self, node_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
         """Make learner ``node_id`` a voter. The leader refuses until the learner has caught up;
         with ``wait_s`` the request is repeated (every ``retry_s``) for up to that long."""
         return await self._member(PROMOTE, node_id, wait_s=wait_s)
 
-    async def remove_member(self, node_id: str) -> dict[str, Any]:
-        """Remove voter or learner ``node_id`` (the leader itself steps down once it commits)."""
-        return await self._member(REMOVE, node_id)
+    async def remove_member(self, node_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        """Remove voter or learner ``node_id`` (the leader itself steps down once it commits).
+        With ``wait_s`` a ``busy`` refusal is retried for up to that long."""
+        return await self._member(REMOVE, node_id, wait_s=wait_s)
 
     async def _member(self, op: str, node_id: str, address: str = "", wait_s: float = 0.0) -> dict[str, Any]:
         """One change, repeated while the leader answers ``busy`` (retryable) within ``wait_s``.

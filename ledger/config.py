@@ -44,6 +44,10 @@ Membership (see ``ledger.membership``):
   ``peers`` then needs at most its own entry (its address as the others dial it; default
   ``listen``). Ignored once the node's log holds a configuration.
 - ``join_timeout_s`` (60): how long a joining node keeps asking before it gives up.
+- ``dial`` (none): ``id=host:port`` entries, the address this node dials for that member
+  instead of the one the configuration (or ``peers``) names: a relay or proxy on the way to
+  it (a test harness's per-link proxies, a tunnel). Members the group adds later are covered
+  as soon as their id is listed; at most ``MAX_DIAL_OVERRIDES`` entries.
 - ``promote_max_lag_entries`` (1024): a learner is promoted to voter only when its log is at
   most this many entries behind the leader's.
 - ``learner_catchup_mb_per_s`` (0: no limit): the most MB/s the leader sends one learner
@@ -77,6 +81,8 @@ from .raft import RaftConfig
 
 #: The highest ``learner_catchup_mb_per_s`` accepted (beyond it, it would be no limit anyway).
 MAX_LEARNER_CATCHUP_MB_PER_S = 100_000.0
+#: The most ``dial`` entries one node takes (a configuration holds at most 64 members).
+MAX_DIAL_OVERRIDES = 256
 #: Default of ``NodeConfig.durable_mark_interval_s`` (seconds between durable marks).
 DEFAULT_DURABLE_MARK_INTERVAL_S = 1.0
 
@@ -126,13 +132,31 @@ class NodeConfig:
     durable_mark_interval_s: float = DEFAULT_DURABLE_MARK_INTERVAL_S
     join: list[str] = field(default_factory=list)  # host:port of nodes of the group to join
     join_timeout_s: float = 60.0
+    dial: list[str] = field(default_factory=list)  # id=host:port: where to dial that member instead
     promote_max_lag_entries: int = 1024
     learner_catchup_mb_per_s: float = 0.0
     members: dict[str, str] = field(init=False, default_factory=dict)
+    dial_overrides: dict[str, str] = field(init=False, default_factory=dict)
     secret: bytes = field(init=False, default=b"", repr=False, compare=False)
     accepted_secrets: tuple[bytes, ...] = field(init=False, default=(), repr=False, compare=False)
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
+
+    def _parse_dial(self) -> dict[str, str]:
+        if len(self.dial) > MAX_DIAL_OVERRIDES:
+            raise ConfigError(f"key 'dial': at most {MAX_DIAL_OVERRIDES} entries (MAX_DIAL_OVERRIDES)")
+        out: dict[str, str] = {}
+        for item in self.dial:
+            name, sep, addr = item.partition("=")
+            if not sep or not name or len(name.encode()) > 64 or not name.isprintable():
+                raise ConfigError(
+                    f"key 'dial': expected id=host:port (id printable, <= 64 bytes), got {item[:100]!r}"
+                )
+            parse_host_port("dial", addr)
+            if name in out:
+                raise ConfigError(f"key 'dial': member {name!r} listed twice")
+            out[name] = addr
+        return out
 
     def validate(self) -> None:
         parse_host_port("listen", self.listen)
@@ -173,6 +197,7 @@ class NodeConfig:
                 )
             members[self.id] = self.listen
         self.members = members
+        self.dial_overrides = self._parse_dial()
         if self.preferred_leader and self.preferred_leader not in members:
             raise ConfigError(f"key 'preferred_leader': {self.preferred_leader!r} is not a member")
         if self.tick_ms < 1:

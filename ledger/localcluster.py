@@ -87,6 +87,10 @@ class LocalCluster(LocalGroup):
         """Where ``nid`` dials ``peer`` (the harness routes this through its link proxy)."""
         return self.address(peer)
 
+    def node_settings(self, nid: str) -> dict[str, Any]:
+        """Settings of ``nid``'s own beside the group's (none here; a harness adds ``dial``)."""
+        return {}
+
     def write_configs(self) -> None:
         for nid in self.ids:
             d = self.base_dir / nid
@@ -98,6 +102,7 @@ class LocalCluster(LocalGroup):
                 "peers": peers,
                 "data_dir": str(d / "data"),
                 **self.settings,
+                **self.node_settings(nid),
             }
             write_toml(self.config_path(nid), conf)
 

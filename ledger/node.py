@@ -469,7 +469,8 @@ class LedgerNode:
         box = self.outboxes.get(peer)
         if box is not None:
             return box
-        addr = self.addresses.get(peer)
+        # ``dial``: a relay on the way to it (it wins over any address a configuration carries)
+        addr = self.config.dial_overrides.get(peer) or self.addresses.get(peer)
         if addr is None or self._loop is None or peer == self.config.id:
             return None
         try:
@@ -493,6 +494,8 @@ class LedgerNode:
             old = self.addresses.get(peer)
             if old != addr and addr:
                 self.addresses[peer] = addr
+                if peer in self.config.dial_overrides:
+                    continue  # dialled through its override whatever the configuration says
                 box = self.outboxes.pop(peer, None)
                 if box is not None:  # the id came back at another address: dial that one
                     box.close()

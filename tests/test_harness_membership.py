@@ -20,6 +20,8 @@ from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.runner import run
 from jepsen.run.validate import validated
 from jepsen.systems.base import Unsupported
+from jepsen.systems.ledger import LocalLedgerBackend
+from ledger.client import LedgerClient
 
 
 class FakeGroup:
@@ -119,10 +121,15 @@ def test_membership_is_a_registered_fault_that_only_some_backends_have() -> None
 
 
 @pytest.mark.parametrize("link_fault", ["partition-leader", "slow-network"])
-def test_membership_is_refused_with_the_faults_that_cut_the_proxies(link_fault: str) -> None:
-    cfg = RunConfig(workload="log", nemesis=("membership", link_fault))
-    with pytest.raises(Unsupported, match=f"does not combine with {link_fault} on the local backend"):
+def test_membership_with_the_link_faults_is_refused_for_broker_groups_only(link_fault: str) -> None:
+    cfg = RunConfig(workload="queue", nemesis=("membership", link_fault))
+    with pytest.raises(
+        Unsupported, match=f"does not combine with {link_fault} for broker groups on the local"
+    ):
         validated(cfg)
+    validated(
+        RunConfig(workload="log", nemesis=("membership", link_fault))
+    )  # ledger nodes dial through `dial`
     validated(RunConfig(workload="log", nemesis=("membership", "kill-leader", "pause-random", "lose-data")))
     with pytest.raises(Unsupported, match="disk-full"):
         validated(RunConfig(workload="queue", nemesis=("membership", "disk-full")))
@@ -172,3 +179,50 @@ def test_a_short_run_with_membership_changes_is_valid(
     counts = Counter(e["f"] for e in changes)
     assert counts["member-add"] and counts["member-remove"], counts
     assert "<h2>Membership</h2>" in result.report.read_text(encoding="utf-8")  # the report shows them
+
+
+@pytest.mark.slow
+def test_a_member_added_later_is_dialled_through_the_link_proxies_that_partitions_cut(tmp_path: Path) -> None:
+    """Every node dials every other of the pool through its link's proxy (``dial``), whatever
+    address the configuration carries: cutting a joined member's links stops its log."""
+    backend = LocalLedgerBackend(tmp_path)
+    backend.plan_faults(["membership", "partition-leader"])
+    backend.start()
+    try:
+
+        async def scenario() -> None:
+            leader = await backend.wait_for_leader()
+            added = await backend.member_add("n4")
+            assert "n4" in added["voters"] and backend.nodes == ["n1", "n2", "n3", "n4"]
+            links = backend.proxy.stats()  # type: ignore[union-attr]
+            assert links[f"{leader}->n4"]["bytes"] > 0 and links[f"n4->{leader}"]["bytes"] > 0
+            n4 = backend.cluster.address("n4")
+            async with LedgerClient(backend.addresses, timeout=5.0) as client:
+                backend.set_cut(
+                    {(a, b) for a in backend.nodes for b in backend.nodes if "n4" in (a, b) and a != b}
+                )
+                before = (await client.status(n4))["commit_index"]
+                for i in range(20):
+                    await client.append(b"while cut %d" % i)  # n1..n3 are a majority of four
+                await asyncio.sleep(0.5)
+                assert (await client.status(n4))["commit_index"] == before  # nothing reached it
+                backend.set_cut(set())
+                for _ in range(100):  # bounded: 10 s
+                    if (await client.status(n4))["commit_index"] > before + 20:
+                        break
+                    await asyncio.sleep(0.1)
+                assert (await client.status(n4))["commit_index"] > before + 20  # healed, it caught up
+
+        asyncio.run(scenario())
+    finally:
+        backend.stop()
+
+
+@pytest.mark.slow
+def test_a_short_log_run_with_membership_and_partitions_is_valid(tmp_path: Path) -> None:
+    result = _run(tmp_path, workload="log", nemesis=("membership", "partition-random-halves"), seed=4)
+    changes = _changes(result)
+    assert result.valid is True, result.summary.get("check")
+    assert changes and not any("error" in e for e in changes), changes
+    nem = {e["f"] for e in read_history(result.history) if e["process"] == "nemesis"}
+    assert "start-partition" in nem, nem

@@ -304,3 +304,22 @@ def test_removing_the_leader_under_load_hands_over_and_loses_nothing(tmp_path: P
         asyncio.run(scenario())
     finally:
         cluster.stop()
+
+
+@pytest.mark.parametrize(
+    ("dial", "words"),
+    [
+        (["n2"], "expected id=host:port"),
+        (["n2=nohost"], "dial"),
+        (["n2=127.0.0.1:1", "n2=127.0.0.1:2"], "twice"),
+    ],
+)
+def test_a_bad_dial_override_is_refused_with_the_key_named(
+    tmp_path: Path, dial: list[str], words: str
+) -> None:
+    from ledger.config import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        node_config(tmp_path, "n1", "127.0.0.1:1", peers=["n1=127.0.0.1:1"], dial=dial)
+    ok = node_config(tmp_path, "n1", "127.0.0.1:1", peers=["n1=127.0.0.1:1"], dial=["n4=127.0.0.9:7"])
+    assert ok.dial_overrides == {"n4": "127.0.0.9:7"}

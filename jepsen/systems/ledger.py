@@ -18,10 +18,11 @@ the backend plans ``MEMBERSHIP_SPARES`` more nodes up front (``plan_faults``), e
 own loopback address for the whole run, so that every client knows every address a member
 may ever have. ``nodes`` is then the group's current members (what the other faults aim
 at); a removed node is killed and its data deleted, and one added starts empty with
-``join`` and is added as a learner, then promoted once caught up. Nodes that join dial
-their peers at the addresses the group's configuration names: the link proxies only carry
-the links of the first members' own config files, which is why ``jepsen.run.validate``
-refuses the link faults with ``membership`` on this backend.
+``join`` and is added as a learner, then promoted once caught up. The link proxy fronts
+every link of the pool (spares included), and every node's config lists every other node
+of the pool under ``dial`` at its link's proxy: a member added later is dialled through
+the link a partition cuts (not at the address the configuration carries), so the link
+faults combine with ``membership`` on this backend.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ from ledger.wire import BAD_REQUEST, BUSY, FAILED, NOT_LEADER, TOO_LARGE, UNAVAI
 SYSTEM = "ledger"
 #: nodes planned beyond the first members when a run changes membership (grow to 5, replace one)
 MEMBERSHIP_SPARES = 3
+#: seconds a change refused as ``busy`` (a leader that has not committed an entry of its term
+#: yet, e.g. just after the last change removed the old one) is retried, as an operator would
+BUSY_WAIT_S = 10.0
 #: seconds a node added by the membership nemesis has to catch up before it is promoted
 PROMOTE_WAIT_S = 30.0
 
@@ -317,10 +321,13 @@ class LocalLedgerBackend(ProcessBackend):
         return [self.cluster.address(n) for n in self.spares]
 
     def peer_addresses(self) -> dict[str, str]:
-        return {n: self.cluster.address(n) for n in self.cluster.ids}
+        """Every node of the pool, spares included: the proxy fronts each link a member added
+        later may use, and every node dials every other through it (``dial``)."""
+        return {n: self.cluster.address(n) for n in self.pool}
 
     def launch(self) -> None:
         self.cluster.proxy = self.proxy
+        self.cluster.pool = self.pool
         self.cluster.start()
 
     def spawn(self, nid: str) -> None:
@@ -390,6 +397,7 @@ class LocalLedgerBackend(ProcessBackend):
             "data_dir": str(d / "data"),
             "join": join,
             **self.cluster.settings,
+            **self.cluster.node_settings(nid),
         }
         write_toml(self.cluster.config_path(nid), conf)
         self.cluster.start_node(nid)
@@ -401,7 +409,7 @@ class LocalLedgerBackend(ProcessBackend):
         address = self.cluster.address(nid)
         async with self._member_client(timeout=PROMOTE_WAIT_S + 10.0) as client:
             try:
-                added = await client.add_learner(nid, address)
+                added = await client.add_learner(nid, address, wait_s=BUSY_WAIT_S)
                 await caught_up(client, nid, int(added.get("index") or 0), PROMOTE_WAIT_S)
                 doc = await client.promote(nid, wait_s=PROMOTE_WAIT_S)
             except BaseException:
@@ -413,7 +421,7 @@ class LocalLedgerBackend(ProcessBackend):
         """Remove ``nid`` from the group, then kill it and delete its data (it leaves for good)."""
         async with self._member_client() as client:
             try:
-                doc = await client.remove_member(nid)
+                doc = await client.remove_member(nid, wait_s=BUSY_WAIT_S)
             except BaseException:
                 await self._refresh(client)
                 raise
@@ -502,10 +510,18 @@ class _ProxiedCluster(LocalCluster):
     """A ``LocalCluster`` whose nodes reach each other through the link proxy."""
 
     proxy: LinkProxy | None = None
+    pool: Sequence[str] = ()  # every node the run may start (the proxy fronts their links)
 
     def peer_address(self, nid: str, peer: str) -> str:
         assert self.proxy is not None, "start the link proxy before writing configs"
         return self.proxy.address(nid, peer)
+
+    def node_settings(self, nid: str) -> dict[str, Any]:
+        """``dial``: every other node of the pool through its link's proxy, so a member added
+        later (its address in the configuration is where it listens) is still dialled through
+        the link a partition cuts, and so are the first members by a node that joined."""
+        assert self.proxy is not None, "start the link proxy before writing configs"
+        return {"dial": [f"{p}={self.proxy.address(nid, p)}" for p in self.pool or self.ids if p != nid]}
 
 
 class LedgerEndpoints:
