@@ -30,7 +30,8 @@ commit rounds each slowed by the configuration record's durable write, too short
 carry a rate: ``broker_change_seconds_vs_between_pct`` takes the second from each change's
 start, and ``broker_add_to_promote_vs_between_pct`` the whole first half of a replacement (add,
 catch-up, promotion). ``--learner-catchup-mb-per-s`` sets the brokers' catch-up throttle
-(default: the broker's; 0: none, as before it existed), to compare the two in alternating runs.
+(default: the broker's; 0: none, as before it existed), to compare the two in alternating runs;
+``--ledger-catchup-mb-per-s`` the ledger group's (default 0, the ledger's own default).
 
 Prints figures as it goes and ends with one JSON line: catchup_mb_per_s, catchup_mb,
 change_commit_ms_p50, change_commit_heartbeats_p50, change_commit_heartbeats_max,
@@ -571,6 +572,12 @@ def main() -> None:
         default=None,
         help="the brokers' learner catch-up throttle (default: the broker's; 0: none, as before it)",
     )
+    ap.add_argument(
+        "--ledger-catchup-mb-per-s",
+        type=float,
+        default=0.0,
+        help="the ledger group's learner catch-up throttle (default 0: none, the ledger's default)",
+    )
     ap.add_argument("--ledger", action=argparse.BooleanOptionalAction, default=True, help="the ledger part")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -584,7 +591,9 @@ def main() -> None:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="membership-bench-") as d:
         if args.ledger:
-            cluster = LocalCluster(Path(d), 3)
+            throttle = {"learner_catchup_mb_per_s": args.ledger_catchup_mb_per_s}
+            out["ledger_catchup_throttle_mb_per_s"] = args.ledger_catchup_mb_per_s
+            cluster = LocalCluster(Path(d), 3, settings=throttle)
             cluster.start()
             try:
                 asyncio.run(cluster.wait_for_leader(30))
