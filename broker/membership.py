@@ -145,6 +145,7 @@ class GroupMembership:
         assert ledger is not None
         self.view = ledger.membership
         ledger.on_membership(self._on_view)
+        ledger.on_removed(self._on_told_removed)
         self.broker.outer_api.withhold = self.withhold_reason
 
     @property
@@ -153,13 +154,26 @@ class GroupMembership:
         Going by the configuration's ``removed`` ids, not by absence: a joining broker replays
         older configurations that predate it while it catches up, and is not removed by them."""
         v = self.view
-        return v is not None and self.config.node_id in v.removed
+        return (v is not None and self.config.node_id in v.removed) or self.told_removed_by is not None
+
+    @property
+    def told_removed_by(self) -> str | None:
+        """A member that told this broker's ledger the group removed it while it was down (its own
+        log does not hold the change; ``ledger.raft.RaftCore.removed_by``): cleared by the ledger
+        when a leader replicates to it again (added back under its id)."""
+        ledger = getattr(self.broker, "ledger", None)
+        return ledger.removed_by if ledger is not None else None
 
     def withhold_reason(self) -> str | None:
         """Why this broker must not register (None: it may): it was removed from the group."""
         v = self.view
         if v is None or not self.is_removed:
             return None
+        if self.config.node_id not in v.removed:
+            return (
+                f"removed from group {self.config.broker_name} while it was down: member "
+                f"{self.told_removed_by} holds the committed change; shut this broker down"
+            )
         return (
             f"removed from group {self.config.broker_name} by the configuration at log index "
             f"{v.index} (voters {', '.join(v.voters)}): shut this broker down"
@@ -205,6 +219,16 @@ class GroupMembership:
             gone = sorted(before.members.keys() - view.members.keys())
             if gone:
                 self._spawn(self._unregister_when_committed(view.index, gone))
+
+    def _on_told_removed(self, member: str) -> None:
+        """A member says the group removed this broker (made while it was down): off the routes."""
+        log.warning(
+            "this broker was removed from the group while it was down (member %s holds the committed "
+            "change): it no longer registers with the nameservers",
+            member,
+            extra={"removed_by": member},
+        )
+        self._spawn(self.unregister_self())
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]

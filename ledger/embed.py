@@ -238,12 +238,14 @@ class EmbeddedLedger:
         self._role_fns: list[Callable[[RoleChange], None]] = []
         self._ready_fns: list[Callable[[int], None]] = []
         self._membership_fns: list[Callable[[MembershipView], None]] = []
+        self._removed_fns: list[Callable[[str], None]] = []
         self._waiters: set[asyncio.Event] = set()
         self._stopped = False
         self._node.commit_listeners.append(self._on_commit)
         self._node.role_listeners.append(self._on_role)
         self._node.leader_ready_listeners.append(self._on_leader_ready)
         self._node.membership_listeners.append(self._on_membership)
+        self._node.runtime.removed_listeners.append(self._on_removed)
 
     # -- life cycle and identity
 
@@ -418,6 +420,16 @@ class EmbeddedLedger:
     def on_membership(self, fn: Callable[[MembershipView], None]) -> None:
         self._membership_fns.append(fn)
 
+    @property
+    def removed_by(self) -> str | None:
+        """A member that told this node the group removed it (it was down or cut off when the
+        change was made, so its own log does not hold it), else None: it no longer campaigns."""
+        return self._node.core.removed_by
+
+    def on_removed(self, fn: Callable[[str], None]) -> None:
+        """``fn(member_id)`` when a member tells this node the group removed it."""
+        self._removed_fns.append(fn)
+
     def member_progress(self) -> dict[str, Any]:
         """On the leader: each member's ``match``, ``lag`` (entries behind), ``active``; else empty."""
         return dict(self._node.core.membership_status().get("progress", {}))
@@ -513,6 +525,10 @@ class EmbeddedLedger:
         view = self._view(self._node.core.config_index, m)
         for fn in self._membership_fns:
             self._call(fn, view)
+
+    def _on_removed(self, member: str) -> None:
+        for fn in self._removed_fns:
+            self._call(fn, member)
 
 
 class CommitCursor:

@@ -160,6 +160,8 @@ class LedgerRuntime:
         # Told the configuration in effect whenever it changes (appended, reverted, installed),
         # before any message of that Ready is sent.
         self.membership_listeners: list[Callable[[Membership], None]] = []
+        #: told the member's id when one says the group removed this node (``RaftCore.removed_by``)
+        self.removed_listeners: list[Callable[[str], None]] = []
         self.ready_term = 0
         self.syncing = False
         self.failed: str | None = None
@@ -326,6 +328,8 @@ class LedgerRuntime:
                 rd.removed_by,
                 extra={"removed_by": rd.removed_by},
             )
+            for fn in self.removed_listeners:
+                _call(fn, rd.removed_by)
         if rd.commit_index is not None:
             for fn in self.commit_listeners:
                 _call(fn, rd.commit_index)

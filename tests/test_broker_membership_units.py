@@ -221,3 +221,35 @@ def test_the_learner_catch_up_throttle_reaches_the_ledger_and_refuses_nonsense(t
     )
     with pytest.raises(ConfigError, match="learner_catchup_mb_per_s"):
         _config(tmp_path, learner_catchup_mb_per_s=-1.0).ledger_config()
+
+
+def test_a_broker_removed_while_it_was_down_stops_registering_when_told(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its own log still makes it a voter; the member that answered its ledger holds the removal
+    committed (``EmbeddedLedger.removed_by``): it withholds its registrations and says why."""
+    ledger = SimpleNamespace(removed_by=None)
+    broker = SimpleNamespace(
+        config=_config(tmp_path, node_id="n4"),
+        outer_api=None,
+        is_master=False,
+        store=SimpleNamespace(state=BrokerState()),
+        ledger=ledger,
+    )
+    members = GroupMembership(broker)  # type: ignore[arg-type]
+    members.view = _view(3, ["n1", "n2", "n4"])
+    assert not members.is_removed and members.withhold_reason() is None
+    ledger.removed_by = "n2"
+
+    async def told() -> None:
+        members._on_told_removed("n2")
+        await members.close()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(told())
+    assert members.is_removed and members.status()["removed"] is True
+    reason = members.withhold_reason() or ""
+    assert "while it was down" in reason and "member n2" in reason and "shut this broker down" in reason
+    assert any("removed from the group while it was down" in r.getMessage() for r in caplog.records)
+    ledger.removed_by = None  # a leader replicates to it again: added back under its id
+    assert not members.is_removed and members.withhold_reason() is None

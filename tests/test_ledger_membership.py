@@ -145,10 +145,13 @@ def test_a_node_removed_while_it_was_down_learns_it_and_stops_campaigning(
             await asyncio.sleep(0.5)  # past the leader's last attempts to tell it (an election timeout)
             term = leader.status()["term"]
             nodes[victim] = back = member(victim)  # back on its old log: a voter of the old group
+            told: list[str] = []
+            back.on_removed(told.append)
             await back.start()
             assert back.status()["voter"]
             await until(lambda: back.status()["removed_by"] is not None, "the removed node to be told", 10)
             assert back.status()["removed_by"] in addrs and back.status()["voter"]
+            assert told == [back.removed_by]  # the embedding process is told once (a broker unregisters)
             roles = []
             back.on_role(lambda change: roles.append(change))
             await asyncio.sleep(0.6)  # several of its election timeouts
