@@ -23,8 +23,10 @@ from client.producer import Producer
 from client.route import MessageQueue
 from client.send_attempts import SendResult, message_result
 from remoting.codes import RequestCode, ResponseCode
+from remoting.connection import RemotingConnection
 from remoting.exceptions import RemotingError
 from remoting.message import (
+    PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     Message,
     MessageFormatError,
@@ -47,6 +49,9 @@ POP_ANSWER_MARGIN_S = 3.0
 #: END_TRANSACTION verdicts (RocketMQ's MessageSysFlag)
 COMMIT, ROLLBACK = 0x2 << 2, 0x3 << 2
 TRANSACTION_PRODUCER_GROUP = "ledgermq-proxy-tx"
+#: how often the proxy names its producer group to every master (a new master after a failover
+#: sends transaction checks only once it has)
+PRODUCER_HEARTBEAT_S = 10.0
 
 
 class BackendError(Exception):
@@ -89,6 +94,9 @@ class ProxyProducer(Producer):
             return plain(response, mq, addr, tries)
 
         result = await self._attempts(msg.topic, request, parse, timeout_s, self.retries, None, None).run()
+        if result.broker_addr and result.broker_addr not in self._heartbeated:
+            # the broker checks an unsettled half only with a connection that named its group
+            await self.heartbeat([result.broker_addr])
         return result, (tx_ids[-1] if tx_ids else "") or msg.properties.get(PROPERTY_UNIQ_KEY, "")
 
 
@@ -128,12 +136,41 @@ class Backend:
             idempotent=True,
             send_timeout_s=send_timeout_s,
             retry_backoff_s=0.02,
+            heartbeat_interval_s=PRODUCER_HEARTBEAT_S,
+        )
+
+        #: where the brokers' transaction checks go (the service forwards them to a 5.x producer)
+        self.on_check: Callable[[Message, TxRef], None] | None = None
+        self._unregister_checker = self.instance.register_transaction_checker(
+            TRANSACTION_PRODUCER_GROUP, self._on_check
         )
 
     async def start(self) -> None:
         await self.producer.start()
 
+    def _on_check(self, conn: RemotingConnection, request: RemotingCommand, msg: Message) -> None:
+        """CHECK_TRANSACTION_STATE for a half message the proxy stored: which broker group asked
+        (by the connection's address, else the message's store host), the offsets END_TRANSACTION
+        needs, and the message as its producer sent it (real topic restored)."""
+        try:
+            log_offset = request.header_int(B.COMMIT_LOG_OFFSET)
+            queue_offset = request.header_int(B.TRAN_STATE_TABLE_OFFSET)
+        except RemotingError:
+            return
+        broker = ""
+        for name, bd in self.instance.routes.known_brokers().items():
+            if conn.remote_addr in bd.broker_addrs.values() or msg.store_host in bd.broker_addrs.values():
+                broker = name
+                break
+        real = msg.properties.get(PROPERTY_REAL_TOPIC)
+        if real:
+            msg.topic = real
+        if broker and self.on_check is not None:
+            tx_id = request.header_str(B.TRANSACTION_ID, "") or msg.properties.get(PROPERTY_UNIQ_KEY, "")
+            self.on_check(msg, TxRef(broker, queue_offset, log_offset, TRANSACTION_PRODUCER_GROUP, tx_id))
+
     async def close(self) -> None:
+        self._unregister_checker()
         await self.producer.shutdown(grace_s=1.0)
         await self.instance.close()
 

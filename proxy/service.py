@@ -24,11 +24,12 @@ from broker.meta import MAX_INVISIBLE_MS
 from client.errors import MessageInvalidError, SendError, SendFailedError, SendOutcomeUnknownError
 from client.send_attempts import SendStatus
 from remoting.acl import PUB, SUB, Account
+from remoting.message import Message
 from remoting.topic import topic_name_error
 
 from .auth import Authenticator, AuthError
 from .backend import Backend, BackendError
-from .convert import BadRequest, parse_handle, parse_tx, to_remoting, to_v2
+from .convert import BadRequest, TxRef, parse_handle, parse_tx, to_remoting, to_v2
 from .protocol import pb, sgrpc, spb
 
 log = logging.getLogger("proxy.service")
@@ -46,8 +47,10 @@ LONG_POLL_ANSWER_MS = 1_000
 #: messages one SendMessage may carry, and entries one AckMessage
 MAX_SEND_BATCH = 64
 MAX_ACK_ENTRIES = 1024
-#: settings handshakes a Telemetry stream may have unanswered
+#: commands (settings answers, orphaned-transaction checks) a Telemetry stream may have unsent
 MAX_TELEMETRY_OUTBOX = 64
+#: producers' Telemetry streams kept for orphaned-transaction checks
+MAX_PRODUCER_STREAMS = 10_000
 #: delivery attempts a consumer is told before a message is a dead letter (the broker's max_reconsume_times + 1)
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 17
 GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%_-")
@@ -108,6 +111,27 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         self.backend = backend
         self.config = config
         self.auth = auth
+        #: open Telemetry streams of producers: their outbox -> the topics they publish
+        self.producers: dict[asyncio.Queue[Any], frozenset[str]] = {}
+        self.orphans_dropped = 0
+        backend.on_check = self.recover_orphan
+
+    def recover_orphan(self, msg: Message, tx: TxRef) -> None:
+        """A broker asks about a half message no EndTransaction settled: ask a producer that
+        publishes its topic (over its Telemetry stream) to check it; it answers EndTransaction
+        from SOURCE_SERVER_CHECK. None connected: the broker asks again later."""
+        streams = [q for q, topics in self.producers.items() if msg.topic in topics] or list(self.producers)
+        if not streams:
+            self.orphans_dropped += 1
+            return
+        outbox = streams[self.orphans_dropped % len(streams)]
+        command = spb.RecoverOrphanedTransactionCommand(
+            message=to_v2(msg, pb, "", 0), transaction_id=tx.text()
+        )
+        try:
+            outbox.put_nowait(spb.TelemetryCommand(recover_orphaned_transaction_command=command))
+        except asyncio.QueueFull:
+            self.orphans_dropped += 1
 
     # --- routes ---------------------------------------------------------------------------------
     def _endpoints(self, request_endpoints: Any) -> Any:
@@ -243,6 +267,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                             status=_status(), settings=self.settings_for(cmd.settings)
                         )
                         await outbox.put(answer)
+                        theirs = cmd.settings
+                        if theirs.client_type == pb.ClientType.PRODUCER and (
+                            outbox in self.producers or len(self.producers) < MAX_PRODUCER_STREAMS
+                        ):
+                            self.producers[outbox] = frozenset(t.name for t in theirs.publishing.topics)
             except Exception as exc:  # noqa: BLE001 - the client went away
                 log.debug("telemetry stream ended: %s", exc)
             finally:
@@ -253,6 +282,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             while (item := await outbox.get()) is not None:
                 yield item
         finally:
+            self.producers.pop(outbox, None)
             reader.cancel()
 
     # --- sends ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Apache's official Python 5.x client (``rocketmq-python-client`` 5.1.2 from PyPI) through the
-proxy: a producer sends (normal and transactional), a simple consumer receives and acks, and a
-message it does not ack comes back after its invisible duration.
+proxy: a producer sends (normal and transactional, and a transaction it leaves open is settled
+by the broker's check through the proxy's Telemetry stream), a simple consumer receives and
+acks, and a message it does not ack comes back after its invisible duration.
 
 That client installs as the package ``rocketmq``, like the 4.x C++ client of the ``[test]``
 extra, so it lives in a venv of its own under ``~/.cache/ledgermq/rocketmq5-client`` (or
@@ -69,23 +70,39 @@ try:
     tx = producer.begin_transaction()
     out["tx"] = producer.send(message("in-transaction"), tx).message_id
     tx.commit()
+    # a half message whose producer never says commit or rollback: the broker asks, through the
+    # proxy's Telemetry stream, and the checker's COMMIT settles it
+    out["orphan"] = producer.send(message("orphan"), producer.begin_transaction()).message_id
+    consumer = SimpleConsumer(config, group + "-orphan", {topic: FilterExpression("TagA")}, await_duration=3)
+    consumer.startup()
+    try:
+        seen = []
+        for _ in range(10):
+            seen += [m.body.decode() for m in consumer.receive(8, 30)]
+            if "orphan" in seen:
+                break
+        out["orphan_seen"] = "orphan" in seen
+    finally:
+        consumer.shutdown()
 finally:
     producer.shutdown()
 
 consumer = SimpleConsumer(config, group, {topic: FilterExpression("TagA")}, await_duration=3)
 consumer.startup()
 try:
-    got = []
+    got = {}
     for _ in range(10):
-        if len(got) >= 4:
+        if len(got) >= 5:
             break
-        got += consumer.receive(4, 2)  # invisible for 2 s
+        got.update((m.message_id, m) for m in consumer.receive(5, 30))
+    got = list(got.values())
     out["received"] = [[m.message_id, m.body.decode(), m.tag, m.delivery_attempt, m.properties.get("origin"),
                         sorted(m.keys)] for m in got]
     kept = next(m for m in got if m.body == b"official-2")
     for m in got:
         if m is not kept:
             consumer.ack(m)
+    consumer.change_invisible_duration(kept, 2)  # not acked: visible again 2 s from now
     back = []
     for _ in range(10):  # each receive long-polls up to 3 s
         back = consumer.receive(4, 30)
@@ -134,7 +151,12 @@ def official_python() -> Path:
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path / "cluster", namesrv_port=0, proxy_port=0)
-    c.start()
+    c.write_configs()
+    for members in c.brokers.values():  # transaction checks within seconds, not a minute
+        for node in members:
+            with open(tmp_path / "cluster" / "broker-a" / node / "broker.toml", "a") as f:
+                f.write("transaction_timeout_s = 1.0\ntransaction_check_interval_s = 1.0\n")
+    c.start_nodes()
     try:
         wait_for(c, {"OfficialT": 2})
         yield c
@@ -170,13 +192,14 @@ def test_official_client_sends_receives_acks_and_gets_unacked_back(
     received = out["received"]
     assert isinstance(received, list)
     # every TagA message once (the committed transactional one too), under the producer's ids; not TagB
-    assert sorted(r[0] for r in received) == sorted([*sent, tx])
+    assert out["orphan_seen"] is True
+    assert sorted(r[0] for r in received) == sorted([*sent, tx, out["orphan"]])
     assert out["skipped"] not in [r[0] for r in received]
     by_body = {r[1]: r for r in received}
-    assert set(by_body) == {"official-0", "official-1", "official-2", "in-transaction"}
+    assert set(by_body) == {"official-0", "official-1", "official-2", "in-transaction", "orphan"}
     assert all(r[2] == "TagA" and r[3] == 1 and r[4] == "official" for r in received)
     assert by_body["official-1"][5] == ["key-official-1"]
-    # the one not acked came back after its 2 s invisible time, as its second delivery
+    # the one not acked came back once its invisible time (changed to 2 s) passed, as its second delivery
     assert out["redelivered"] == [[by_body["official-2"][0], 2]]
     assert out["after"] == []
 
