@@ -25,6 +25,7 @@ from proxy.protocol import pb, sgrpc, spb
 pytestmark = pytest.mark.slow
 
 T = "ProxyT"
+F = "ProxyFail"
 START_TIMEOUT_S = 60
 
 
@@ -60,7 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c = LocalCluster(tmp_path_factory.mktemp("proxy"), namesrv_port=0, proxy_port=0)
     c.start()
     try:
-        wait_for(c, {T: 2, "ProxyFifo": 4, "ProxyTx": 2, "ProxyDelay": 1})
+        wait_for(c, {T: 2, "ProxyFifo": 4, "ProxyTx": 2, "ProxyDelay": 1, "ProxyFail": 2})
         yield c
     finally:
         c.stop()
@@ -431,3 +432,32 @@ def test_sql92_filter_and_dead_letter_forward(cluster: LocalCluster, stub: Any) 
         return []
 
     assert asyncio.run(dead_letters()) == [dead.body]
+
+
+def test_state_survives_another_proxy_and_a_master_failover(cluster: LocalCluster, stub: Any) -> None:
+    """Receipt handles are the brokers' state, not the proxy's: one proxy's handle is acked
+    through another, and across a kill of the group's master an acked message stays acked and
+    an un-acked one comes back (runs last: it leaves the group with two brokers)."""
+    assert code(send(stub, *(message(F, b) for b in (b"keep", b"done", b"other"))).status) == "OK"
+    got = {m.body: m for m in receive_all(stub, "g-failover", 3, topic=F, invisible_s=4)}
+    assert set(got) == {b"keep", b"done", b"other"}
+    second = spawn_proxy(cluster, "proxy-b")
+    with grpc.insecure_channel(second) as ch:
+        assert code(ack(sgrpc.MessagingServiceStub(ch), "g-failover", got[b"other"], topic=F)) == "OK"
+    assert code(ack(stub, "g-failover", got[b"done"], topic=F)) == "OK"
+
+    master = asyncio.run(cluster.masters())["broker-a"]
+    victim = next(f"broker-a/{n}" for n, (addr, _) in cluster.brokers["broker-a"].items() if addr == master)
+    cluster.kill(victim)
+    back: list[Any] = []
+    for _ in range(20):  # each receive long-polls up to 3 s; the proxy finds the new master
+        status, found = receive(stub, "g-failover", F, invisible_s=30, poll_s=3)
+        back += found
+        if back:
+            break
+    assert [m.body for m in back] == [b"keep"]
+    assert back[0].system_properties.delivery_attempt == 2
+    assert code(ack(stub, "g-failover", back[0], topic=F)) == "OK"
+    status, none = receive(stub, "g-failover", F, poll_s=1)
+    assert code(status) == "MESSAGE_NOT_FOUND" and none == []
+    assert asyncio.run(cluster.masters())["broker-a"] != master
