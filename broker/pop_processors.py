@@ -476,6 +476,13 @@ class PopProcessors:
             for w in waits:
                 w.cancel()
 
+    def _wake(self, topic: str, qid: int) -> None:
+        """POPs long-polling the queue look again: an invisible time just shortened may now end
+        before the deadline their wait was computed from (a 5.x consumer's retry backoff)."""
+        for fut in self.store.waiters.pop((topic, qid), ()):
+            if not fut.done():
+                fut.set_result(None)
+
     def _rest(self, group: str, topic: str, queues: list[int]) -> dict[str, Any]:
         """restNum: messages past the group's cursors in the queues asked (RocketMQ's hint)."""
         rest = 0
@@ -602,6 +609,7 @@ class PopProcessors:
             return req.make_response(
                 ResponseCode.NO_MESSAGE, f"handle {offset}@{pop_time} of {topic}:{qid}: {result}"
             )
+        self._wake(topic, qid)
         return req.make_response(
             headers={"popTime": result.pop_time, "invisibleTime": invisible, "reviveQid": 0}
         )

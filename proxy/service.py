@@ -51,6 +51,8 @@ MAX_ACK_ENTRIES = 1024
 MAX_TELEMETRY_OUTBOX = 64
 #: producers' Telemetry streams kept for orphaned-transaction checks
 MAX_PRODUCER_STREAMS = 10_000
+#: RocketMQ's retry delays (1s 5s 10s 30s 1m .. 10m 20m 30m 1h 2h), the waits before redeliveries
+RETRY_DELAYS_S = (1, 5, 10, 30, *(60 * m for m in range(1, 11)), 1200, 1800, 3600, 7200)
 #: delivery attempts a consumer is told before a message is a dead letter (the broker's max_reconsume_times + 1)
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 17
 GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%_-")
@@ -231,10 +233,11 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         backoff = out.backoff_policy
         backoff.Clear()
         if theirs.HasField("subscription"):
+            # a failed message waits RocketMQ's retry delays before its next delivery (what
+            # RocketMQ 5's proxy tells push consumers; they take only a customized backoff)
             backoff.max_attempts = self.config.max_delivery_attempts
-            backoff.exponential_backoff.initial.FromMilliseconds(1000)
-            backoff.exponential_backoff.max.FromMilliseconds(60_000)
-            backoff.exponential_backoff.multiplier = 2
+            for seconds in RETRY_DELAYS_S:
+                backoff.customized_backoff.next.add().FromSeconds(seconds)
             sub = out.subscription
             sub.fifo = False
             sub.receive_batch_size = MAX_RECEIVE_BATCH
@@ -386,7 +389,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """POP from the named broker group's queues of the topic, held up to the long polling
-        timeout: a status, then each message with its receipt handle."""
+        timeout: a status, the delivery timestamp, then each message with its receipt handle."""
         try:
             account = self.auth.check(context.invocation_metadata())
             group, topic, batch, invisible, poll, kind, exp = self._receive_args(request, context)
@@ -416,6 +419,10 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             yield spb.ReceiveMessageResponse(status=_status("MESSAGE_NOT_FOUND", "no new message"))
             return
         yield spb.ReceiveMessageResponse(status=_status())
+        # when the proxy hands them over (RocketMQ 5's proxy sends it; push consumers require it)
+        delivered = spb.ReceiveMessageResponse()
+        delivered.delivery_timestamp.FromMilliseconds(int(time.time() * 1000))
+        yield delivered
         for m, handle in popped.messages:
             yield spb.ReceiveMessageResponse(message=to_v2(m, pb, handle.text(), popped.invisible_ms))
 

@@ -148,27 +148,28 @@ def official_python() -> Path:
     return _client_python()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "cluster", namesrv_port=0, proxy_port=0)
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    base = tmp_path_factory.mktemp("official") / "cluster"
+    c = LocalCluster(base, namesrv_port=0, proxy_port=0)
     c.write_configs()
     for members in c.brokers.values():  # transaction checks within seconds, not a minute
         for node in members:
-            with open(tmp_path / "cluster" / "broker-a" / node / "broker.toml", "a") as f:
+            with open(base / "broker-a" / node / "broker.toml", "a") as f:
                 f.write("transaction_timeout_s = 1.0\ntransaction_check_interval_s = 1.0\n")
     c.start_nodes()
     try:
-        wait_for(c, {"OfficialT": 2})
+        wait_for(c, {"OfficialT": 2, "PushT": 2})
         yield c
     finally:
         c.stop()
-        log = (tmp_path / "cluster" / "proxy" / "proxy.log").read_text(errors="replace")
+        log = (base / "proxy" / "proxy.log").read_text(errors="replace")
         assert "Traceback" not in log, log[-4000:]
 
 
-def run_driver(python: Path, tmp_path: Path, *args: str) -> dict[str, object]:
+def run_driver(python: Path, tmp_path: Path, source: str, *args: str) -> dict[str, object]:
     script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
+    script.write_text(source)
     done = subprocess.run(
         [str(python), str(script), *args],
         capture_output=True,
@@ -186,7 +187,7 @@ def run_driver(python: Path, tmp_path: Path, *args: str) -> dict[str, object]:
 def test_official_client_sends_receives_acks_and_gets_unacked_back(
     official_python: Path, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    out = run_driver(official_python, tmp_path, cluster.proxy_addr, "OfficialT", "official-g")
+    out = run_driver(official_python, tmp_path, DRIVER, cluster.proxy_addr, "OfficialT", "official-g")
     sent, tx = out["sent"], out["tx"]
     assert isinstance(sent, list) and len(set(sent)) == 3
     received = out["received"]
@@ -202,6 +203,57 @@ def test_official_client_sends_receives_acks_and_gets_unacked_back(
     # the one not acked came back once its invisible time (changed to 2 s) passed, as its second delivery
     assert out["redelivered"] == [[by_body["official-2"][0], 2]]
     assert out["after"] == []
+
+
+PUSH_DRIVER = r"""
+import json, sys, threading, time
+from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, Message, Producer, PushConsumer
+from rocketmq.v5.consumer.push import MessageListener
+
+endpoints, topic, group = sys.argv[1:4]
+config = ClientConfiguration(endpoints, Credentials())
+seen, lock = [], threading.Lock()
+
+
+class Listener(MessageListener):
+    def consume(self, message):
+        with lock:
+            seen.append([message.body.decode(), message.delivery_attempt])
+        if message.body == b"fail-once" and message.delivery_attempt == 1:
+            return ConsumeResult.FAILURE  # retried after the first retry delay (1 s)
+        return ConsumeResult.SUCCESS
+
+
+consumer = PushConsumer(config, group, Listener(), {topic: FilterExpression()})
+consumer.startup()
+producer = Producer(config, (topic,))
+producer.startup()
+try:
+    for body in ("ok-1", "fail-once", "ok-2"):
+        m = Message()
+        m.topic, m.body = topic, body.encode()
+        producer.send(m)
+    deadline = time.time() + 40
+    while time.time() < deadline:
+        with lock:
+            if ["fail-once", 2] in seen and len(seen) >= 4:
+                break
+        time.sleep(0.1)
+    time.sleep(1)  # nothing more should come
+finally:
+    producer.shutdown()
+    consumer.shutdown()
+print("RESULT " + json.dumps({"seen": sorted(seen)}), flush=True)
+"""
+
+
+def test_official_push_consumer_gets_a_failed_message_again(
+    official_python: Path, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """QueryAssignment, receives with auto-renew, and a listener's FAILURE: the message comes back
+    after RocketMQ's first retry delay as delivery attempt 2; the others once."""
+    out = run_driver(official_python, tmp_path, PUSH_DRIVER, cluster.proxy_addr, "PushT", "push-g")
+    assert out["seen"] == [["fail-once", 1], ["fail-once", 2], ["ok-1", 1], ["ok-2", 1]]
 
 
 def test_protocol_build_is_what_the_proxy_imports() -> None:
