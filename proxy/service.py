@@ -379,13 +379,15 @@ class MessagingService(sgrpc.MessagingServiceServicer):
 
     async def _broker_for(self, request: Any, topic: str) -> str:
         name = request.message_queue.broker.name
-        if name:
-            return name
         route = await self.backend.route(topic)
         names = sorted(q.broker_name for q in route.queue_datas if q.read_queue_nums > 0)
         if not names:
             raise BackendError("TOPIC_NOT_FOUND", f"no readable queue of {topic!r}")
-        return names[int(time.monotonic() * 1000) % len(names)]
+        if not name:
+            return names[int(time.monotonic() * 1000) % len(names)]
+        if name not in names:
+            raise BadRequest("BAD_REQUEST", f"broker group {name[:60]!r} serves no readable queue of {topic!r}")
+        return name
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """POP from the named broker group's queues of the topic, held up to the long polling
