@@ -21,6 +21,8 @@ from pathlib import Path
 from common.settings import ConfigError
 
 DEFAULT_PORT = 8081
+#: the brokers' default max_reconsume_times (broker.config), what consumers are told
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
 #: RPCs served at once (a long-polling ReceiveMessage holds one until it is answered)
 DEFAULT_MAX_CONCURRENT_RPCS = 4096
 #: a gRPC message's size: the largest body plus room for its properties
@@ -43,6 +45,7 @@ class ProxyOptions:
     max_body_bytes: int = 4 * 1024 * 1024
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
     route_ttl_s: float = 3.0
+    max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS
 
 
 def listen_addr(value: str) -> tuple[str, int]:
@@ -86,7 +89,9 @@ async def serve(opts: ProxyOptions, stop: asyncio.Event) -> None:
         raise ConfigError(f"cannot listen on {host}:{port}")
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     config = ServiceConfig(
-        max_body_bytes=opts.max_body_bytes, advertised=opts.advertise or f"{shown}:{bound}"
+        max_body_bytes=opts.max_body_bytes,
+        max_delivery_attempts=opts.max_delivery_attempts,
+        advertised=opts.advertise or f"{shown}:{bound}",
     )
     add_to_server(server, MessagingService(backend, config, Authenticator(accounts)))
     await backend.start()
@@ -114,11 +119,19 @@ def parse_args(argv: list[str] | None) -> ProxyOptions:
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     p.add_argument("--max-concurrent-rpcs", type=int, default=DEFAULT_MAX_CONCURRENT_RPCS)
     p.add_argument("--route-ttl", type=float, default=3.0, help="seconds a topic's route is reused")
+    p.add_argument(
+        "--max-delivery-attempts",
+        type=int,
+        default=DEFAULT_MAX_DELIVERY_ATTEMPTS,
+        help="what consumers are told: the brokers' max_reconsume_times",
+    )
     a = p.parse_args(argv)
     if not a.namesrv:
         p.error("--namesrv (or NAMESRV_ADDR) is required")
-    if a.max_body_bytes < 1 or a.max_concurrent_rpcs < 1 or a.route_ttl <= 0:
-        p.error("--max-body-bytes, --max-concurrent-rpcs and --route-ttl must be positive")
+    if min(a.max_body_bytes, a.max_concurrent_rpcs, a.max_delivery_attempts) < 1 or a.route_ttl <= 0:
+        p.error(
+            "--max-body-bytes, --max-concurrent-rpcs, --max-delivery-attempts and --route-ttl must be positive"
+        )
     return ProxyOptions(
         namesrv=a.namesrv,
         listen=a.listen,
@@ -131,6 +144,7 @@ def parse_args(argv: list[str] | None) -> ProxyOptions:
         max_body_bytes=a.max_body_bytes,
         max_concurrent_rpcs=a.max_concurrent_rpcs,
         route_ttl_s=a.route_ttl,
+        max_delivery_attempts=a.max_delivery_attempts,
     )
 
 

@@ -177,6 +177,15 @@ def test_routes_settings_handshake_and_refusals(cluster: LocalCluster, stub: Any
     assert first.settings.publishing.max_body_size == 4 << 20
     assert first.settings.backoff_policy.max_attempts >= 2 and not first.settings.metric.on
     replies.cancel()
+    # a consumer's: RocketMQ's retry delays, and the deliveries a message gets before it is a dead letter
+    sub = pb.Settings(client_type=pb.ClientType.PUSH_CONSUMER, access_point=endpoints)
+    sub.subscription.group.name = "g-settings"
+    replies = stub.Telemetry(iter([spb.TelemetryCommand(settings=sub)]), timeout=10)
+    theirs = next(replies).settings
+    replies.cancel()
+    assert theirs.backoff_policy.max_attempts == 16
+    assert [d.seconds for d in theirs.backoff_policy.customized_backoff.next][:4] == [1, 5, 10, 30]
+    assert theirs.subscription.long_polling_timeout.seconds == 20
 
     # RocketMQ's status codes for bad sends, handles and groups; UNIMPLEMENTED for RPCs not served
     r = send(stub, message(T, b"x" * ((4 << 20) + 1)))
