@@ -11,6 +11,7 @@ that venv (the driver below) bounded in time. Skipped, saying so, only when PyPI
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -19,10 +20,14 @@ import venv
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from test_proxy import wait_for
 
 from broker.localcluster import LocalCluster
+from client import AdminClient
+from client.errors import RouteNotFoundError
+from proxy.protocol import pb, sgrpc, spb
 
 pytestmark = pytest.mark.slow
 
@@ -157,6 +162,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         for node in members:
             with open(base / "broker-a" / node / "broker.toml", "a") as f:
                 f.write("transaction_timeout_s = 1.0\ntransaction_check_interval_s = 1.0\n")
+                f.write("max_reconsume_times = 2\n")  # a dead letter after two deliveries
     c.start_nodes()
     try:
         wait_for(c, {"OfficialT": 2, "PushT": 2})
@@ -221,6 +227,8 @@ class Listener(MessageListener):
             seen.append([message.body.decode(), message.delivery_attempt])
         if message.body == b"fail-once" and message.delivery_attempt == 1:
             return ConsumeResult.FAILURE  # retried after the first retry delay (1 s)
+        if message.body == b"poison":
+            return ConsumeResult.FAILURE  # every time: a dead letter after max_reconsume_times
         return ConsumeResult.SUCCESS
 
 
@@ -229,14 +237,14 @@ consumer.startup()
 producer = Producer(config, (topic,))
 producer.startup()
 try:
-    for body in ("ok-1", "fail-once", "ok-2"):
+    for body in ("ok-1", "fail-once", "ok-2", "poison"):
         m = Message()
         m.topic, m.body = topic, body.encode()
         producer.send(m)
     deadline = time.time() + 40
     while time.time() < deadline:
         with lock:
-            if ["fail-once", 2] in seen and len(seen) >= 4:
+            if ["fail-once", 2] in seen and ["poison", 2] in seen and len(seen) >= 6:
                 break
         time.sleep(0.1)
     time.sleep(1)  # nothing more should come
@@ -251,9 +259,45 @@ def test_official_push_consumer_gets_a_failed_message_again(
     official_python: Path, cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """QueryAssignment, receives with auto-renew, and a listener's FAILURE: the message comes back
-    after RocketMQ's first retry delay as delivery attempt 2; the others once."""
+    after RocketMQ's first retry delay as delivery attempt 2; the others once; one that always
+    fails is a dead letter after the brokers' max_reconsume_times (2) deliveries."""
     out = run_driver(official_python, tmp_path, PUSH_DRIVER, cluster.proxy_addr, "PushT", "push-g")
-    assert out["seen"] == [["fail-once", 1], ["fail-once", 2], ["ok-1", 1], ["ok-2", 1]]
+    assert out["seen"] == [
+        ["fail-once", 1],
+        ["fail-once", 2],
+        ["ok-1", 1],
+        ["ok-2", 1],
+        ["poison", 1],
+        ["poison", 2],
+    ]
+
+    async def dead_letters() -> list[bytes]:
+        # the broker buries it when a POP of the group finds its last invisible time (5 s) passed
+        request = spb.ReceiveMessageRequest(
+            group=pb.Resource(name="push-g"),
+            message_queue=pb.MessageQueue(topic=pb.Resource(name="PushT"), broker=pb.Broker(name="broker-a")),
+            batch_size=8,
+        )
+        request.long_polling_timeout.FromSeconds(3)
+        async with (
+            AdminClient(cluster.namesrv_addr) as admin,
+            grpc.aio.insecure_channel(cluster.proxy_addr) as ch,
+        ):
+            stub = sgrpc.MessagingServiceStub(ch)
+            for _ in range(10):
+                got = [
+                    a.message async for a in stub.ReceiveMessage(request, timeout=10) if a.HasField("message")
+                ]
+                assert got == []  # never delivered a third time
+                try:
+                    found = await admin.group_messages("push-g", dead=True)
+                except RouteNotFoundError:  # no dead letter yet: the topic does not exist
+                    found = []
+                if found:
+                    return [bytes(m.body) for m in found]
+        return []
+
+    assert asyncio.run(dead_letters()) == [b"poison"]
 
 
 def test_protocol_build_is_what_the_proxy_imports() -> None:
