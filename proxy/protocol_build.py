@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -86,17 +87,20 @@ def extract(wheel: Path, out_dir: Path = OUT_DIR) -> None:
     if digest != WHEEL_SHA256:
         raise ProtocolBuildError(f"{wheel.name} has SHA-256 {digest}, not the pinned {WHEEL_SHA256}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"__init__.py": f'"""Generated: RocketMQ 5 message types from {WHEEL_REQUIREMENT}."""\n'}
     with zipfile.ZipFile(wheel) as zf:
         for name in MODULES:
             try:
                 text = zf.read(WHEEL_PACKAGE + name).decode("utf-8")
             except KeyError:
                 raise ProtocolBuildError(f"{wheel.name} has no {WHEEL_PACKAGE}{name}") from None
-            (out_dir / name).write_text(text.replace(FOREIGN_IMPORT, LOCAL_IMPORT))
-    (out_dir / "__init__.py").write_text(
-        f'"""Generated: RocketMQ 5 message types from {WHEEL_REQUIREMENT} (python -m proxy.protocol_build)."""\n'
-    )
-    (out_dir / MARKER).write_text(WHEEL_SHA256 + "\n")
+            files[name] = text.replace(FOREIGN_IMPORT, LOCAL_IMPORT)
+    files[MARKER] = WHEEL_SHA256 + "\n"  # last: what built() trusts
+    for name, text in files.items():
+        # each file whole or not at all: two proxies starting at once may both build
+        tmp = out_dir / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out_dir / name)
 
 
 def build(force: bool = False, out_dir: Path = OUT_DIR) -> bool:
