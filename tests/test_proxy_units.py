@@ -4,13 +4,16 @@ transaction ids (what it gives out and what it refuses), RocketMQ 5's signature 
 from __future__ import annotations
 
 import time
+import zipfile
 import zlib
+from pathlib import Path
 
 import pytest
 
 from proxy.auth import Authenticator, AuthError, sign
 from proxy.convert import BadRequest, Handle, TxRef, parse_handle, parse_tx, to_remoting, to_v2
 from proxy.protocol import pb
+from proxy.protocol_build import ProtocolBuildError, built, extract
 from remoting.acl import PUB, SUB, Account
 from remoting.message import Message
 
@@ -142,3 +145,13 @@ def test_signatures_and_permissions() -> None:
     with pytest.raises(AuthError):
         auth.allow_group(alice, "other")
     assert Authenticator().check(None) is None  # no ACL: everything is taken
+
+
+def test_protocol_build_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path: Path) -> None:
+    wheel = tmp_path / "rocketmq_python_client-5.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("rocketmq/grpc_protocol/service_pb2.py", "raise SystemExit('not Apache')\n")
+    with pytest.raises(ProtocolBuildError, match="SHA-256"):
+        extract(wheel, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert not built(tmp_path / "out")
