@@ -16,6 +16,7 @@ the docker group reach their brokers too.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,20 @@ MAX_PULLS_PER_POLL = 64
 #: (a poll never stops short of its limit before the queue's end); at ledgermq's 1024, two
 DRAIN_POLL = 32 * MAX_PULLS_PER_POLL
 MAX_DRAIN_POLLS = 100_000  # a drain's bound in polls (its time is bounded by --drain-timeout)
+# A pull answered NOT_MASTER naming the master (a slave asked while no master was known, or a
+# deposed one) goes on to the master it named, up to this many times per pull, rather than
+# failing the poll and leaving the next one to find it.
+MAX_PULL_REDIRECTS = 2
+
+
+class _Redirected(Definite):
+    """A pull answered NOT_MASTER naming another broker as the master (certainly not served)."""
+
+    def __init__(self, message: str, master: str) -> None:
+        super().__init__(message)
+        self.master = master
+
+
 #: a master's answers to a pull of a queue that exists: each came past its leadership check
 _PULL_ANSWERS = (
     ResponseCode.SUCCESS,
@@ -177,7 +192,9 @@ class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
             "the broker backend runs the queue workload (the log workload talks to bare ledger nodes)"
         )
 
-    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+    def queue_client(
+        self, broker_name: str | None = None, shared: SharedInstance | None = None
+    ) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
         return BrokerQueueClient(
             self.group.namesrv_addrs,
@@ -186,7 +203,19 @@ class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
             timeout=self.client_timeout,
             broker_name=broker_name,
             timing=self.timing,
+            shared=shared,
         )
+
+    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        """A queue client on this process's shared instance (see SharedInstance)."""
+        if getattr(self, "_shared", None) is None:
+            self._shared = SharedInstance(self.group.namesrv_addrs)
+        return self.queue_client(broker_name, self._shared)
+
+    async def close_shared_clients(self) -> None:
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            await shared.close()
 
     def client_spec(self) -> dict[str, Any]:
         return queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
@@ -291,7 +320,9 @@ class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
     def log_client(self) -> LogClient:
         raise Unsupported("the broker backend runs the queue workload")
 
-    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+    def queue_client(
+        self, broker_name: str | None = None, shared: SharedInstance | None = None
+    ) -> BrokerQueueClient:
         names = {self.group.broker_addr[n]: n for n in self.nodes}
         return BrokerQueueClient(
             self.group.namesrv_addrs,
@@ -300,7 +331,19 @@ class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
             timeout=self.client_timeout,
             broker_name=broker_name,
             timing=self.timing,
+            shared=shared,
         )
+
+    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        """A queue client on this process's shared instance (see SharedInstance)."""
+        if getattr(self, "_shared", None) is None:
+            self._shared = SharedInstance(self.group.namesrv_addrs)
+        return self.queue_client(broker_name, self._shared)
+
+    async def close_shared_clients(self) -> None:
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            await shared.close()
 
     def client_spec(self) -> dict[str, Any]:
         spec = queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
@@ -379,8 +422,11 @@ class QueueEndpoints:
         cred = spec.get("credentials_file")
         self.credentials = Credentials.read(cred) if cred else None
         self.timing = BrokerTiming.from_spec(spec.get("timing"))
+        self._shared = SharedInstance(self.namesrv, self.credentials)
 
-    def queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+    def queue_client(
+        self, broker_name: str | None = None, shared: SharedInstance | None = None
+    ) -> BrokerQueueClient:
         return BrokerQueueClient(
             self.namesrv,
             self.names,
@@ -390,7 +436,15 @@ class QueueEndpoints:
             rocketmq=self.rocketmq,
             credentials=self.credentials,
             timing=self.timing,
+            shared=shared,
         )
+
+    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        """A queue client on this worker process's shared instance (see SharedInstance)."""
+        return self.queue_client(broker_name, self._shared)
+
+    async def close_shared_clients(self) -> None:
+        await self._shared.close()
 
     def log_client(self) -> LogClient:
         raise Unsupported("a broker group runs the queue workload")
@@ -400,6 +454,52 @@ class QueueEndpoints:
 
     def register_client(self, replica: Any) -> Any:
         raise Unsupported("a broker group runs the queue workload")
+
+
+class SharedInstance:
+    """One ClientInstance that a harness process's queue clients share, built on first use.
+
+    RocketMQ shares one MQClientInstance (connections, route table) among the producers and
+    consumers of a JVM; the harness made one per client, so a process of 1,024 clients held
+    1,024 route tables and connections. Under full load a leader kill then replaced about
+    2,000 of them at once (an indefinite operation means a fresh client), and each one's
+    first poll asked a nameserver for the route over a new connection: nameserver round trips
+    of 100-400 ms were most of the time between the new master serving and the clients
+    finding it. Shared, a process asks once, learns a dead or new master once (the dead-master
+    mark and NOT_MASTER hints serve every client) and keeps its connections.
+
+    Only the queue workload's sends and polls share it (``shared_queue_client``): orderly
+    consumers and transaction producers need a client id of their own. An instance belongs to
+    the event loop that built it; another loop (a later phase of a run) gets its own.
+    """
+
+    def __init__(self, namesrv: list[str], credentials: Credentials | None = None) -> None:
+        self.namesrv = list(namesrv)
+        self.credentials = credentials
+        self._instance: ClientInstance | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> ClientInstance:
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # built outside a loop: it binds to the loop that first uses it
+            loop = self._loop
+        if self._instance is None or self._instance.closed or self._loop is not loop:
+            cred = self.credentials
+            self._instance = ClientInstance(
+                self.namesrv,
+                name="jepsen",
+                access_key=cred.access_key if cred is not None else None,
+                secret_key=cred.secret_key if cred is not None else None,
+            )
+            self._loop = loop
+        return self._instance
+
+    async def close(self) -> None:
+        """Close the instance of the running loop (one of another loop went with that loop)."""
+        instance, self._instance = self._instance, None
+        if instance is not None and self._loop is asyncio.get_running_loop():
+            await instance.close()
 
 
 class BrokerQueueClient:
@@ -431,9 +531,11 @@ class BrokerQueueClient:
         rocketmq: bool = False,
         credentials: Credentials | None = None,
         timing: BrokerTiming | None = None,
+        shared: SharedInstance | None = None,
     ) -> None:
         self.topic = topic
         self.namesrv = list(namesrv)
+        self.shared = None if rocketmq else shared  # the process's instance (not ours to close)
         self.rocketmq = rocketmq
         self.timing = timing or BrokerTiming()
         self.credentials = credentials
@@ -459,6 +561,8 @@ class BrokerQueueClient:
     @property
     def _instance(self) -> ClientInstance | None:
         """The client instance the producer and consumers share (None: each makes its own)."""
+        if self.shared is not None:
+            return self.shared.get()  # not kept in _instance_value: close() leaves it open
         if not self._instance_made:
             self._instance_made = True
             if self.rocketmq:
@@ -553,6 +657,11 @@ class BrokerQueueClient:
                 raise Definite(f"no route for {self.topic}")
             self._broker_name = queues[0].broker_name
         addr = routes.master_addr(self._broker_name)
+        if addr is None and not self.rocketmq:
+            # No master known (it just failed): a ledgermq slave answers a master-only pull
+            # with NOT_MASTER naming the master as soon as its ledger knows the leader, sooner
+            # than the nameservers hear of the switch (a RocketMQ slave would serve the pull).
+            addr = routes.member_to_ask(self._broker_name)
         if addr is None:
             await routes.route(self.topic, force=True)
             addr = routes.master_addr(self._broker_name)
@@ -596,7 +705,14 @@ class BrokerQueueClient:
         """
         await self._ensure_consumer()
         name, addr = await self._master()
-        resp = await self._pull_from(addr, name, topic, queue_id, start, limit)
+        for redirects in range(MAX_PULL_REDIRECTS + 1):
+            try:
+                resp = await self._pull_from(addr, name, topic, queue_id, start, limit)
+                break
+            except _Redirected as exc:
+                if redirects == MAX_PULL_REDIRECTS:
+                    raise
+                addr = exc.master
         if resp.code == ResponseCode.TOPIC_NOT_EXIST and topic != self.topic:
             confirm = await self._pull_from(addr, name, self.topic, 0, 0, 1)
             if confirm.code in _PULL_ANSWERS:
@@ -622,12 +738,19 @@ class BrokerQueueClient:
         try:
             resp = await self.consumer.instance.remoting.invoke_sync(addr, req, self.timeout)
         except RemotingError as exc:
-            self.consumer.instance.routes.forget_master(name, addr)
+            routes = self.consumer.instance.routes
+            if routes.master_addr(name) == addr:  # not a slave we asked: the master we knew
+                routes.forget_master(name, addr)
             raise Definite(f"pull from {addr}: {exc}") from None
         if resp.code in (ResponseCode.NOT_MASTER, ResponseCode.SERVICE_NOT_AVAILABLE):
             hint = str(resp.headers.get("masterAddr") or "")
             routes = self.consumer.instance.routes
-            routes.note_master(name, hint) if hint and hint != addr else routes.forget_master(name, addr)
+            if hint and hint != addr and resp.code == ResponseCode.NOT_MASTER:
+                routes.note_master(name, hint)
+                raise _Redirected(f"{addr} is not the master, {hint} is: {resp.remark}", hint)
+            # (a leader still applying its backlog names itself: it is about to serve, keep it)
+            if hint != addr and routes.master_addr(name) == addr:  # the master we knew, not a slave asked
+                routes.forget_master(name, addr)
             raise Definite(f"{addr} is not the master: {resp.remark}")
         return resp
 

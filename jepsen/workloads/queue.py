@@ -144,7 +144,7 @@ class _QueuePart(LogWorkload):
         self.coalescer = coalescer
 
     def client(self) -> LogClient:
-        c: LogClient = _QueueLog(self.backend.queue_client(self.broker_name), self.queue_id, self.coalescer)
+        c: LogClient = _QueueLog(queue_client(self.backend, self.broker_name), self.queue_id, self.coalescer)
         return self.ctx.wrap_log_client(c) if self.ctx.wrap_log_client else c
 
 
@@ -166,7 +166,7 @@ class QueueWorkload(Workload):
         groups: list[str | None] = list(getattr(backend, "broker_names", None) or [None])
         slots = [(g, q) for g in groups for q in range(queues)]
         self.coalescers = (
-            [SendCoalescer(backend.queue_client(g), q, ctx.send_batch) for g, q in slots]
+            [SendCoalescer(queue_client(backend, g), q, ctx.send_batch) for g, q in slots]
             if ctx.send_batch > 1
             else []
         )
@@ -193,8 +193,13 @@ class QueueWorkload(Workload):
             await self.close()
 
     async def close(self) -> None:
-        for c in self.coalescers:
-            await c.close()
+        try:
+            for c in self.coalescers:
+                await c.close()
+        finally:
+            close_shared = getattr(self.backend, "close_shared_clients", None)
+            if close_shared is not None:
+                await close_shared()
 
     def summary(self) -> dict[str, Any]:
         drained = {p.key: p.summary().get("drained") for p in self.parts}
@@ -208,6 +213,14 @@ class QueueWorkload(Workload):
             out["send_batches"] = sum(c.batches for c in self.coalescers)
             out["largest_send_batch"] = max(c.largest for c in self.coalescers)
         return out
+
+
+def queue_client(backend: ClientSource, broker_name: str | None) -> QueueClient:
+    """A client of the backend's queues; on the process's shared client instance where the
+    backend has one (``shared_queue_client``: one route table and set of connections per
+    process, as RocketMQ's clients share one per JVM), else one of its own."""
+    shared = getattr(backend, "shared_queue_client", None)
+    return shared(broker_name) if shared is not None else backend.queue_client(broker_name)
 
 
 def queue_key(topic: str, broker_name: str | None, queue_id: int) -> str:
