@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Iterator
 from typing import TypeVar
@@ -13,7 +14,14 @@ from client_fake_broker import FakeCluster
 
 from client import NamesrvClient, NoNameServerError, RouteNotFoundError, parse_namesrv_addrs
 from client.errors import NameServerUnavailableError, NoBrokerAvailableError
-from client.route import MessageQueue, RouteTable, TopicPublishInfo, publish_queues, subscribe_queues
+from client.route import (
+    MessageQueue,
+    RouteTable,
+    TopicPublishInfo,
+    _Entry,
+    publish_queues,
+    subscribe_queues,
+)
 from namesrv.config import NamesrvConfig
 from namesrv.controller import NamesrvController
 from remoting import RemotingClient
@@ -197,3 +205,53 @@ def test_a_failed_master_is_not_taken_from_a_stale_route() -> None:
     table.note_master("a", "h:1")  # restarted and elected again: no longer taken for dead
     assert table.master_addr("a") == "h:1"
     assert table.member_to_ask("b") is None
+
+
+def test_forgetting_a_master_refreshes_the_route_behind_the_sends(cluster: FakeCluster) -> None:
+    """A failed master's route stays usable (its slaves can be asked at once) while the
+    nameservers are asked again in the background; a refresh that fails marks it stale."""
+
+    async def go() -> None:
+        async with RemotingClient() as rc:
+            table = RouteTable(NamesrvClient(cluster.namesrv_addr, rc), ttl_s=60)
+            info = await table.publish_info("RouteT")
+            master = table.master_addr("broker-r")
+            assert master is not None
+            before = cluster.namesrvs[0].processor.stats.route_found
+            table.forget_master("broker-r", master)
+            assert table.fresh_publish_info("RouteT") is info  # no nameserver round trip first
+            assert table.master_addr("broker-r") is None  # the route still lists it: not taken
+            for _ in range(200):  # the refresh goes on behind (bounded wait)
+                if cluster.namesrvs[0].processor.stats.route_found > before:
+                    break
+                await asyncio.sleep(0.01)
+            assert cluster.namesrvs[0].processor.stats.route_found == before + 1
+            table.forget_master(
+                "broker-r", master
+            )  # again, while one may still be in flight: one more at most
+            await asyncio.sleep(0.2)
+            assert cluster.namesrvs[0].processor.stats.route_found <= before + 2
+
+        async with RemotingClient() as rc:  # nameservers unreachable: the refresh fails
+            dead = socket.socket()
+            dead.bind(("127.0.0.1", 0))
+            port = dead.getsockname()[1]
+            dead.close()
+            table = RouteTable(NamesrvClient(f"127.0.0.1:{port}", rc, timeout_s=0.5), ttl_s=60)
+            table.update_brokers({"a": BrokerData("C", "a", {0: "h:1", 1: "h:2"})})
+            table._topics["T"] = _cached_route("T")
+            table.forget_master("a", "h:1")
+            assert table.fresh_publish_info("T") is not None
+            for _ in range(200):
+                if table.fresh_publish_info("T") is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert table.fresh_publish_info("T") is None  # stale: the next lookup asks again
+
+    run(go())
+
+
+def _cached_route(topic: str) -> _Entry:
+    """A cached route of ``topic`` on group ``a`` (two queues), as a fetch would leave it."""
+    r = TopicRouteData([QueueData("a", 2, 2, 6)], [BrokerData("C", "a", {0: "h:1", 1: "h:2"})])
+    return _Entry(r, time.monotonic(), TopicPublishInfo(topic, r, publish_queues(topic, r, {"a"})))
