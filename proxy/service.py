@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from broker.meta import MAX_INVISIBLE_MS
 from client.errors import MessageInvalidError, SendError, SendFailedError, SendOutcomeUnknownError
@@ -93,6 +94,8 @@ def _answer(response_type: Any) -> Callable[[Callable[..., Awaitable[Any]]], Cal
     def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def rpc(self: MessagingService, request: Any, context: Any) -> Any:
+            if request is None:
+                return response_type(status=_status("BAD_REQUEST", MALFORMED))
             try:
                 account = self.auth.check(context.invocation_metadata())
                 return await fn(self, request, context, account)
@@ -266,7 +269,9 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         async def read() -> None:
             try:
                 async for cmd in request_iterator:
-                    if cmd.HasField("settings"):
+                    if cmd is None:
+                        await outbox.put(spb.TelemetryCommand(status=_status("BAD_REQUEST", MALFORMED)))
+                    elif cmd.HasField("settings"):
                         answer = spb.TelemetryCommand(
                             status=_status(), settings=self.settings_for(cmd.settings)
                         )
@@ -396,6 +401,8 @@ class MessagingService(sgrpc.MessagingServiceServicer):
         """POP from the named broker group's queues of the topic, held up to the long polling
         timeout: a status, the delivery timestamp, then each message with its receipt handle."""
         try:
+            if request is None:
+                raise BadRequest("BAD_REQUEST", MALFORMED)
             account = self.auth.check(context.invocation_metadata())
             group, topic, batch, invisible, poll, kind, exp = self._receive_args(request, context)
             self.auth.allow_topic(account, topic, SUB)
@@ -531,5 +538,38 @@ def _send_status(status: SendStatus) -> Any:
     )
 
 
+MALFORMED = "the request is not a valid protobuf message of its type"
+
+
+def _tolerant(cls: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that gives None for bytes that do not parse, so the RPC answers
+    BAD_REQUEST itself (gRPC would log the parse error with a traceback and answer UNKNOWN)."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError:
+            return None
+
+    return parse
+
+
 def add_to_server(server: grpc.aio.Server, service: MessagingService) -> None:
-    sgrpc.add_MessagingServiceServicer_to_server(service, server)
+    """Every RPC of the service description, with tolerant request parsing."""
+    desc = spb.DESCRIPTOR.services_by_name["MessagingService"]
+    handlers = {}
+    for method in desc.methods:
+        request_cls = getattr(spb, method.input_type.name, None) or getattr(pb, method.input_type.name)
+        response_cls = getattr(spb, method.output_type.name, None) or getattr(pb, method.output_type.name)
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            getattr(service, method.name),
+            request_deserializer=_tolerant(request_cls),
+            response_serializer=response_cls.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(desc.full_name, handlers),))

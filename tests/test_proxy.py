@@ -208,6 +208,18 @@ def test_routes_settings_handshake_and_refusals(cluster: LocalCluster, stub: Any
     with pytest.raises(grpc.RpcError) as err:
         stub.UpdateOffset(spb.UpdateOffsetRequest(group=pb.Resource(name="g")), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # an RPC the service has not, and bytes that are no request: gRPC's own refusals, the proxy lives on
+    with grpc.insecure_channel(cluster.proxy_addr) as ch:
+        unknown = ch.unary_unary("/apache.rocketmq.v2.MessagingService/NoSuchRpc")
+        with pytest.raises(grpc.RpcError) as err:
+            unknown(b"", timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        garbage = ch.unary_unary(
+            "/apache.rocketmq.v2.MessagingService/SendMessage",
+            response_deserializer=spb.SendMessageResponse.FromString,
+        )
+        assert code(garbage(b"\xff\xff\xff\x0f not a protobuf", timeout=5).status) == "BAD_REQUEST"
+    assert code(stub.QueryRoute(route_request(T), timeout=5).status) == "OK"
 
 
 def test_receive_ack_invisible_time_tags_and_long_polling(stub: Any) -> None:
