@@ -242,6 +242,8 @@ def run_once(args: argparse.Namespace, out: Path, tree: Path = ROOT) -> Path:
     ]
     if args.addresses:
         argv += ["--addresses", args.addresses]
+    if args.no_check:
+        argv.append("--no-check")
     env = {**os.environ, "PYTHONPATH": str(tree)}  # every process of the run imports that tree's code
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tree, env=env)
     for line in proc.stdout.splitlines():
@@ -300,6 +302,11 @@ def main() -> None:
     ap.add_argument("--nemesis", default="kill-leader", help="kill-leader or partition-leader")
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--addresses", default="", help="HOST:PORT where the runs listen (see jepsen run)")
+    ap.add_argument(
+        "--no-check",
+        action="store_true",
+        help="record only (the stages and the recovery come from the history; no checker figures)",
+    )
     ap.add_argument("--analyze", nargs="*", type=Path, default=None, help="finished run directories instead")
     ap.add_argument("--keep", type=Path, default=None, help="keep the runs' directories under this one")
     ap.add_argument(

@@ -485,7 +485,11 @@ class SendAttempts(Generic[R]):
             return mq, pending
         self.asking = addr is None
         if addr is None:  # master dead or unknown: a slave knows the new one before the nameservers
-            addr = self.routes.member_to_ask(mq.broker_name, self.addr)
+            # another member than the one just asked, else that one again (a group listed with
+            # one slave: it answers SERVICE_NOT_AVAILABLE until it knows the new leader)
+            addr = self.routes.member_to_ask(mq.broker_name, self.addr) or self.routes.member_to_ask(
+                mq.broker_name
+            )
             if addr is None:
                 raise NoBrokerAvailableError(f"broker group {mq.broker_name} has no master at the moment")
         return mq, addr
