@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jepsen.systems import broker, ledger, rocketmq, rocketmq_rust, syncobj
+from jepsen.systems import broker, ledger, proxy_system, rocketmq, rocketmq_rust, syncobj
 from jepsen.systems.base import Backend, Unsupported
 from jepsen.systems.clients import ClientSource
 from jepsen.systems.docker import docker_broker_backend
@@ -64,6 +64,13 @@ SYSTEMS: dict[str, System] = {
             {"local": rocketmq_rust.RocketMQRustBackend},
             broker.QueueEndpoints,
             backend_refusal=f"--system {rocketmq_rust.SYSTEM} runs local processes: leave --backend at local",
+        ),
+        System(
+            proxy_system.SYSTEM,
+            ("queue",),
+            {"local": proxy_system.ProxyBrokerBackend},
+            proxy_system.ProxyEndpoints,
+            backend_refusal=f"--system {proxy_system.SYSTEM} runs local processes: leave --backend at local",
         ),
     )
 }
