@@ -4,7 +4,8 @@ A short run with a leader kill: every operation goes through the proxies (SendMe
 ReceiveMessage + AckMessage), the checker judges it like the broker system's, and the
 proxies are gone afterwards. Then the client on a live group: a delivery whose answer was
 lost (a receive made and never acked) holds the next poll until it comes back, so the poll
-still starts where it was asked to.
+still starts where it was asked to; a lost ack's redelivery is not reported again, an acked
+message coming back is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from jepsen.history import read_history, validate_history
 from jepsen.run.config import RunConfig
 from jepsen.run.runner import run
 from jepsen.systems.broker import TOPIC
-from jepsen.systems.proxy_client import ProxyQueueClient, queue_topic
+from jepsen.systems.proxy_client import INVISIBLE_MS, ProxyQueueClient, _Group, queue_topic
 from jepsen.systems.proxy_system import ProxyBrokerBackend
 
 pytestmark = pytest.mark.slow
@@ -96,6 +97,21 @@ def test_a_lost_receive_holds_the_next_poll_until_it_comes_back(tmp_path: Path) 
                 assert got == [(1, 11), (2, 12), (3, 13)], got
                 assert await client.poll(0, 4, 3) == []  # the end: everything acked
                 assert await client.drain(0) == [(0, 10), (1, 11), (2, 12), (3, 13)]
+                topic = queue_topic(backend.topic, 0)
+                # a poll returned 0..1 and their ack was lost: they come back below the next
+                # poll's start, are acked again and not reported again
+                lost_ack = _Group("jepsen-test-lost-ack", unconfirmed={0, 1})
+                assert [o for o, _ in await client._receive(lost_ack.name, topic, 2, 0)] == [0, 1]
+                client._free[(0, 2)] = [lost_ack]
+                # a group whose acks of 0..1 were confirmed, yet they come back: reported first
+                came_back = _Group("jepsen-test-came-back")
+                assert [o for o, _ in await client._receive(came_back.name, topic, 2, 0)] == [0, 1]
+                await asyncio.sleep(INVISIBLE_MS / 1000 + 0.5)  # both groups' deliveries expire
+                before = client.redelivered
+                assert await client.poll(0, 2, 4) == [(2, 12), (3, 13)]
+                assert client.redelivered == before + 2
+                client._free[(0, 2)] = [came_back]
+                assert await client.poll(0, 2, 4) == [(0, 10), (1, 11), (2, 12), (3, 13)]
             finally:
                 await client.close_all()
 

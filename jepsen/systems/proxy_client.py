@@ -57,6 +57,9 @@ MAX_RECEIVES_PER_POLL = 64
 MAX_GROUPS = 1024
 #: messages a group may hold received and not yet returned
 MAX_BUFFERED = 4 * RECEIVE_BATCH
+#: offsets per group whose ack was not confirmed, remembered to tell a lost ack's redelivery
+#: from an acked message coming back
+MAX_UNCONFIRMED = 4096
 #: receives a drain may make (each up to RECEIVE_BATCH messages)
 MAX_DRAIN_RECEIVES = 200_000
 #: empty receives in a row after which a drain with no gap is complete
@@ -99,6 +102,12 @@ class _Group:
 
     name: str
     buffer: dict[int, _Delivery] = field(default_factory=dict)
+    #: offsets returned by a poll whose ack was not confirmed: they may come back
+    unconfirmed: set[int] = field(default_factory=set)
+    #: more than MAX_UNCONFIRMED were unconfirmed at once: any redelivery is let through
+    lenient: bool = False
+    #: acked messages that came back, reported with the next pairs this group returns
+    returned: list[Pair] = field(default_factory=list)
 
 
 class ProxyQueueClient:
@@ -253,8 +262,10 @@ class ProxyQueueClient:
             return out
         raise Indefinite(f"ReceiveMessage: {code}: {status.message if status is not None else ''}")
 
-    async def _ack(self, group: str, topic: str, deliveries: list[_Delivery]) -> None:
-        """Ack ``deliveries``; a failed ack only means the message comes back (counted)."""
+    async def _ack(self, group: str, topic: str, deliveries: list[_Delivery]) -> set[str]:
+        """Ack ``deliveries``; the receipt handles whose ack was not confirmed (such a message
+        comes back: counted, never an error of the poll that read it)."""
+        failed: set[str] = set()
         import grpc
 
         from proxy.protocol import pb, spb
@@ -270,9 +281,12 @@ class ProxyQueueClient:
             try:
                 resp = await stub.AckMessage(req, timeout=self.timeout)
             except grpc.aio.AioRpcError:
-                self.ack_failures += len(part)
+                failed.update(d.handle for d in part)
                 continue
-            self.ack_failures += sum(1 for e in resp.entries if e.status.code != pb.Code.OK)
+            ok = {e.receipt_handle for e in resp.entries if e.status.code == pb.Code.OK}
+            failed.update(d.handle for d in part if d.handle not in ok)
+        self.ack_failures += len(failed)
+        return failed
 
     def _take(self, queue_id: int, start: int) -> _Group:
         """The group standing at ``start`` in ``queue_id`` (a fresh one at 0), taken out."""
@@ -317,10 +331,9 @@ class ProxyQueueClient:
             waiting = any(o >= start + run_len for o in group.buffer)
             room = max(1, min(limit - run_len, MAX_BUFFERED - len(group.buffer)))
             got = await self._receive(group.name, topic, room, GAP_POLL_MS if waiting else 0)
-            stale = [d for o, d in got if o < start]
+            stale = [(o, d) for o, d in got if o < start]
             if stale:
-                self.redelivered += len(stale)
-                await self._ack(group.name, topic, stale)
+                await self._settle(group, topic, stale)
             for o, d in got:
                 if o >= start:
                     group.buffer[o] = d  # a redelivery replaces the old handle
@@ -333,7 +346,8 @@ class ProxyQueueClient:
                 break
         offsets = sorted(group.buffer)
         if not offsets:
-            return []
+            back, group.returned = group.returned, []
+            return back
         begin = start if start in group.buffer else offsets[0]
         taken: list[Pair] = []
         deliveries: list[_Delivery] = []
@@ -343,8 +357,31 @@ class ProxyQueueClient:
             taken.append((o, d.value))
             deliveries.append(d)
             o += 1
-        await self._ack(group.name, topic, deliveries)
-        return taken
+        failed = await self._ack(group.name, topic, deliveries)
+        self._remember(group, [o for (o, _), d in zip(taken, deliveries, strict=True) if d.handle in failed])
+        back, group.returned = group.returned, []
+        return [*back, *taken]
+
+    async def _settle(self, group: _Group, topic: str, stale: list[tuple[int, _Delivery]]) -> None:
+        """Messages below the poll's start came back. One whose ack was not confirmed is a
+        redelivery (at least once): acked again, counted. One whose ack was confirmed is an acked
+        message coming back, which 5.x promises never happens: it is reported in the poll's
+        answer, before the pairs from ``start``, where the checker sees the poll go backwards."""
+        again = [(o, d) for o, d in stale if group.lenient or o in group.unconfirmed]
+        broken = [(o, d) for o, d in stale if not (group.lenient or o in group.unconfirmed)]
+        self.redelivered += len(again)
+        failed = await self._ack(group.name, topic, [d for _, d in stale])
+        for o, d in again:
+            if d.handle not in failed:
+                group.unconfirmed.discard(o)
+        group.returned += [(o, d.value) for o, d in broken]
+
+    def _remember(self, group: _Group, offsets: list[int]) -> None:
+        if len(group.unconfirmed) + len(offsets) > MAX_UNCONFIRMED:
+            group.lenient = True
+            group.unconfirmed.clear()
+        elif not group.lenient:
+            group.unconfirmed.update(offsets)
 
     async def drain(self, queue_id: int) -> list[Pair]:
         """Every message of the queue, read by a fresh consumer group until nothing more comes
