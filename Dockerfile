@@ -22,7 +22,7 @@ RUN if ! command -v iptables >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1;
 COPY wheelhouse/deps/ /wheelhouse/deps/
 RUN python3 -m venv /opt/ledgermq \
     && /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check \
-        --find-links /wheelhouse/deps xxhash zlib-ng uvloop prometheus-client click \
+        --find-links /wheelhouse/deps xxhash zlib-ng uvloop prometheus-client click grpcio protobuf \
     && rm -rf /wheelhouse/deps
 
 # The project itself, without its harness/checker dependencies (pyspark, matplotlib, ...).
@@ -30,7 +30,7 @@ COPY wheelhouse/ledgermq-*.whl /wheelhouse/
 RUN /opt/ledgermq/bin/pip install --no-index --no-cache-dir --disable-pip-version-check --no-deps \
         /wheelhouse/ledgermq-*.whl \
     && rm -rf /wheelhouse \
-    && /opt/ledgermq/bin/python -c "import broker.cli, namesrv.cli, ledger.node, uvloop, xxhash, zlib_ng"
+    && /opt/ledgermq/bin/python -c "import broker.cli, namesrv.cli, ledger.node, uvloop, xxhash, zlib_ng, proxy.server, proxy.protocol"
 
 ENV PATH=/opt/ledgermq/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \

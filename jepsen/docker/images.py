@@ -33,7 +33,16 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "wheelhouse"
 DEFAULT_IMAGE = "ledgermq:latest"
 UPSTREAM_BASE = "python:3.11-slim"
-RUNTIME_DEPS = ("xxhash>=3.4", "zlib-ng>=0.5", "uvloop>=0.19", "prometheus-client>=0.20", "click>=8.1")
+RUNTIME_DEPS = (
+    "xxhash>=3.4",
+    "zlib-ng>=0.5",
+    "uvloop>=0.19",
+    "prometheus-client>=0.20",
+    "click>=8.1",
+    # the RocketMQ 5 gRPC proxy (compose's ``proxy`` profile)
+    "grpcio>=1.66",
+    "protobuf>=5.28",
+)
 #: Source that goes into the project wheel (everything pyproject's package finder includes).
 SOURCE_ITEMS = (
     "pyproject.toml",
@@ -45,6 +54,7 @@ SOURCE_ITEMS = (
     "jepsen",
     "remoting",
     "client",
+    "proxy",  # with proxy/_pb, built on the host first (:func:`build_protocol`): the image has no network
 )
 BASE_SCRIPT = Path(__file__).resolve().with_name("build-base-image.sh")
 
@@ -139,6 +149,14 @@ def _engine_arch() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch or "x86_64")
 
 
+def build_protocol(log=print) -> None:
+    """Build the proxy's RocketMQ 5 message types into proxy/_pb on the host (a no-op when
+    built), so that the project wheel carries them: inside the image nothing can download them."""
+    t0 = time.monotonic()
+    out = _run([sys.executable, "-m", "proxy.protocol_build"], timeout=600, cwd=ROOT)
+    log(f"proxy message types: {out.strip()} ({time.monotonic() - t0:.0f}s)")
+
+
 def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = False, log=print) -> Path:
     """Make ``wheelhouse/`` (the project wheel + run-time dependency wheels) and return the project wheel.
 
@@ -172,6 +190,7 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
         _run([*argv, *RUNTIME_DEPS], timeout=900)
         log(f"run-time dependency wheels in {deps} ({time.monotonic() - t0:.0f}s)")
 
+    build_protocol(log=log)
     for old in wheelhouse.glob("ledgermq-*.whl"):
         old.unlink()
     t0 = time.monotonic()
