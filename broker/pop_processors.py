@@ -12,6 +12,12 @@ Handles are RocketMQ's: the response headers ``popTime``, ``invisibleTime``, ``r
 each message's ``POP_CK`` extra info (``ExtraInfoUtil``: ck offset, pop time, invisible time,
 revive queue, retry flag, broker name, queue id, queue offset, space-separated). An ACK or
 CHANGE_MESSAGE_INVISIBLETIME names that extra info and the queue offset.
+
+An orderly POP (``order=true``, a 5.x FIFO consumer group) has at most one message of a
+queue in flight for the group: while it is invisible nothing after it is delivered; the next
+message of the queue (and so of every message group it holds) only once it is acked, or,
+once its invisible time is over, it comes again first. Its picks and entry are made one at
+a time per (group, topic) on the master.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ MAX_BURY_PER_POP = 32  # deliveries past their retries one POP stores as dead le
 MAX_BATCH_ACK_BODY = 1 << 20  # a BATCH_ACK_MESSAGE body
 MAX_BATCH_ACKS = 1024  # BatchAck items in one BATCH_ACK_MESSAGE
 MAX_POP_ROUNDS = 8  # entries one POP request may append (each past filtered-out messages at least)
+#: (group, topic) pairs with orderly POPs under way at once on a master (each holds a lock)
+MAX_ORDER_LOCKS = 10_000
 INIT_MODE_MIN, INIT_MODE_MAX = 0, 1  # RocketMQ's ConsumeInitMode: a new group starts at min or max
 NORMAL_TOPIC_FLAG = "0"  # ExtraInfoUtil: "1" would name the group's POP retry topic
 _I32 = struct.Struct(">i")
@@ -180,6 +188,9 @@ class PopProcessors:
         self.store = ctx.store
         self.config = ctx.config
         self.suspended = 0  # POPs long-polling now (at most max_suspended_pulls)
+        #: orderly POPs' pick-and-apply, one at a time per (group, topic), with how many hold or wait
+        self._order_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._order_users: dict[tuple[str, str], int] = {}
 
     def handlers(self) -> dict[int, Any]:
         return {
@@ -243,10 +254,10 @@ class PopProcessors:
             "initMode", INIT_MODE_MIN, min_value=INIT_MODE_MIN, max_value=INIT_MODE_MAX
         )
         _check_group(group)
-        if req.header_bool("order", False):
+        order = req.header_bool("order", False)
+        if order and len(self._order_locks) >= MAX_ORDER_LOCKS and (group, topic) not in self._order_locks:
             return req.make_response(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                "orderly POP (order=true) is not supported by ledgermq; use orderly pull consumers",
+                ResponseCode.SYSTEM_BUSY, f"orderly POPs of {MAX_ORDER_LOCKS} (group, topic) are under way"
             )
         if not self.broker.is_master:
             return self.ctx.not_master(req)
@@ -271,7 +282,22 @@ class PopProcessors:
             buried = await self._bury(req, group, topic, queues, now_ms)
             if buried is not None:
                 return buried
-            picks, busy = self._picks(group, topic, queues, init_mode, max_nums, now_ms, matcher)
+            if order:
+                # picks and their entry as one step per (group, topic): two orderly POPs must not
+                # both see a queue free and both take its next message
+                outcome, busy = await self._orderly_round(
+                    req, group, topic, queues, init_mode, max_nums, invisible, matcher, appends
+                )
+                if outcome is not None:
+                    appends += 1
+                    if isinstance(outcome, RemotingCommand):
+                        return outcome
+                    if outcome:
+                        return self._found(req, group, topic, queues, invisible, outcome)
+                    continue
+                picks: list[PopPick] = []
+            else:
+                picks, busy = self._picks(group, topic, queues, init_mode, max_nums, now_ms, matcher)
             if picks and appends < MAX_POP_ROUNDS:
                 appends += 1
                 entry = pop_op(group, topic, now_ms, invisible, self.config.max_pop_inflight, picks)
@@ -294,6 +320,41 @@ class PopProcessors:
         return req.make_response(
             ResponseCode.POLLING_TIMEOUT, "NO_MESSAGE_IN_QUEUE", self._rest(group, topic, queues)
         )
+
+    async def _orderly_round(
+        self,
+        req: RemotingCommand,
+        group: str,
+        topic: str,
+        queues: list[int],
+        init_mode: int,
+        max_nums: int,
+        invisible: int,
+        matcher: Any,
+        appends: int,
+    ) -> tuple[list[Any] | RemotingCommand | None, str]:
+        """One orderly pick-and-apply under the (group, topic) lock: the outcome (None when
+        there was nothing to take, or the round bound is spent) and why the consumer waits."""
+        key = (group, topic)
+        lock = self._order_locks.get(key)
+        if lock is None:
+            lock = self._order_locks[key] = asyncio.Lock()
+        self._order_users[key] = self._order_users.get(key, 0) + 1
+        try:
+            async with lock:
+                now_ms = int(time.time() * 1000)
+                picks, busy = self._picks(
+                    group, topic, queues, init_mode, max_nums, now_ms, matcher, order=True
+                )
+                if not picks or appends >= MAX_POP_ROUNDS:
+                    return None, busy
+                entry = pop_op(group, topic, now_ms, invisible, self.config.max_pop_inflight, picks)
+                return await self._apply(req, entry), busy
+        finally:
+            self._order_users[key] -= 1
+            if not self._order_users[key]:
+                del self._order_users[key]
+                del self._order_locks[key]
 
     def _matcher(self, req: RemotingCommand) -> frozenset[int] | SqlFilter | None | RemotingCommand:
         """The request's filter: tag hashes, a compiled SQL92 filter, None for all, or the refusal."""
@@ -329,6 +390,8 @@ class PopProcessors:
         max_nums: int,
         now_ms: int,
         matcher: Any,
+        *,
+        order: bool = False,
     ) -> tuple[list[PopPick], str]:
         """What to propose: per queue the expired in-flight offsets, then new ones matching the
         filter (a queue the group never popped gets a pick anyway, so that where it starts is
@@ -354,6 +417,20 @@ class PopProcessors:
                 last = self.config.max_reconsume_times  # (past it, dead-lettered by _bury)
                 offsets = [o for o in pq.expired(now_ms, want) if o >= lo and pq.inflight[o].times < last]
             room = limit - (len(pq.inflight) if pq is not None else 0)
+            if order:
+                # orderly: one message of a queue in flight at a time; while it is invisible
+                # nothing after it is delivered, once its invisible time is over it comes again
+                if pq is not None and pq.inflight:
+                    if any(e.deadline > now_ms for e in pq.inflight.values()):
+                        continue
+                    offsets = sorted(
+                        o
+                        for o in pq.expired(now_ms, len(pq.inflight))
+                        if o >= lo and pq.inflight[o].times < last
+                    )[:1]
+                    room = 0
+                else:
+                    room = min(room, 1)
             new, cursor_to = self._new_offsets(
                 topic, qid, max(cursor, lo), min(want - len(offsets), room), matcher
             )
@@ -590,6 +667,7 @@ class PopProcessors:
             return req.make_response(
                 ResponseCode.NO_MESSAGE, f"handle {offset}@{pop_time} of {topic}:{qid}: {reason}"
             )
+        self._wake(topic, qid)  # an orderly POP waits for this ack to take the queue's next message
         return req.make_response()
 
     async def change_invisible_time(self, conn: RemotingConnection, req: RemotingCommand) -> RemotingCommand:
@@ -644,6 +722,8 @@ class PopProcessors:
             outcomes = self.store.state.pop_outcomes
             for stored in results:
                 refused += [r for r in outcomes.get(stored.ledger_index, ["not applied"]) if r]
+            for _group, topic, qid in by_queue:
+                self._wake(topic, qid)
         if refused:
             return req.make_response(
                 ResponseCode.NO_MESSAGE,

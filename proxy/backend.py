@@ -237,6 +237,7 @@ class Backend:
         poll_ms: int,
         exp_type: str,
         exp: str,
+        order: bool = False,
     ) -> Popped:
         """POP_MESSAGE from every queue of ``topic`` on ``broker`` (as RocketMQ 5's proxy pops);
         an empty Popped when nothing came within ``poll_ms``."""
@@ -252,6 +253,7 @@ class Backend:
             "initMode": 0,
             "expType": exp_type,
             "exp": exp,
+            "order": order,
         }
         resp = await self.master_call(
             broker,

@@ -28,6 +28,8 @@ DEFAULT_MAX_CONCURRENT_RPCS = 4096
 #: a gRPC message's size: the largest body plus room for its properties
 GRPC_MESSAGE_SLACK = 1 << 20
 GRACE_S = 2.0
+#: consumer groups --fifo-groups may name
+MAX_FIFO_GROUPS = 10_000
 
 log = logging.getLogger("proxy")
 
@@ -46,6 +48,7 @@ class ProxyOptions:
     max_concurrent_rpcs: int = DEFAULT_MAX_CONCURRENT_RPCS
     route_ttl_s: float = 3.0
     max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS
+    fifo_groups: frozenset[str] = frozenset()
 
 
 def listen_addr(value: str) -> tuple[str, int]:
@@ -91,6 +94,7 @@ async def serve(opts: ProxyOptions, stop: asyncio.Event) -> None:
     config = ServiceConfig(
         max_body_bytes=opts.max_body_bytes,
         max_delivery_attempts=opts.max_delivery_attempts,
+        fifo_groups=opts.fifo_groups,
         advertised=opts.advertise or f"{shown}:{bound}",
     )
     add_to_server(server, MessagingService(backend, config, Authenticator(accounts)))
@@ -125,7 +129,16 @@ def parse_args(argv: list[str] | None) -> ProxyOptions:
         default=DEFAULT_MAX_DELIVERY_ATTEMPTS,
         help="what consumers are told: the brokers' max_reconsume_times",
     )
+    p.add_argument(
+        "--fifo-groups",
+        default=os.environ.get("LEDGERMQ_FIFO_GROUPS", ""),
+        help="comma-separated consumer groups that consume in order (RocketMQ 5's FIFO groups): "
+        "a queue's next message only once the previous ones are acked",
+    )
     a = p.parse_args(argv)
+    fifo = frozenset(g.strip() for g in a.fifo_groups.split(",") if g.strip())
+    if len(fifo) > MAX_FIFO_GROUPS:
+        p.error(f"--fifo-groups names at most {MAX_FIFO_GROUPS} groups")
     if not a.namesrv:
         p.error("--namesrv (or NAMESRV_ADDR) is required")
     if min(a.max_body_bytes, a.max_concurrent_rpcs, a.max_delivery_attempts) < 1 or a.route_ttl <= 0:
@@ -145,6 +158,7 @@ def parse_args(argv: list[str] | None) -> ProxyOptions:
         max_concurrent_rpcs=a.max_concurrent_rpcs,
         route_ttl_s=a.route_ttl,
         max_delivery_attempts=a.max_delivery_attempts,
+        fifo_groups=fifo,
     )
 
 

@@ -69,6 +69,8 @@ class ServiceConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS
     advertised: str = ""  # host:port put in routes when a request names none
+    #: consumer groups that consume in order (RocketMQ 5's FIFO groups: orderly POP on the brokers)
+    fifo_groups: frozenset[str] = frozenset()
 
 
 def _status(code: str = "OK", message: str = "OK") -> Any:
@@ -243,7 +245,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
             for seconds in RETRY_DELAYS_S:
                 backoff.customized_backoff.next.add().FromSeconds(seconds)
             sub = out.subscription
-            sub.fifo = False
+            sub.fifo = sub.group.name in self.config.fifo_groups
             sub.receive_batch_size = MAX_RECEIVE_BATCH
             if not sub.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.FromMilliseconds(DEFAULT_LONG_POLL_MS)
@@ -417,6 +419,7 @@ class MessagingService(sgrpc.MessagingServiceServicer):
                 poll_ms=poll,
                 exp_type=kind,
                 exp=exp,
+                order=group in self.config.fifo_groups,
             )
         except (BadRequest, BackendError, AuthError) as exc:
             yield spb.ReceiveMessageResponse(status=_status(exc.code, str(exc)))

@@ -493,8 +493,6 @@ def test_pop_ack_expiry_and_failover_on_a_real_group(group: LocalBrokerGroup) ->
             assert r.code == code and words in r.remark, (change, r)
         r, _ = await p.pop(1, 1000, expType="SQL92", exp="a IN (")
         assert r.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, r
-        r, _ = await p.pop(1, 1000, order="true")
-        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED and "order" in r.remark, r
         r, _ = await p.pop(1, 0)
         assert r.code == 1004 and "invisibleTime" in r.remark, r
         r, _ = await p.pop(1, 1000, consumerGroup="g" * 2000)  # longer than the log's names

@@ -482,3 +482,45 @@ def test_state_survives_another_proxy_and_a_master_failover(cluster: LocalCluste
     status, none = receive(stub, "g-failover", F, poll_s=1)
     assert code(status) == "MESSAGE_NOT_FOUND" and none == []
     assert asyncio.run(cluster.masters())["broker-a"] != master
+
+
+# ---------------------------------------------------------------------- FIFO consumption (orderly POP)
+
+
+def test_fifo_group_gets_a_queues_next_message_only_once_the_previous_is_acked(cluster: LocalCluster) -> None:
+    topic = "ProxyOrderly"
+    wait_for(cluster, {topic: 1})
+    addr = spawn_proxy(cluster, "proxy-fifo", "--fifo-groups", "fifo-readers")
+    with grpc.insecure_channel(addr) as ch:
+        stub = sgrpc.MessagingServiceStub(ch)
+        sent = send(
+            stub, *(message(topic, f"o{i}".encode(), kind="FIFO", message_group="g1") for i in range(3))
+        )
+        assert all(code(e.status) == "OK" for e in sent.entries), sent
+
+        # a group that is not FIFO gets the three at once
+        status, plain = receive(stub, "plain-readers", topic, n=3, poll_s=2)
+        assert sorted(m.body for m in plain) == [b"o0", b"o1", b"o2"], plain
+        # the FIFO group: one message of the queue at a time, the next only after the ack
+        status, first = receive(stub, "fifo-readers", topic, n=3, invisible_s=30, poll_s=1)
+        assert [m.body for m in first] == [b"o0"], first
+        status, none = receive(stub, "fifo-readers", topic, n=3, poll_s=0.5)
+        assert code(status) == "MESSAGE_NOT_FOUND" and none == []  # o0 is in flight: nothing after it
+        assert code(ack(stub, "fifo-readers", first[0], topic)) == "OK"
+        status, second = receive(stub, "fifo-readers", topic, n=1, invisible_s=1, poll_s=1)
+        assert [m.body for m in second] == [b"o1"]
+        # not acked: once its invisible time is over it comes again, before o2
+        status, again = receive(stub, "fifo-readers", topic, n=3, invisible_s=30, poll_s=5)
+        assert [m.body for m in again] == [b"o1"] and again[0].system_properties.delivery_attempt == 2
+        # a receive waiting for the queue gets o2 as soon as o1 is acked
+        result: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: result.append(receive(stub, "fifo-readers", topic, n=3, poll_s=15))
+        )
+        waiter.start()
+        time.sleep(0.5)
+        assert code(ack(stub, "fifo-readers", again[0], topic)) == "OK"
+        waiter.join(30)
+        assert not waiter.is_alive()
+        status, last = result[0]
+        assert [m.body for m in last] == [b"o2"], last

@@ -155,3 +155,22 @@ def test_protocol_build_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path: Pat
         extract(wheel, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert not built(tmp_path / "out")
+
+
+def test_fifo_groups_are_told_so_in_the_settings_and_parsed_from_the_command_line() -> None:
+    from types import SimpleNamespace
+
+    from proxy.server import parse_args
+    from proxy.service import MessagingService, ServiceConfig
+
+    opts = parse_args(["--namesrv", "127.0.0.1:9876", "--fifo-groups", " orders , ,audit"])
+    assert opts.fifo_groups == frozenset({"orders", "audit"})
+    service = MessagingService(
+        SimpleNamespace(on_check=None),  # type: ignore[arg-type]
+        ServiceConfig(fifo_groups=opts.fifo_groups),
+        Authenticator({}),
+    )
+    for group, fifo in (("orders", True), ("other", False)):
+        theirs = pb.Settings()
+        theirs.subscription.group.name = group
+        assert service.settings_for(theirs).subscription.fifo is fifo
