@@ -1,6 +1,7 @@
 """``--nemesis membership`` on the docker backend: spare broker services that join empty,
 a member re-created with an empty volume, a member replaced by a spare on a new address; the
-changes recorded in the history as on the local backend, and nothing left behind.
+changes recorded in the history as on the local backend, partitions covering the new member,
+and nothing left behind.
 
 Skips with the reason when no Docker engine answers; CI runs it where one does.
 """
@@ -54,12 +55,12 @@ def test_queue_run_with_membership_changes_on_the_compose_group(tmp_path: Path) 
         RunConfig(
             workload="queue",
             backend="docker",
-            nemesis=("membership",),
-            time=10,
+            nemesis=("membership", "partition-random-halves"),
+            time=20,
             interval=1.5,
             rate=40,
             clients=4,
-            seed=2,  # its first change: replace (a spare joins on a new address, an old member leaves)
+            seed=2,  # replace (a spare joins on a new address, an old member leaves), then a partition
             out=tmp_path,
             progress=False,
         )
@@ -77,6 +78,10 @@ def test_queue_run_with_membership_changes_on_the_compose_group(tmp_path: Path) 
     )
     assert set(joined["value"]["nodes"]) <= set(joined["value"]["voters"]), joined  # caught up, promoted
     assert result.valid is True, result.summary.get("check")
+    # iptables cuts cover the joined spare, and pass over the removed member's deleted container
+    cuts = [e for e in nem if e["f"] == "start-partition"]
+    assert cuts and not any("error" in e for e in cuts), cuts
+    assert added & set(cuts[-1]["value"]["nodes"]), cuts
     logs = result.run_dir / "cluster" / "logs"
     for n in added - {"n1", "n2", "n3"}:  # the spare's container log, kept even if it was removed again
         assert "joined" in (logs / f"broker-a-{n}.log").read_text(encoding="utf-8"), n

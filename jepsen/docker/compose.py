@@ -274,6 +274,8 @@ class ComposeGroup:
         self.created_spares: set[str] = set()
         #: services whose removed containers' logs are already in ``log_dir`` (``remove_node``)
         self.removed_logs: set[str] = set()
+        #: broker services whose container ``remove_node`` deleted (no cuts to write there)
+        self.removed: set[str] = set()
         self.plan_spares(spares)
         self.broker_names = tuple(broker_name(g) for g in range(self.groups))
         self.net = net or os.environ.get("LEDGERMQ_NET") or DEFAULT_NET
@@ -596,6 +598,7 @@ class ComposeGroup:
         self.killed.clear()
         self.paused.clear()
         self.cut_links.clear()
+        self.removed.clear()
         return forced
 
     def leftovers(self) -> list[str]:
@@ -739,6 +742,7 @@ class ComposeGroup:
         self.killed.discard(service)
         self.paused.discard(service)
         self.created_spares.discard(service)
+        self.removed.add(service)
 
     def start_joining(self, service: str, members: Sequence[str], *, timeout: float = 120.0) -> None:
         """(Re)create ``service`` empty (container and data volume removed first) with ``join``,
@@ -757,6 +761,7 @@ class ComposeGroup:
         )
         self.member_env[join_var] = "true"
         self.compose("up", "-d", "--no-build", "--no-deps", service, timeout=timeout)
+        self.removed.discard(service)
         if service in self.spare_layout:
             self.created_spares.add(service)
         self._apply_cuts([service])
@@ -785,7 +790,8 @@ class ComposeGroup:
             if src != dst:
                 wanted.add((src, dst))
         self.cut_links = wanted
-        unapplied = self._apply_cuts([*self.system_services, *sorted(self.created_spares)])
+        present = [s for s in (*self.system_services, *sorted(self.created_spares)) if s not in self.removed]
+        unapplied = self._apply_cuts(present)
         return {"cut": sorted([list(link) for link in wanted]), "unapplied": unapplied}
 
     def partition(self, *sides: Iterable[str]) -> dict[str, Any]:
@@ -832,6 +838,8 @@ class ComposeGroup:
             return "\n".join(lines)
 
         def apply(service: str) -> tuple[str, str | None]:
+            if service in self.removed:
+                return service, "removed"
             if service in self.killed:
                 return service, "not running"
             if service in self.paused:
