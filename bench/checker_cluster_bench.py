@@ -72,7 +72,7 @@ print(json.dumps({"open_s": round(opened, 2), "analyze_s": round(secs, 2), "vali
 
 
 # JSON Lines -> Parquet parts through Spark (Python's reader takes minutes for 10M operations):
-# the checker's own JSON schema, one output file per input split, renamed into parts of one
+# the checker's own JSON schema and the typed pairs column, one output file per input split, renamed into parts of one
 # shard in split order (Spark writes part i from split i, in the file's order)
 CONVERT = r"""
 import sys
@@ -83,7 +83,13 @@ from jepsen.checker import columnar
 src, dst = sys.argv[1], Path(sys.argv[2])
 spark = get_spark("local[2]")
 spark.conf.set("spark.sql.files.maxPartitionBytes", str(256 << 20))
+from pyspark.sql import functions as F
 df = spark.read.schema(_schema(with_src=False, with_corrupt=False)).json(src)
+# a read's pairs in the typed column, as the recorder writes them (only where lossless)
+typed = F.from_json("value", "array<array<bigint>>")
+is_read = F.col("f").isin(*columnar.READ_FS) & (F.col("type") == "ok") & F.col("value").startswith("[")
+df = df.withColumn("pairs", F.when(is_read & (F.to_json(typed) == F.col("value")), typed))
+df = df.withColumn("value", F.when(F.col("pairs").isNull(), F.col("value")))
 (df.write.option("compression", "zstd").option("parquet.compression.codec.zstd.level", "1")
    .parquet(str(dst / "spark")))
 for i, f in enumerate(sorted((dst / "spark").glob("part-*.parquet")), 1):

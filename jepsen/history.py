@@ -40,6 +40,7 @@ from typing import Any
 from jepsen.checker.columnar import (
     JSONL_BYTES_PER_EVENT,
     PART_SUFFIX,
+    READ_FS,
     ROLL_EVENTS,
     ROLL_EVERY_S,
     STRUCTURE_FIELDS,
@@ -47,6 +48,7 @@ from jepsen.checker.columnar import (
     iter_part_events,
     rows,
     shard_name,
+    typed_pairs,
 )
 
 #: environment setting: the format of a sharded run's history, ``jsonl`` (the default) or
@@ -266,10 +268,14 @@ class History:
         offset: int | None,
     ) -> None:
         """One event as a row of the current Parquet part (``value`` as Spark's JSON reader
-        gives a string column: a string bare, anything else as JSON text)."""
+        gives a string column: a string bare, anything else as JSON text; a read's returned
+        pairs in the typed ``pairs`` column instead, ``columnar.typed_pairs``)."""
         parts = self._parts
         assert parts is not None
-        if value is None or type(value) is str:  # noqa: E721 - exact types, as in _write_locked
+        pairs = typed_pairs(f, typ, value) if f in READ_FS else None
+        if pairs is not None:
+            val = None
+        elif value is None or type(value) is str:  # noqa: E721 - exact types, as in _write_locked
             val = value
         elif type(value) is int:  # noqa: E721
             val = str(value)
@@ -287,6 +293,7 @@ class History:
                 error,
                 node,
                 None if offset is None else int(offset),
+                pairs,
             )
         )
         self._n += 1

@@ -207,3 +207,56 @@ def test_parquet_shards_are_validated_part_by_part_in_child_processes(
     )
     assert validate_shards(tmp_path) == []
     assert [a[-5:] for a in spawned] == [[*map(str, g), "2"] for g in groups]
+
+
+def test_a_reads_pairs_go_to_the_typed_column_only_when_lossless() -> None:
+    assert columnar.typed_pairs("poll", "ok", [[0, 1], (1, 2)]) == [[0, 1], (1, 2)]
+    assert columnar.typed_pairs("drain", "ok", ()) == []
+    for f, typ, value in (
+        ("poll", "info", [[0, 1]]),  # not an ok read
+        ("send", "ok", [[0, 1]]),  # not a read
+        ("poll", "ok", [[0, True]]),  # a bool is not an offset
+        ("poll", "ok", [[0, 1 << 63]]),  # does not fit int64
+        ("poll", "ok", [[0, 1.5]]),
+        ("poll", "ok", [0, 1]),  # not a list of lists
+        ("poll", "ok", {"from": 0}),
+    ):
+        assert columnar.typed_pairs(f, typ, value) is None, (f, typ, value)
+
+
+def test_recorded_pairs_are_typed_on_disk_and_old_parts_read_as_before(spark: Any, tmp_path: Path) -> None:
+    """The recorder puts an ok poll's pairs in the typed column (value null there); a part
+    written before that column existed (the contract's columns only) reads the same."""
+    import pyarrow.parquet as pq
+
+    with History(tmp_path / "new" / "shard-00.parquet", 0) as h:
+        _record(h, 300)
+    import pyarrow as pa
+
+    table = pa.concat_tables(pq.read_table(f) for f in sorted((tmp_path / "new").glob("*.parquet")))
+    polls = [r for r in table.to_pylist() if r["f"] == "poll" and r["type"] == "ok"]
+    assert polls and all(r["value"] is None and r["pairs"] == [[0, 1], [1, 2]] for r in polls)
+    old = tmp_path / "old"
+    old.mkdir()
+    rows = [
+        {**r, "value": columnar.pairs_text(r["pairs"]) if r["pairs"] is not None else r["value"]}
+        for r in table.to_pylist()
+    ]
+    pq.write_table(
+        pa_table(rows, columnar.contract_schema()),
+        old / "shard-00.000001.parquet",
+    )
+    assert read_history(tmp_path / "old") == read_history(tmp_path / "new")
+    a = analyze_files(
+        [tmp_path / "old", tmp_path / "new"], out_dir=tmp_path / "a", engine="spark", report=False
+    )
+    b = analyze_files([tmp_path / "new"], out_dir=tmp_path / "b", engine="inprocess", report=False)
+    old_res, new_res = (o.result for o in a["files"])
+    assert old_res["stats"]["pairs-read"] == new_res["stats"]["pairs-read"] == 2 * 30
+    assert _comparable(old_res) == _comparable(new_res) == _comparable(b["files"][0].result)
+
+
+def pa_table(rows: list[dict[str, Any]], schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.Table.from_pylist([{k: r[k] for k in schema.names} for r in rows], schema=schema)

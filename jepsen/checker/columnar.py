@@ -56,12 +56,56 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def arrow_schema() -> Any:
-    """The parts' schema (pyarrow imported only by recorders that write Parquet)."""
+#: the typed column of a read's returned pairs (see the module's docstring)
+PAIRS_COLUMN = "pairs"
+#: the operations whose ok value goes to ``PAIRS_COLUMN`` when it has the shape
+READ_FS = frozenset({"poll", "drain"})
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def contract_schema() -> Any:
+    """The contract's columns as an Arrow schema (what every part must have)."""
     import pyarrow as pa
 
     kinds = {"int64": pa.int64(), "string": pa.string()}
     return pa.schema([pa.field(name, kinds[kind]) for name, kind in COLUMNS])
+
+
+def pairs_type() -> Any:
+    import pyarrow as pa
+
+    return pa.list_(pa.list_(pa.int64()))
+
+
+def arrow_schema() -> Any:
+    """The parts' schema as written: the contract's columns and ``pairs`` (pyarrow imported
+    only by recorders that write Parquet)."""
+    import pyarrow as pa
+
+    return contract_schema().append(pa.field(PAIRS_COLUMN, pairs_type()))
+
+
+def typed_pairs(f: str, typ: str, value: Any) -> list[Any] | None:
+    """``value`` when it goes to the ``pairs`` column: an ok read's list of lists of integers
+    that fit int64 (anything else, or any other operation, keeps its JSON text)."""
+    if typ != "ok" or f not in READ_FS or type(value) not in (list, tuple):  # noqa: E721 - exact types
+        return None
+    lo, hi = _INT64
+    for item in value:
+        if type(item) not in (list, tuple):  # noqa: E721
+            return None
+        for x in item:
+            if type(x) is not int or x < lo or x > hi:  # noqa: E721 - bool is not an offset
+                return None
+    return value if type(value) is list else list(value)  # noqa: E721
+
+
+def pairs_text(pairs: list[Any]) -> str:
+    """A ``pairs`` cell as the ``value`` text it replaces (compact JSON, as recorded)."""
+    return _compact(pairs)
+
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def part_path(stem: Path, seq: int) -> Path:
@@ -201,7 +245,9 @@ def open_problem(path: Path) -> str | None:
         schema = pq.read_schema(path)
     except (OSError, pa.ArrowException) as exc:
         return f"not a readable Parquet file ({exc})"
-    want = arrow_schema()
+    want = contract_schema()
+    if PAIRS_COLUMN in schema.names and schema.field(PAIRS_COLUMN).type != pairs_type():
+        return f"Parquet column {PAIRS_COLUMN} of the wrong type: {schema.field(PAIRS_COLUMN).type}"
     missing = [f.name for f in want if f.name not in schema.names]
     if missing:
         return f"Parquet file without the contract's column(s) {', '.join(missing)}"
@@ -219,7 +265,8 @@ def iter_rows(
     path: Path, batch_rows: int = 65_536, columns: tuple[str, ...] | None = None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(row number from 1, the row's columns, or only ``columns``) of a Parquet part, a batch
-    at a time.
+    at a time. A read whose pairs the ``pairs`` column holds gets them back as its ``value``
+    text, so a row reads the same as before the column existed.
 
     Raises ``ValueError`` with the reason for a file that is not a part of the contract's shape.
     """
@@ -233,9 +280,16 @@ def iter_rows(
     n = 0
     try:
         with pq.ParquetFile(path) as pf:
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
+            typed = "value" in names and PAIRS_COLUMN in pf.schema_arrow.names
+            for batch in pf.iter_batches(
+                batch_size=batch_rows, columns=[*names, PAIRS_COLUMN] if typed else names
+            ):
                 for row in batch.to_pylist():
                     n += 1
+                    if typed:
+                        pairs = row.pop(PAIRS_COLUMN)
+                        if pairs is not None and row["value"] is None:
+                            row["value"] = pairs_text(pairs)
                     yield n, row
     except pa.ArrowException as exc:
         raise ValueError(f"unreadable Parquet data after row {n} ({exc})") from None

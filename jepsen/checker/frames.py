@@ -5,7 +5,8 @@ a hundred histories cost one set of Spark jobs rather than a hundred (job overhe
 not data, dominates small histories). JSON Lines is read by Spark's JSON reader with
 an explicit schema: ``value`` is a string column, which makes the reader keep the raw
 JSON text of lists and objects, so one schema fits every operation's value. The small
-Jepsen formats are parsed in Python and handed over as rows.
+Jepsen formats are parsed in Python and handed over as rows. Parquet parts are read with
+their typed ``pairs`` column; :func:`read_pairs` is how a check gets a read's pairs from either.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 from jepsen.checker.parse import NEMESIS, TYPES, Event
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 CORRUPT = "_corrupt"
 
@@ -33,6 +34,12 @@ FIELDS: list[tuple[str, str]] = [
     ("node", "string"),
     ("offset", "long"),
 ]
+
+
+#: a read's returned pairs, typed: the Parquet parts' ``pairs`` column (``columnar``), null for
+#: every other event and for the other formats (their pairs are parsed from ``value``)
+PAIRS = "pairs"
+PAIRS_TYPE = "array<array<bigint>>"
 
 
 def _schema(with_src: bool, with_corrupt: bool):  # -> StructType
@@ -66,8 +73,11 @@ def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
         if s.events is not None:
             continue
         if s.fmt == "parquet":  # a folder of Parquet shards with the contract's columns
-            plain = _schema(with_src=False, with_corrupt=False)
-            reader = spark.read.schema(plain)
+            from pyspark.sql import types as T
+
+            pairs = T.ArrayType(T.ArrayType(T.LongType()))
+            plain = _schema(with_src=False, with_corrupt=False).add(PAIRS, pairs, True)
+            reader = spark.read.schema(plain)  # parts without the pairs column read it as null
             if Path(s.path).is_dir():  # its parts, nothing else (a part being written is hidden)
                 reader = reader.option("pathGlobFilter", "*.parquet")
             df = reader.parquet(s.path).withColumn(CORRUPT, F.lit(None).cast("string"))
@@ -76,11 +86,14 @@ def load_events(spark: SparkSession, sources: list[Source]) -> DataFrame:
             if Path(s.path).is_dir():  # a folder of shards: every *.jsonl in it, nothing else
                 reader = reader.option("pathGlobFilter", "*.jsonl")
             df = reader.option("columnNameOfCorruptRecord", CORRUPT).json(s.path)
+            df = df.withColumn(PAIRS, F.lit(None).cast(PAIRS_TYPE))
         frames.append(df.withColumn("src", F.lit(s.src)))
     rows = [ev.as_row(s.src) for s in sources if s.events is not None for ev in s.events]
     if rows:
         py = spark.createDataFrame(rows, _schema(with_src=True, with_corrupt=False))
-        frames.append(py.withColumn(CORRUPT, F.lit(None).cast("string")))
+        frames.append(
+            py.withColumn(CORRUPT, F.lit(None).cast("string")).withColumn(PAIRS, F.lit(None).cast(PAIRS_TYPE))
+        )
     if not frames:
         raise ValueError("no sources")
     df = frames[0]
@@ -114,7 +127,10 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
 
     df = events.withColumn("key", F.coalesce(F.col("key"), F.lit(""))).repartition(partitions, "src", "key")
     w = Window.partitionBy("src", "key", "process").orderBy("index")
-    nxt = {c: F.lead(c).over(w) for c in ("type", "f", "index", "time", "value", "error", "node", "offset")}
+    nxt = {
+        c: F.lead(c).over(w)
+        for c in ("type", "f", "index", "time", "value", "error", "node", "offset", PAIRS)
+    }
     t = F.coalesce(F.col("time"), F.col("index"))
     paired = df.select(
         "src",
@@ -137,6 +153,7 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
         nxt["error"].alias("n_error"),
         nxt["node"].alias("n_node"),
         nxt["offset"].alias("n_offset"),
+        nxt[PAIRS].alias("n_pairs"),
         F.lag("type").over(w).alias("p_type"),
     )
     # Rows the reader already rejected sit in their own window partitions (their
@@ -189,6 +206,8 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
         F.when(completed, F.col("n_t")).alias("cmp_time"),
         F.col("value").alias("inv_value"),
         F.when(completed, F.col("n_value")).alias("cmp_value"),
+        # a read's returned pairs when its history held them typed (else in cmp_value's text)
+        F.when(completed, F.col("n_pairs")).alias("cmp_pairs"),
         # a send's offset: the contract's top-level field, or inside an object value
         F.when(
             completed,
@@ -204,3 +223,12 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
         problem.alias("problem"),
         "timed",
     )
+
+
+def read_pairs() -> Column:
+    """An ok read's returned pairs as ``array<array<bigint>>`` (empty when none): the typed
+    column when the history held one, else its ``cmp_value`` text parsed (JSON Lines, the
+    Python-read formats). ``coalesce`` parses only the rows without the typed column."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.col("cmp_pairs"), F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE))

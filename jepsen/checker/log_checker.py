@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jepsen.checker.frames import read_pairs
 from jepsen.checker.spark import materialize, release
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class LogFrames:
             "process",
             "f",
             "type",
-            F.col("inv_value").cast("long").alias("v"),
+            F.col("inv_value").try_cast("long").alias("v"),
             F.col("offset").alias("off"),
             "inv_index",
             "inv_time",
@@ -145,9 +146,9 @@ class LogFrames:
             "inv_time",
             "cmp_index",
             "cmp_time",
-            F.coalesce(F.get_json_object("inv_value", "$.from").cast("long"), F.lit(0)).alias("from_"),
-            F.get_json_object("inv_value", "$.max").cast("long").alias("max_"),
-            F.coalesce(F.from_json("cmp_value", PAIRS_TYPE), F.array().cast(PAIRS_TYPE)).alias("pairs"),
+            F.coalesce(F.get_json_object("inv_value", "$.from").try_cast("long"), F.lit(0)).alias("from_"),
+            F.get_json_object("inv_value", "$.max").try_cast("long").alias("max_"),
+            read_pairs().alias("pairs"),
         )
         # Parsing the returned pairs is the expensive part: done once (this cache), and
         # both shapes derived from it are cached in turn.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from jepsen.checker.frames import read_pairs
 from jepsen.checker.semantics_model import DEFAULT_TOLERANCES, EXAMPLES, Tolerances, fault_windows
 from jepsen.checker.spark import materialize, release
 
@@ -140,9 +141,7 @@ class Frames:
             "inv_index",
             "inv_time",
             "cmp_time",
-            F.posexplode(
-                F.coalesce(F.from_json("cmp_value", ENTRIES_TYPE), F.array().cast(ENTRIES_TYPE))
-            ).alias("pos", "e"),
+            F.posexplode(read_pairs()).alias("pos", "e"),
         )
         self.entries = exploded.join(F.broadcast(self.last_drain), K, "left").select(
             *K,

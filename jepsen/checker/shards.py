@@ -159,6 +159,17 @@ def export(path: str | Path, out: IO[str]) -> int:
     return n
 
 
+def _typed_pairs(ev: parse.Event) -> list | None:
+    """A JSON Lines read's returned pairs for the ``pairs`` column (None: its value stays text)."""
+    text = ev.value
+    if ev.f not in columnar.READ_FS or ev.type != "ok" or not text or not text.startswith("["):
+        return None
+    try:
+        return columnar.typed_pairs(ev.f, ev.type, json.loads(text))
+    except ValueError:  # a string value that merely starts with "["
+        return None
+
+
 def to_parquet(path: str | Path, folder: str | Path) -> int:
     """Write the JSON Lines history at ``path`` (a file or a folder of shards) as Parquet parts
     in ``folder``, one shard per input file (``shard-00.jsonl`` -> ``shard-00.000001.parquet``,
@@ -180,6 +191,9 @@ def to_parquet(path: str | Path, folder: str | Path) -> int:
                     ev = parse.parse_json_line(raw)
                 except ValueError as exc:
                     raise parse.HistoryError(f, lineno, str(exc)) from None
+                value, pairs = ev.value, _typed_pairs(ev)
+                if pairs is not None:
+                    value = None
                 parts.rows.append(
                     (
                         ev.index,
@@ -188,10 +202,11 @@ def to_parquet(path: str | Path, folder: str | Path) -> int:
                         ev.type,
                         ev.f,
                         ev.key,
-                        ev.value,
+                        value,
                         ev.error,
                         ev.node,
                         ev.offset,
+                        pairs,
                     )
                 )
                 n += 1
