@@ -163,7 +163,7 @@ def _rocketmq_options(ctx: click.Context, o: RunOptions) -> dict[str, object]:
 
 def _workload(ctx: click.Context, o: RunOptions) -> str:
     """The workload: as given, or the queue workload on a RocketMQ system when left at its default."""
-    if o.system in ("rocketmq", "rocketmq-rust") and _defaulted(ctx, "workload"):
+    if o.system in ("rocketmq", "rocketmq-rust", "ledgermq-proxy") and _defaulted(ctx, "workload"):
         return "queue"
     return o.workload
 
@@ -307,7 +307,8 @@ def _print_result(cfg: RunConfig, result: RunResult) -> None:
     "broker: 2 nameservers + 3 brokers, chosen automatically for the queue workload; "
     "rocketmq: the queue workload against a RocketMQ-protocol cluster you run, see --namesrv; "
     "rocketmq-rust: the queue workload on RocketMQ-Rust's nameserver, master and 2 slaves, "
-    "built by scripts/build-rocketmq-rust.sh)",
+    "built by scripts/build-rocketmq-rust.sh; ledgermq-proxy: the queue workload through RocketMQ 5's "
+    "gRPC proxy, receive and ack instead of pulls)",
 )
 @click.option(
     "--namesrv",

@@ -4,6 +4,7 @@
 loads and breaks, and the process handling of local nodes); ``clients`` the adapter
 interface the workloads call. One module per system: ``ledger``, ``broker`` (with its
 docker-compose backend in ``docker``), ``rocketmq`` (a cluster someone else runs),
-``rocketmq_rust`` and ``syncobj`` (with its node program, ``syncobj_node``). ``registry``
+``rocketmq_rust``, ``syncobj`` (with its node program, ``syncobj_node``) and ``proxy_system``
+(the broker group behind RocketMQ 5's gRPC proxy, its clients in ``proxy_client``). ``registry``
 names them; ``broken`` holds the deliberately broken adapters of the harness's self-test.
 """
