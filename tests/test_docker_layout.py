@@ -37,6 +37,14 @@ from jepsen.docker.layout import (
 from jepsen.systems.broker import QueueEndpoints
 from jepsen.systems.credentials import MAX_CREDENTIALS_BYTES, Credentials
 
+#: services of docker-compose.yml under a profile (not started by a plain ``up``, not group nodes)
+PROFILED = {"proxy": "proxy"}
+
+
+def _group_services(services: dict) -> dict:
+    """The services a plain ``up`` starts: the group's nodes (profiled ones are extras)."""
+    return {name: svc for name, svc in services.items() if "profiles" not in svc}
+
 
 def test_generated_broker_service_matches_docker_compose_yml() -> None:
     yaml = pytest.importorskip("yaml")
@@ -45,7 +53,11 @@ def test_generated_broker_service_matches_docker_compose_yml() -> None:
     for name in ("broker1", "broker2", "broker3"):
         want = {k: v for k, v in doc["services"][name].items() if k != "build"}
         assert broker_service(one[name], one) == want, name
-    assert sorted(doc["services"]) == sorted(one)
+    assert sorted(_group_services(doc["services"])) == sorted(one)
+    # the extras stay out of a plain `up`: each is under its profile
+    assert {n: svc.get("profiles") for n, svc in doc["services"].items() if n not in one} == {
+        n: [profile] for n, profile in PROFILED.items()
+    }
 
 
 def test_every_node_of_the_compose_files_shares_one_secret_file() -> None:
@@ -54,7 +66,7 @@ def test_every_node_of_the_compose_files_shares_one_secret_file() -> None:
     yaml = pytest.importorskip("yaml")
     doc = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
     override = json.loads(groups_override(2).split("\n", 3)[3])
-    services = {**doc["services"], **override["services"]}
+    services = _group_services({**doc["services"], **override["services"]})
     assert SECRET_VOLUME in doc["volumes"]
     for name, svc in services.items():
         kind = "NAMESRV" if name.startswith("namesrv") else "BROKER"
@@ -156,7 +168,7 @@ def test_docker_compose_accepts_base_plus_override(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert sorted(proc.stdout.split()) == sorted(layout(3))
+    assert sorted(proc.stdout.split()) == sorted([*layout(3), *PROFILED])
 
 
 def test_compose_env_carries_the_group_credentials_and_no_forced_acl_off(monkeypatch) -> None:
