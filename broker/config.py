@@ -10,6 +10,11 @@ Membership changes at run time (``broker.membership``): a broker started with ``
 outside the group, is added as a learner (``ledgermq-admin member-add``), catches up and
 serves as a slave once promoted. The log then says who the members are and where their
 brokers listen; ``group`` only bootstraps that.
+
+``ledger_dial`` (``id=ledger_host:port`` entries) is the embedded ledger node's ``dial``
+(``ledger.config``): where this broker's ledger dials that member instead of the address the
+group's configuration names (a relay, a tunnel, a test harness's per-link proxy). It covers
+members added later as soon as their id is listed, which ``group`` cannot (it only bootstraps).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from common.cluster_secret import load_cluster_secret
 from common.settings import ConfigError, parse_host_port
-from ledger.config import NodeConfig
+from ledger.config import MAX_DIAL_OVERRIDES, NodeConfig
 from remoting.config import RemotingConfig, listener_limits
 from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
@@ -130,6 +135,8 @@ class BrokerConfig:
     # The master sends a learner catching up at most this many MB/s of log (0: no limit): unthrottled,
     # the catch-up took the CPU its sends need (see docs/benchmarks.md, membership changes).
     learner_catchup_mb_per_s: float = DEFAULT_LEARNER_CATCHUP_MB_PER_S
+    # id=ledger_host:port: where the embedded ledger dials that member instead (its 'dial')
+    ledger_dial: list[str] = field(default_factory=list)
     server_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     client_ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False, compare=False)
     members: dict[str, GroupMember] = field(init=False, default_factory=dict)
@@ -252,6 +259,7 @@ class BrokerConfig:
             self.remoting_config()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        self._check_ledger_dial()
         if self.dedup_window < 1:
             raise ConfigError(f"key 'dedup_window' must be at least 1, got {self.dedup_window}")
         if not self.dedup_ttl_s >= 0:
@@ -264,6 +272,24 @@ class BrokerConfig:
                 f"key 'max_message_bytes' must be between 1 and {largest} (a pull answer holding one "
                 f"message must fit a client's {MAX_PULL_FRAME_BYTES}-byte frame), got {self.max_message_bytes}"
             )
+
+    def _check_ledger_dial(self) -> None:
+        """Refuse a bad ``ledger_dial`` here, naming the broker's key, rather than when the
+        ledger node is built (its own check would name its ``dial``)."""
+        if len(self.ledger_dial) > MAX_DIAL_OVERRIDES:
+            raise ConfigError(f"key 'ledger_dial': at most {MAX_DIAL_OVERRIDES} entries (MAX_DIAL_OVERRIDES)")
+        seen: set[str] = set()
+        for item in self.ledger_dial:
+            nid, sep, addr = item.partition("=")
+            if not sep or not _NODE_ID.match(nid) or len(nid.encode()) > 64:
+                raise ConfigError(
+                    f"key 'ledger_dial': expected id=ledger_host:port (id ending in a number, e.g. n4), "
+                    f"got {item[:100]!r}"
+                )
+            parse_host_port("ledger_dial", addr)
+            if nid in seen:
+                raise ConfigError(f"key 'ledger_dial': member {nid!r} listed twice")
+            seen.add(nid)
 
     def remoting_config(self) -> RemotingConfig:
         """Both listeners' limits. Frames may carry a whole batch; the broker's own checks then
@@ -310,6 +336,7 @@ class BrokerConfig:
                 f"{m.node_id}={m.ledger_addr}" for m in self.members.values() if not self.join or m is self.me
             ],
             join=[m.ledger_addr for m in others] if self.join else [],
+            dial=list(self.ledger_dial),
             data_dir=str(Path(self.data_dir) / "ledger"),
             tick_ms=self.tick_ms,
             election_ticks=self.election_ticks,

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
+from broker.cli import main as broker_main
 from broker.config import BrokerConfig
 from broker.membership import (
     MEMBER_CODES,
@@ -26,6 +27,7 @@ from broker.state import MAX_BROKER_ADDR_TABLE, BrokerState
 from client.admin import main as admin_main
 from common.process import free_port
 from common.settings import ConfigError
+from ledger.config import MAX_DIAL_OVERRIDES
 from ledger.embed import MembershipView
 from remoting.acl import OPEN_CODES, RULES
 from remoting.cluster_auth import sign_request
@@ -253,3 +255,30 @@ def test_a_broker_removed_while_it_was_down_stops_registering_when_told(
     assert any("removed from the group while it was down" in r.getMessage() for r in caplog.records)
     ledger.removed_by = None  # a leader replicates to it again: added back under its id
     assert not members.is_removed and members.withhold_reason() is None
+
+
+def test_ledger_dial_reaches_the_embedded_ledger_and_refuses_nonsense_plainly(tmp_path: Path) -> None:
+    led = _config(tmp_path, ledger_dial=["n1=127.0.0.9:30001", "n7=[::1]:30002"]).ledger_config()
+    assert led.dial_overrides == {"n1": "127.0.0.9:30001", "n7": "[::1]:30002"}  # n7: a member to come
+    assert _config(tmp_path).ledger_config().dial_overrides == {}
+    for bad, words in (
+        (["n1"], "expected id=ledger_host:port"),
+        (["=127.0.0.1:1"], "expected id=ledger_host:port"),
+        (["n1=127.0.0.1"], "expected host:port"),
+        (["n1=127.0.0.1:70000"], "expected host:port"),
+        (["n1=127.0.0.1:1", "n1=127.0.0.2:1"], "listed twice"),
+        ([f"n{i}=127.0.0.1:1" for i in range(MAX_DIAL_OVERRIDES + 1)], "at most"),
+    ):
+        with pytest.raises(ConfigError, match="ledger_dial") as err:
+            _config(tmp_path, ledger_dial=bad)
+        assert words in str(err.value)
+    conf = tmp_path / "broker.toml"
+    conf.write_text(
+        'broker_name = "broker-a"\nnode_id = "n1"\ngroup = ["n1=127.0.0.1:10911@127.0.0.1:20911"]\n'
+        f'namesrv_addr = ["127.0.0.1:9876"]\ndata_dir = "{tmp_path}"\ncluster_secret = "{SECRET.decode()}"\n'
+        'ledger_dial = ["n2=nowhere"]\n',
+        encoding="utf-8",
+    )
+    res = CliRunner().invoke(broker_main, ["--config", str(conf)])
+    assert res.exit_code == 1 and "bad configuration: key 'ledger_dial'" in res.output, res.output
+    assert "Traceback" not in res.output
