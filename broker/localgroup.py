@@ -143,6 +143,11 @@ class BrokerProcesses(LocalGroup):
         """Where ``nid`` dials ``peer``'s ledger node (the harness routes this through a proxy)."""
         return self.ledger_addr[peer]
 
+    def node_settings(self, nid: str) -> dict[str, Any]:
+        """Settings of broker ``nid``'s own beside the group's (none here; a harness adds
+        ``ledger_dial`` so that members added later are dialled through its proxies too)."""
+        return {}
+
     @abstractmethod
     def start_broker(self, nid: str) -> None: ...
 
@@ -162,7 +167,13 @@ class BrokerProcesses(LocalGroup):
         self.spawn(ns, argv, self.base_dir / ns / "namesrv.log")
 
     def _write_broker_config(
-        self, d: Path, broker_name: str, node_id: str, group: list[str], listen_host: str
+        self,
+        d: Path,
+        broker_name: str,
+        node_id: str,
+        group: list[str],
+        listen_host: str,
+        own: Mapping[str, Any] | None = None,
     ) -> None:
         self.cluster_secret_file()
         broker_config(
@@ -172,7 +183,7 @@ class BrokerProcesses(LocalGroup):
             group=group,
             namesrv_addrs=self.namesrv_addrs,
             listen_host=listen_host,
-            settings={"topics": self.topics, **self.settings},
+            settings={"topics": self.topics, **self.settings, **(own or {})},
         )
 
     async def runtime_info(self, client: RemotingClient, nid: str) -> dict[str, Any] | None:
@@ -225,7 +236,9 @@ class LocalBrokerGroup(BrokerProcesses):
                 for n in self.node_ids
             ]
             host = self.broker_addr[nid].rsplit(":", 1)[0]
-            self._write_broker_config(self.base_dir / self.name_of(nid), self.broker_name, nid, group, host)
+            self._write_broker_config(
+                self.base_dir / self.name_of(nid), self.broker_name, nid, group, host, self.node_settings(nid)
+            )
 
     def start_broker(self, nid: str) -> None:
         d = self.base_dir / self.name_of(nid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,15 +122,14 @@ def test_membership_is_a_registered_fault_that_only_some_backends_have() -> None
 
 
 @pytest.mark.parametrize("link_fault", ["partition-leader", "slow-network"])
-def test_membership_with_the_link_faults_is_refused_for_broker_groups_only(link_fault: str) -> None:
-    cfg = RunConfig(workload="queue", nemesis=("membership", link_fault))
+def test_membership_with_the_link_faults_is_refused_for_several_broker_groups_only(link_fault: str) -> None:
+    several = RunConfig(workload="queue", nemesis=("membership", link_fault), system_options={"groups": 2})
     with pytest.raises(
-        Unsupported, match=f"does not combine with {link_fault} for broker groups on the local"
+        Unsupported, match=f"does not combine with {link_fault} for several broker groups on the local"
     ):
-        validated(cfg)
-    validated(
-        RunConfig(workload="log", nemesis=("membership", link_fault))
-    )  # ledger nodes dial through `dial`
+        validated(several)
+    validated(RunConfig(workload="queue", nemesis=("membership", link_fault)))  # brokers: `ledger_dial`
+    validated(RunConfig(workload="log", nemesis=("membership", link_fault)))  # ledger nodes: `dial`
     validated(RunConfig(workload="log", nemesis=("membership", "kill-leader", "pause-random", "lose-data")))
     with pytest.raises(Unsupported, match="disk-full"):
         validated(RunConfig(workload="queue", nemesis=("membership", "disk-full")))
@@ -226,3 +226,22 @@ def test_a_short_log_run_with_membership_and_partitions_is_valid(tmp_path: Path)
     assert changes and not any("error" in e for e in changes), changes
     nem = {e["f"] for e in read_history(result.history) if e["process"] == "nemesis"}
     assert "start-partition" in nem, nem
+
+
+@pytest.mark.slow
+def test_a_short_queue_run_with_membership_and_partitions_is_valid(tmp_path: Path) -> None:
+    """Brokers added later are dialled through the link proxies too (``ledger_dial``): the
+    partitions the history records are the ones the brokers see, and the run checks out."""
+    result = _run(tmp_path, workload="queue", nemesis=("membership", "partition-random-halves"), time=12)
+    changes = _changes(result)
+    assert result.valid is True, result.summary.get("check")
+    assert changes and not any("error" in e for e in changes), changes
+    nem = {e["f"] for e in read_history(result.history) if e["process"] == "nemesis"}
+    assert "start-partition" in nem, nem
+    confs = sorted(tmp_path.rglob("broker.toml"))  # the first three and every broker added
+    assert len(confs) >= 4 and any(e["f"] == "member-add" for e in changes), confs
+    for conf in confs:  # each dials the five others of the pool through their links' proxies
+        dial = tomllib.loads(conf.read_text(encoding="utf-8"))["ledger_dial"]
+        assert len(dial) == 5 and conf.parent.name.removeprefix("broker-") not in {
+            d.split("=")[0] for d in dial
+        }

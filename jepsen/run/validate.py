@@ -171,23 +171,24 @@ LINK_FAULTS = (
 
 
 def nemesis_refusal(cfg: RunConfig) -> str | None:
-    """Why the run's faults do not combine with ``membership``: after a change a broker's ledger
-    dials the addresses the group's configuration names, which the local backend's per-link
-    proxies do not sit behind (a partition would cut other links than it records; a ledger
-    group's nodes dial every link through its proxy, ``dial``); and ``disk-full``'s small disks
-    exist for the first members only."""
+    """Why the run's faults do not combine with ``membership``: with several broker groups the
+    local backend's per-link proxies front the first members' links only, and brokers added
+    later would be dialled at the addresses the group's configuration names (a partition
+    would cut other links than it records; a ledger group's nodes and one broker group's
+    brokers dial every link of the pool through its proxy: ``dial``, ``ledger_dial``); and
+    ``disk-full``'s small disks exist for the first members only."""
     if "membership" in cfg.nemesis and "disk-full" in cfg.nemesis:
         return (
             "--nemesis membership does not combine with disk-full: the small disks are laid out for "
             "the first members before the run, and members added later have none"
         )
     links = [f for f in cfg.nemesis if f in LINK_FAULTS]
-    if "membership" in cfg.nemesis and links and cfg.backend == "local" and cfg.system != "ledger":
+    several = int(cfg.system_options.get("groups") or 1) > 1
+    if "membership" in cfg.nemesis and links and cfg.backend == "local" and several:
         return (
-            f"--nemesis membership does not combine with {_and(links)} for broker groups on the local "
-            "backend: once the members change, brokers dial the addresses in the group's configuration, "
-            "not the per-link proxies those faults cut (ledger groups take them: the log and register "
-            "workloads)"
+            f"--nemesis membership does not combine with {_and(links)} for several broker groups on the "
+            "local backend: the link proxies front the first members' links only, so a broker added "
+            "later would be dialled around them (one group, --groups 1, takes them)"
         )
     return None
 

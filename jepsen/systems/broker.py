@@ -107,10 +107,22 @@ class _ProxiedBrokerGroup(LocalBrokerGroup):
     """A broker group whose ledger nodes reach each other through the link proxy."""
 
     proxy: LinkProxy | None = None
+    pool: tuple[str, ...] = ()  # every broker the run may start (the proxy fronts their links)
 
     def peer_ledger_addr(self, nid: str, peer: str) -> str:
         assert self.proxy is not None, "start the link proxy before writing configs"
         return self.proxy.address(nid, peer)
+
+    def node_settings(self, nid: str) -> dict[str, Any]:
+        """``ledger_dial``: every other broker of the pool through its link's proxy, so one
+        added later (the configuration carries where it listens) is still dialled through the
+        link a partition cuts, and so are the first members by a broker that joined."""
+        assert self.proxy is not None, "start the link proxy before writing configs"
+        return {
+            "ledger_dial": [
+                f"{p}={self.proxy.address(nid, p)}" for p in self.pool or self.node_ids if p != nid
+            ]
+        }
 
 
 def broker_status(info: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -14,8 +14,11 @@ operator's do, through the group's master with ``ledgermq-admin``'s client
   then it is killed and its data deleted: a machine that left for good.
 
 ``nodes`` follows the groups' configurations, so the other faults aim at current members.
-New brokers dial their peers at the addresses of the group's configuration, not through
-the link proxies (see ``jepsen.run.validate.nemesis_refusal``).
+With one group the link proxy fronts every link of the pool, spares included, and every
+broker's ``ledger_dial`` names every other broker of the pool at its link's proxy: a broker
+added later is dialled through the link a partition cuts, not at the address the group's
+configuration carries, so the link faults combine with ``membership``. With several groups
+the proxy carries the first members' links only (``jepsen.run.validate.nemesis_refusal``).
 """
 
 from __future__ import annotations
@@ -128,8 +131,15 @@ class BrokerMembership:
         self._spares = spares
 
     def peer_addresses(self) -> dict[str, str]:
-        """The link proxy fronts the first members only (spares are dialed where they listen)."""
-        return {n: a for n, a in super().peer_addresses().items() if n not in self.spares}  # type: ignore[misc]
+        """One group: the link proxy fronts every broker of the pool, spares included (each
+        broker dials every other through it, ``ledger_dial``). Several groups: the first
+        members only (their links are planned with the ports)."""
+        peers: dict[str, str] = super().peer_addresses()  # type: ignore[misc]
+        return peers if not self._several else {n: a for n, a in peers.items() if n not in self.spares}
+
+    def launch(self) -> None:
+        self.group.pool = tuple(self.pool)  # type: ignore[union-attr] # the proxied group's ledger_dial covers it
+        super().launch()  # type: ignore[misc]
 
     def node_groups(self) -> dict[str, list[str]]:
         if not self._several:
@@ -222,6 +232,7 @@ class BrokerMembership:
             settings={
                 "topics": g.topics,
                 **g.settings,
+                **g.node_settings(nid),
                 "cluster_secret_file": g.cluster_secret_file(),
                 "join": True,
             },
