@@ -21,6 +21,7 @@ from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.runner import run
 from jepsen.run.validate import validated
 from jepsen.systems.base import Unsupported
+from jepsen.systems.broker import LocalBrokerBackend
 from jepsen.systems.ledger import LocalLedgerBackend
 from ledger.client import LedgerClient
 
@@ -245,3 +246,48 @@ def test_a_short_queue_run_with_membership_and_partitions_is_valid(tmp_path: Pat
         assert len(dial) == 5 and conf.parent.name.removeprefix("broker-") not in {
             d.split("=")[0] for d in dial
         }
+
+
+@pytest.mark.slow
+def test_a_broker_added_later_is_dialled_through_the_link_proxies_that_partitions_cut(tmp_path: Path) -> None:
+    """Every broker dials every other of the pool through its link's proxy (``ledger_dial``),
+    whatever address the group's configuration carries: cutting a joined broker's links stops
+    its ledger, healing them lets it catch up."""
+    backend = LocalBrokerBackend(tmp_path)
+    backend.plan_faults(["membership", "partition-leader"])
+    backend.start()
+    try:
+
+        async def commit_index(nid: str) -> int:
+            st = await backend.status(nid)
+            return int((st or {}).get("commit_index") or 0)
+
+        async def scenario() -> None:
+            leader = await backend.wait_for_leader()
+            added = await backend.member_add("n4")
+            assert "n4" in added["voters"] and backend.nodes == ["n1", "n2", "n3", "n4"]
+            links = backend.proxy.stats()  # type: ignore[union-attr]
+            assert links[f"{leader}->n4"]["bytes"] > 0 and links[f"n4->{leader}"]["bytes"] > 0
+            client = backend.queue_client()
+            try:
+                backend.set_cut(
+                    {(a, "n4") for a in ("n1", "n2", "n3")} | {("n4", a) for a in ("n1", "n2", "n3")}
+                )
+                before = await commit_index("n4")
+                for i in range(10):
+                    await client.send(0, i)  # n1..n3 are a majority of four
+                await asyncio.sleep(0.5)
+                assert await commit_index("n4") == before  # nothing reached it
+                target = await commit_index(leader)
+                backend.set_cut(set())
+                for _ in range(100):  # bounded: 10 s
+                    if await commit_index("n4") >= target:
+                        break
+                    await asyncio.sleep(0.1)
+                assert await commit_index("n4") >= target > before  # healed, it caught up
+            finally:
+                await client.close()
+
+        asyncio.run(scenario())
+    finally:
+        backend.stop()
