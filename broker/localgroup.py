@@ -347,7 +347,9 @@ class LocalBrokerGroups(BrokerProcesses):
                     for p in self.members[name]
                 ]
                 host = self.broker_addr[nid].rsplit(":", 1)[0]
-                self._write_broker_config(self.node_dir(nid), name, nid.split("/", 1)[1], peers, host)
+                self._write_broker_config(
+                    self.node_dir(nid), name, nid.split("/", 1)[1], peers, host, self.node_settings(nid)
+                )
 
     def start_broker(self, nid: str) -> None:
         d = self.node_dir(nid)

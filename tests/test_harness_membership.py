@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from common.ports import PortPlan
 from jepsen.faults.base import FaultContext, Scope
 from jepsen.faults.membership import MIN_VOTERS, VARIANTS, MembershipChange
 from jepsen.faults.registry import FAULTS, check_faults
@@ -21,7 +22,7 @@ from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.runner import run
 from jepsen.run.validate import validated
 from jepsen.systems.base import Unsupported
-from jepsen.systems.broker import LocalBrokerBackend
+from jepsen.systems.broker import LocalBrokerBackend, LocalBrokerGroupsBackend
 from jepsen.systems.ledger import LocalLedgerBackend
 from ledger.client import LedgerClient
 
@@ -123,14 +124,13 @@ def test_membership_is_a_registered_fault_that_only_some_backends_have() -> None
 
 
 @pytest.mark.parametrize("link_fault", ["partition-leader", "slow-network"])
-def test_membership_with_the_link_faults_is_refused_for_several_broker_groups_only(link_fault: str) -> None:
-    several = RunConfig(workload="queue", nemesis=("membership", link_fault), system_options={"groups": 2})
-    with pytest.raises(
-        Unsupported, match=f"does not combine with {link_fault} for several broker groups on the local"
+def test_membership_combines_with_the_link_faults_and_not_with_disk_full(link_fault: str) -> None:
+    for cfg in (
+        RunConfig(workload="queue", nemesis=("membership", link_fault)),  # brokers: `ledger_dial`
+        RunConfig(workload="queue", nemesis=("membership", link_fault), system_options={"groups": 2}),
+        RunConfig(workload="log", nemesis=("membership", link_fault)),  # ledger nodes: `dial`
     ):
-        validated(several)
-    validated(RunConfig(workload="queue", nemesis=("membership", link_fault)))  # brokers: `ledger_dial`
-    validated(RunConfig(workload="log", nemesis=("membership", link_fault)))  # ledger nodes: `dial`
+        validated(cfg)
     validated(RunConfig(workload="log", nemesis=("membership", "kill-leader", "pause-random", "lose-data")))
     with pytest.raises(Unsupported, match="disk-full"):
         validated(RunConfig(workload="queue", nemesis=("membership", "disk-full")))
@@ -291,3 +291,18 @@ def test_a_broker_added_later_is_dialled_through_the_link_proxies_that_partition
         asyncio.run(scenario())
     finally:
         backend.stop()
+
+
+def test_several_groups_plan_their_spares_links_and_ports_within_each_group(tmp_path: Path) -> None:
+    """With several groups the proxy fronts every link within a group, spares' too, each on
+    a port of the plan (so the run's range is known before anything starts)."""
+    base = 20000 + random.Random().randrange(0, 20000, 1000)
+    backend = LocalBrokerGroupsBackend(tmp_path, groups=2, ports=PortPlan(port_base=base))
+    backend.plan_faults(["membership", "partition-random-halves"])
+    links, ports = backend.proxy_links(), backend.proxy_ports()
+    assert links is not None and ports is not None and set(links) == set(ports)
+    pool = backend.pool
+    assert len(pool) == 12 and len(links) == len(set(links)) == 2 * 6 * 5  # 6 brokers a group
+    assert all(a.split("/")[0] == b.split("/")[0] for a, b in links)  # within a group only
+    assert ("broker-b/n4", "broker-b/n1") in ports and len(set(ports.values())) == len(ports)
+    assert set(backend.peer_addresses()) == set(pool)

@@ -159,36 +159,15 @@ def load_refusal(cfg: RunConfig) -> str | None:
     return None
 
 
-#: faults that cut or shape the local backend's per-link proxies
-LINK_FAULTS = (
-    "partition-leader",
-    "partition-random-halves",
-    "partition-majorities-ring",
-    "bridge",
-    "slow-network",
-    "lossy-network",
-)
-
-
 def nemesis_refusal(cfg: RunConfig) -> str | None:
-    """Why the run's faults do not combine with ``membership``: with several broker groups the
-    local backend's per-link proxies front the first members' links only, and brokers added
-    later would be dialled at the addresses the group's configuration names (a partition
-    would cut other links than it records; a ledger group's nodes and one broker group's
-    brokers dial every link of the pool through its proxy: ``dial``, ``ledger_dial``); and
-    ``disk-full``'s small disks exist for the first members only."""
+    """Why the run's faults do not combine with ``membership``: ``disk-full``'s small disks
+    exist for the first members only. (The link faults do combine: on the local backend the
+    link proxy fronts every link of the pool, spares included, and every node dials every
+    other through it, a ledger node by ``dial``, a broker by ``ledger_dial``.)"""
     if "membership" in cfg.nemesis and "disk-full" in cfg.nemesis:
         return (
             "--nemesis membership does not combine with disk-full: the small disks are laid out for "
             "the first members before the run, and members added later have none"
-        )
-    links = [f for f in cfg.nemesis if f in LINK_FAULTS]
-    several = int(cfg.system_options.get("groups") or 1) > 1
-    if "membership" in cfg.nemesis and links and cfg.backend == "local" and several:
-        return (
-            f"--nemesis membership does not combine with {_and(links)} for several broker groups on the "
-            "local backend: the link proxies front the first members' links only, so a broker added "
-            "later would be dialled around them (one group, --groups 1, takes them)"
         )
     return None
 

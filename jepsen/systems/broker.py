@@ -246,10 +246,18 @@ class _ProxiedBrokerGroups(LocalBrokerGroups):
     """Several broker groups whose ledger nodes reach their own group's peers through the link proxy."""
 
     proxy: LinkProxy | None = None
+    pool: tuple[str, ...] = ()  # every broker the run may start (the proxy fronts their group's links)
 
     def peer_ledger_addr(self, nid: str, peer: str) -> str:
         assert self.proxy is not None, "start the link proxy before writing configs"
         return self.proxy.address(nid, peer)
+
+    def node_settings(self, nid: str) -> dict[str, Any]:
+        """``ledger_dial``: every other broker of ``nid``'s group in the pool through its link's
+        proxy (the ledger names them by their id within the group)."""
+        assert self.proxy is not None, "start the link proxy before writing configs"
+        mine = [p for p in self.pool or self.node_ids if self.group_of(p) == self.group_of(nid) and p != nid]
+        return {"ledger_dial": [f"{p.split('/', 1)[1]}={self.proxy.address(nid, p)}" for p in mine]}
 
 
 class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):

@@ -14,11 +14,10 @@ operator's do, through the group's master with ``ledgermq-admin``'s client
   then it is killed and its data deleted: a machine that left for good.
 
 ``nodes`` follows the groups' configurations, so the other faults aim at current members.
-With one group the link proxy fronts every link of the pool, spares included, and every
-broker's ``ledger_dial`` names every other broker of the pool at its link's proxy: a broker
-added later is dialled through the link a partition cuts, not at the address the group's
-configuration carries, so the link faults combine with ``membership``. With several groups
-the proxy carries the first members' links only (``jepsen.run.validate.nemesis_refusal``).
+The link proxy fronts every link within a group of the pool, spares included, and every
+broker's ``ledger_dial`` names every other broker of its group's pool at its link's proxy: a
+broker added later is dialled through the link a partition cuts, not at the address the
+group's configuration carries, so the link faults combine with ``membership``.
 """
 
 from __future__ import annotations
@@ -76,6 +75,9 @@ class BrokerMembership:
     base_dir: Path
     killed: set[str]
     paused: set[str]
+    # the several-group backend's planned proxy links (and their ports with --port-base)
+    _links: list[tuple[str, str]]
+    _link_ports: dict[tuple[str, str], int] | None
 
     # ------------------------------------------------------------------ layout
 
@@ -123,6 +125,9 @@ class BrokerMembership:
                 nid = self._full(name, f"n{k + 1}")
                 if isinstance(g, LocalBrokerGroups):
                     g.plan_broker(nid, k)
+                    self._plan_links(
+                        nid, [*g.members[name], *(p for p in spares if self.broker_name_of(p) == name)]
+                    )
                 else:
                     host = f"127.0.0.{k + 1}"
                     g.broker_addr[nid] = f"{host}:{free_port_pair(host)}"
@@ -130,15 +135,20 @@ class BrokerMembership:
                 spares.append(nid)
         self._spares = spares
 
-    def peer_addresses(self) -> dict[str, str]:
-        """One group: the link proxy fronts every broker of the pool, spares included (each
-        broker dials every other through it, ``ledger_dial``). Several groups: the first
-        members only (their links are planned with the ports)."""
-        peers: dict[str, str] = super().peer_addresses()  # type: ignore[misc]
-        return peers if not self._several else {n: a for n, a in peers.items() if n not in self.spares}
+    def _plan_links(self, nid: str, peers: Sequence[str]) -> None:
+        """Several groups: the proxy carries only the links it was planned with (``_links``,
+        and their ports with ``--port-base``): add spare ``nid``'s links to its group's
+        ``peers``, so that the proxy fronts them from the start."""
+        g = self.group
+        assert isinstance(g, LocalBrokerGroups)
+        for p in peers:
+            for a, b in ((p, nid), (nid, p)):
+                self._links.append((a, b))
+                if self._link_ports is not None:
+                    self._link_ports[(a, b)] = g.ports.port(g.ledger_addr[b].rsplit(":", 1)[0])
 
     def launch(self) -> None:
-        self.group.pool = tuple(self.pool)  # type: ignore[union-attr] # the proxied group's ledger_dial covers it
+        self.group.pool = tuple(self.pool)  # type: ignore[union-attr] # its ledger_dial covers the pool
         super().launch()  # type: ignore[misc]
 
     def node_groups(self) -> dict[str, list[str]]:
