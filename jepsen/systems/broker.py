@@ -159,6 +159,18 @@ class _BrokerProcessBackend(ProcessBackend):
     def spawn(self, nid: str) -> None:
         self.group.start_broker(nid)
 
+    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
+        """A queue client on this process's shared instance (see SharedInstance)."""
+        if getattr(self, "_shared", None) is None:
+            self._shared = SharedInstance(self.group.namesrv_addrs)
+        return self.queue_client(broker_name, self._shared)
+
+    async def close_shared_clients(self) -> None:
+        """Close the shared instance's connections (the workload's teardown)."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            await shared.close()
+
     def forge_targets(self) -> dict[str, Any]:
         return {
             "ledger": dict(self.group.ledger_addr),
@@ -217,17 +229,6 @@ class LocalBrokerBackend(BrokerMembership, _BrokerProcessBackend):
             timing=self.timing,
             shared=shared,
         )
-
-    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
-        """A queue client on this process's shared instance (see SharedInstance)."""
-        if getattr(self, "_shared", None) is None:
-            self._shared = SharedInstance(self.group.namesrv_addrs)
-        return self.queue_client(broker_name, self._shared)
-
-    async def close_shared_clients(self) -> None:
-        shared = getattr(self, "_shared", None)
-        if shared is not None:
-            await shared.close()
 
     def client_spec(self) -> dict[str, Any]:
         return queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
@@ -353,17 +354,6 @@ class LocalBrokerGroupsBackend(BrokerMembership, _BrokerProcessBackend):
             timing=self.timing,
             shared=shared,
         )
-
-    def shared_queue_client(self, broker_name: str | None = None) -> BrokerQueueClient:
-        """A queue client on this process's shared instance (see SharedInstance)."""
-        if getattr(self, "_shared", None) is None:
-            self._shared = SharedInstance(self.group.namesrv_addrs)
-        return self.queue_client(broker_name, self._shared)
-
-    async def close_shared_clients(self) -> None:
-        shared = getattr(self, "_shared", None)
-        if shared is not None:
-            await shared.close()
 
     def client_spec(self) -> dict[str, Any]:
         spec = queue_spec(self, {self.group.broker_addr[n]: n for n in self.nodes}, self.group.namesrv_addrs)
