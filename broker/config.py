@@ -69,6 +69,9 @@ class BrokerConfig:
     dedup_window: int = 100_000  # message unique keys (UNIQ_KEY) remembered for de-duplication
     dedup_ttl_s: float = 600.0  # ... for at most this long, by the records' store time (0: no limit)
     apply_slice_bytes: int = 1 << 20  # committed entries applied per event-loop turn (replay, catch-up)
+    # committed entries not yet applied beyond which this broker lets its peers stand for
+    # leader first (a restarted broker replaying its log); 0: it never yields
+    yield_lag_entries: int = 512
     read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
     default_queue_nums: int = 4
@@ -187,6 +190,8 @@ class BrokerConfig:
                 raise ConfigError(f"key 'topics': expected name or name:queues, got {t!r}")
         if self.apply_slice_bytes < 4096:
             raise ConfigError(f"key 'apply_slice_bytes' must be at least 4096, got {self.apply_slice_bytes}")
+        if self.yield_lag_entries < 0:
+            raise ConfigError(f"key 'yield_lag_entries' must not be negative, got {self.yield_lag_entries}")
         if not 0 < self.read_barrier_timeout_s <= 60:
             raise ConfigError(
                 f"key 'read_barrier_timeout_s' must be in (0, 60] seconds, got {self.read_barrier_timeout_s}"

@@ -79,7 +79,12 @@ class BrokerController:
         cfg = self.config
         self.ledger = EmbeddedLedger(cfg.ledger_config())
         self._store = MessageStore(
-            self.ledger, cfg.broker_name, cfg.dedup_window, cfg.apply_slice_bytes, cfg.dedup_ttl_s
+            self.ledger,
+            cfg.broker_name,
+            cfg.dedup_window,
+            cfg.apply_slice_bytes,
+            cfg.dedup_ttl_s,
+            yield_lag_entries=cfg.yield_lag_entries,
         )
         self.membership.attach()
         self.ledger.on_role(self._on_role)

@@ -50,6 +50,10 @@ LARGE_APPEND_BYTES = 64 << 10
 MAX_COALESCED_BYTES = 4 << 20
 SLOT_MASK = (1 << SLOT_BITS) - 1
 SPLIT_CACHE_ENTRIES = 16  # batch entries kept split for pulls that walk them a slice at a time
+# Committed entries not yet applied beyond which this broker's ledger member lets its peers
+# stand for leader first (EmbeddedLedger.set_lagging): a restarted broker replays its whole
+# retained log, and one elected meanwhile becomes master only once that is applied. 0: never.
+DEFAULT_YIELD_LAG_ENTRIES = APPLY_SLICE_ENTRIES
 
 AppendDone = Callable[[list[Stored] | None, EmbedError | None], None]
 _Queued = tuple[list[bytes], AppendDone, "tuple[bytes, int] | None"]  # an append waiting for the turn's end
@@ -63,8 +67,14 @@ class MessageStore:
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         apply_slice_bytes: int = DEFAULT_APPLY_SLICE_BYTES,
         dedup_ttl_s: float = DEFAULT_DEDUP_TTL_S,
+        yield_lag_entries: int = DEFAULT_YIELD_LAG_ENTRIES,
     ) -> None:
+        if yield_lag_entries < 0:
+            raise ValueError(f"yield_lag_entries must not be negative, got {yield_lag_entries}")
         self.ledger = ledger
+        self.yield_lag_entries = yield_lag_entries
+        self._lagging = False  # what this store last told its ledger member (see _apply_slice)
+        self.max_apply_lag = 0  # the most committed entries seen waiting to be applied (stats)
         self.broker_name = broker_name
         self.apply_slice_bytes = apply_slice_bytes
         self.state = BrokerState(dedup_window, applied=ledger.first_index - 1, dedup_ttl_s=dedup_ttl_s)
@@ -120,9 +130,17 @@ class MessageStore:
                 state.skip_to(first - 1)
             upto = min(commit, state.applied + APPLY_SLICE_ENTRIES)
             self._publish(state.apply(ledger.read_payloads(state.applied + 1, upto, self.apply_slice_bytes)))
-        if state.applied < ledger.commit_index and not self._slice_scheduled:
+        lag = ledger.commit_index - state.applied
+        if lag > 0 and not self._slice_scheduled:
             self._slice_scheduled = True
             asyncio.get_running_loop().call_soon(self._scheduled_slice)
+        if lag > self.max_apply_lag:
+            self.max_apply_lag = lag
+        lagging = 0 < self.yield_lag_entries < lag
+        if lagging is not self._lagging:
+            self._lagging = lagging
+            ledger.set_lagging(lagging)
+            log.info("apply backlog", extra={"lagging": lagging, "entries": lag, "applied": state.applied})
 
     def _publish(self, effects: Effects) -> None:
         for key in effects.queues:
@@ -403,4 +421,9 @@ class MessageStore:
         return self.state.topic_config_wrapper()
 
     def stats(self) -> dict[str, Any]:
-        return {**self.state.stats(), "time_ms": int(time.time() * 1000)}
+        return {
+            **self.state.stats(),
+            "apply_lag": self.ledger.commit_index - self.state.applied,
+            "max_apply_lag": self.max_apply_lag,
+            "time_ms": int(time.time() * 1000),
+        }

@@ -399,6 +399,12 @@ class EmbeddedLedger:
     def leader_address(self) -> str | None:
         return self._node.leader_address()
 
+    def set_lagging(self, lagging: bool) -> None:
+        """Say whether the state machine is far behind ``commit_index`` (a restarted replica
+        replaying its log): while it is, this member lets its peers stand for leader first
+        (``RaftCore.set_lagging``). It still votes, and stands itself if no peer does."""
+        self._node.set_lagging(lagging)
+
     def on_role(self, fn: Callable[[RoleChange], None]) -> None:
         self._role_fns.append(fn)
 

@@ -700,6 +700,9 @@ class LedgerNode:
     def transfer_leadership(self, target: str) -> None:
         self.runtime.transfer_leadership(target)
 
+    def set_lagging(self, lagging: bool) -> None:
+        self.runtime.set_lagging(lagging)
+
     def status(self) -> dict[str, Any]:
         st = self.core.status()
         st.update(

@@ -288,6 +288,11 @@ class RaftCore:
         # no longer campaigns (it votes, as any node does) until a leader replicates to it
         # again, which only a configuration with this id back in it makes a leader do.
         self.removed_by: str | None = None
+        # The application says its state machine is far behind this node's commit index (a
+        # restarted broker replaying its log): it would serve only once that backlog is
+        # applied, so it lets its peers stand first. It still votes, and still campaigns
+        # (one election timeout later than it would) if no peer takes over. See set_lagging.
+        self.lagging = False
         self._ready = Ready()
         self._hs_dirty = False
         self._append_dirty = False
@@ -329,7 +334,7 @@ class RaftCore:
                 self.leader = None
         else:
             self.election_elapsed += 1
-            if self.election_elapsed >= self.timeout:
+            if self.election_elapsed >= self.timeout + (self.config.election_ticks if self.lagging else 0):
                 self.election_elapsed = 0
                 self.campaign()
 
@@ -368,6 +373,8 @@ class RaftCore:
         if self.id not in survivors:
             return  # a learner: nothing to campaign for
         rank = survivors.index(self.id)
+        if self.lagging:  # the others (not lagging, we hope) stand first: see set_lagging
+            rank = len(survivors)
         deferred, self.deferred_prevote = self.deferred_prevote, None
         if deferred is not None and deferred.term == self.term + 1 and deferred.src != peer:
             # A survivor noticed first and asked while we still vouched for the leader: grant
@@ -416,6 +423,20 @@ class RaftCore:
                     self.term, self.id, peer, log.last_index, log.last_term, False, self.campaign_transfer
                 )
             )
+
+    def set_lagging(self, lagging: bool) -> None:
+        """The application's state machine is (``True``) or is no longer far behind the commit index.
+
+        A node that wins an election while its application is still applying a committed
+        backlog serves nothing until it has applied it (a broker becomes master only then),
+        which late in a long run was hundreds of ms after the election, and its busy event
+        loop answered votes late enough to split them. While lagging, the node yields: when
+        its leader's connection drops it campaigns after every other survivor instead of by
+        member order, and on an election timeout one election timeout later than it would.
+        It votes as before. This only delays its own candidacy, so safety is untouched, and
+        it still stands if no peer does (liveness with the others down).
+        """
+        self.lagging = lagging
 
     def set_disk_fault(self, faulty: bool) -> None:
         """The runtime's disk failed a write (``True``) or takes writes again (``False``).

@@ -267,6 +267,10 @@ class LedgerRuntime:
         self.core.transfer_leadership(target)
         self.wake()
 
+    def set_lagging(self, lagging: bool) -> None:
+        """See ``RaftCore.set_lagging``: the application is far behind the commit index."""
+        self.core.set_lagging(lagging)
+
     @property
     def leader_ready(self) -> bool:
         """This node leads and the no-op of its term is committed."""

@@ -261,6 +261,40 @@ def test_a_long_dispatch_backlog_is_worked_off_in_slices(tmp_path):
     asyncio.run(run())
 
 
+def test_a_replaying_store_tells_its_ledger_member_to_let_peers_stand_first(tmp_path):
+    """While more committed entries than ``yield_lag_entries`` wait to be applied, the ledger
+    member defers its candidacy (a master elected meanwhile would wait for the whole replay);
+    once applied it stands as usual again."""
+    cfg = node_config(tmp_path)
+
+    async def run() -> None:
+        node, store = await started(cfg)
+        await store.append_async([topic_op("T", 1, 1, 6)])
+        for i in range(40):  # 40 small entries: a backlog of more than the 8 the replay allows
+            await store.append_async([record(bytes([65 + i % 26]) * 64)])
+        core = node._node.core
+        assert not core.lagging  # the live store applies as it commits
+        replay = MessageStore(node, "broker-a", yield_lag_entries=8)  # a restart's replay
+        seen = []
+        real = node.set_lagging
+        node.set_lagging = lambda lagging: (seen.append(lagging), real(lagging))  # type: ignore[method-assign]
+        replay.apply_slice_bytes = 4096  # a few entries per loop turn
+        replay._on_commit(node.commit_index)
+        assert core.lagging and seen == [True]
+        for _ in range(200):
+            if replay.applied >= node.commit_index:
+                break
+            await asyncio.sleep(0)
+        assert replay.applied == node.commit_index
+        assert not core.lagging and seen == [True, False]
+        assert replay.stats()["max_apply_lag"] > 8 and replay.stats()["apply_lag"] == 0
+        with pytest.raises(ValueError, match="yield_lag_entries"):
+            MessageStore(node, "broker-a", yield_lag_entries=-1)
+        await node.stop()
+
+    asyncio.run(run())
+
+
 def test_consume_queue_scan_filters_by_tag_hash_and_bounds_its_work():
     cq = ConsumeQueue("T", 0)
     for i, tag in enumerate("ABABCAAB"):  # as the state machine fills it: position, size, tag hash

@@ -746,6 +746,48 @@ def test_two_survivors_elect_a_leader_without_a_timeout() -> None:
     assert n2.role is Role.LEADER and n2.term == 3 and n3.leader == "n2"
 
 
+def test_a_lagging_first_survivor_lets_the_other_stand_and_votes_for_it() -> None:
+    """n2 would campaign first by member order, but its application is replaying a backlog:
+    n3 (second by order) stands instead and wins with n2's vote; n2 never becomes a candidate."""
+    n2, n3 = follower_of("n2"), follower_of("n3")
+    n2.set_lagging(True)
+    n2.peer_unreachable("n1")
+    n3.peer_unreachable("n1")
+    assert n2.role is Role.FOLLOWER and not of(n2.ready(), VoteRequest)
+    cores = {"n2": n2, "n3": n3}
+    for _ in range(20):  # tick both and deliver until n3 leads (n1 is dead)
+        for c in cores.values():
+            c.tick()
+        for _ in range(5):
+            msgs = [m for c in cores.values() for m in c.ready().messages if m.dst in cores]
+            for m in msgs:
+                cores[m.dst].step(m)
+            for c in cores.values():
+                c.on_durable(c.log.last_index)
+        if n3.role is Role.LEADER:
+            break
+    assert n3.role is Role.LEADER and n2.leader == "n3"
+    assert n2.role is Role.FOLLOWER and n2.term == n3.term
+
+
+def test_a_lagging_node_still_stands_when_no_peer_does() -> None:
+    """Liveness: alone (its peers dead), a lagging node campaigns one election timeout later."""
+    core = follower_of("n2")
+    core.set_lagging(True)
+    core.peer_unreachable("n1")
+    ticks = 0
+    while core.role is Role.FOLLOWER and ticks < 100:
+        core.tick()
+        ticks += 1
+    assert core.role is Role.PRE_CANDIDATE
+    assert ticks > 8  # after every other survivor's turn and an election timeout (E = 8 ticks)
+    plain = follower_of("n2")
+    plain.peer_unreachable("n1")
+    assert plain.role is Role.PRE_CANDIDATE  # not lagging: at once
+    core.set_lagging(False)
+    assert not core.lagging
+
+
 def test_a_prevote_ignored_under_the_lease_is_granted_once_the_leader_is_lost() -> None:
     """n2 noticed first and asked n3 while n3 still heard from n1: n3 answers when it notices too."""
     n3 = follower_of("n3")
