@@ -71,7 +71,7 @@ class BrokerConfig:
     apply_slice_bytes: int = 1 << 20  # committed entries applied per event-loop turn (replay, catch-up)
     # committed entries not yet applied beyond which this broker lets its peers stand for
     # leader first (a restarted broker replaying its log); 0: it never yields
-    yield_lag_entries: int = 512
+    yield_lag_entries: int = 128
     read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
     default_queue_nums: int = 4

@@ -53,7 +53,7 @@ SPLIT_CACHE_ENTRIES = 16  # batch entries kept split for pulls that walk them a 
 # Committed entries not yet applied beyond which this broker's ledger member lets its peers
 # stand for leader first (EmbeddedLedger.set_lagging): a restarted broker replays its whole
 # retained log, and one elected meanwhile becomes master only once that is applied. 0: never.
-DEFAULT_YIELD_LAG_ENTRIES = APPLY_SLICE_ENTRIES
+DEFAULT_YIELD_LAG_ENTRIES = APPLY_SLICE_ENTRIES // 4  # a few ms of applying small entries, ~50 ms of batches
 
 AppendDone = Callable[[list[Stored] | None, EmbedError | None], None]
 _Queued = tuple[list[bytes], AppendDone, "tuple[bytes, int] | None"]  # an append waiting for the turn's end
