@@ -291,7 +291,7 @@ class RaftCore:
         # The application says its state machine is far behind this node's commit index (a
         # restarted broker replaying its log): it would serve only once that backlog is
         # applied, so it lets its peers stand first. It still votes, and still campaigns
-        # (one election timeout later than it would) if no peer takes over. See set_lagging.
+        # (half an election timeout later than it would) if no peer takes over. See set_lagging.
         self.lagging = False
         self._ready = Ready()
         self._hs_dirty = False
@@ -334,7 +334,9 @@ class RaftCore:
                 self.leader = None
         else:
             self.election_elapsed += 1
-            if self.election_elapsed >= self.timeout + (self.config.election_ticks if self.lagging else 0):
+            if self.election_elapsed >= self.timeout + (
+                self.config.election_ticks >> 1 if self.lagging else 0
+            ):
                 self.election_elapsed = 0
                 self.campaign()
 
@@ -373,8 +375,8 @@ class RaftCore:
         if self.id not in survivors:
             return  # a learner: nothing to campaign for
         rank = survivors.index(self.id)
-        if self.lagging:  # the others (not lagging, we hope) stand first: see set_lagging
-            rank = len(survivors)
+        if self.lagging:  # after every survivor that is not lagging (in member order if all are)
+            rank += len(survivors)
         deferred, self.deferred_prevote = self.deferred_prevote, None
         if deferred is not None and deferred.term == self.term + 1 and deferred.src != peer:
             # A survivor noticed first and asked while we still vouched for the leader: grant
@@ -431,10 +433,11 @@ class RaftCore:
         backlog serves nothing until it has applied it (a broker becomes master only then),
         which late in a long run was hundreds of ms after the election, and its busy event
         loop answered votes late enough to split them. While lagging, the node yields: when
-        its leader's connection drops it campaigns after every other survivor instead of by
-        member order, and on an election timeout one election timeout later than it would.
-        It votes as before. This only delays its own candidacy, so safety is untouched, and
-        it still stands if no peer does (liveness with the others down).
+        its leader's connection drops it takes its turn after every survivor's (as if ranked
+        behind all of them, so two lagging survivors still go one after the other), and any
+        election timeout is half an election timeout longer. It votes as before. This only
+        delays its own candidacy, so safety is untouched, and it still stands if no peer
+        does (liveness with the others down).
         """
         self.lagging = lagging
 

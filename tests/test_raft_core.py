@@ -771,16 +771,26 @@ def test_a_lagging_first_survivor_lets_the_other_stand_and_votes_for_it() -> Non
 
 
 def test_a_lagging_node_still_stands_when_no_peer_does() -> None:
-    """Liveness: alone (its peers dead), a lagging node campaigns one election timeout later."""
+    """Liveness: alone (its peers dead), a lagging node still campaigns, after the others' turns."""
+
+    def ticks_to_stand(core: RaftCore) -> int:
+        ticks = 0
+        while core.role is Role.FOLLOWER and ticks < 100:
+            core.tick()
+            ticks += 1
+        assert core.role is Role.PRE_CANDIDATE
+        return ticks
+
     core = follower_of("n2")
     core.set_lagging(True)
     core.peer_unreachable("n1")
-    ticks = 0
-    while core.role is Role.FOLLOWER and ticks < 100:
-        core.tick()
-        ticks += 1
-    assert core.role is Role.PRE_CANDIDATE
-    assert ticks > 8  # after every other survivor's turn and an election timeout (E = 8 ticks)
+    other = follower_of("n3")  # second survivor, not lagging: stands after 2 ticks
+    other.peer_unreachable("n1")
+    behind = follower_of("n3")  # second survivor, lagging too: stands after n2
+    behind.set_lagging(True)
+    behind.peer_unreachable("n1")
+    n2, n3, n3_lagging = ticks_to_stand(core), ticks_to_stand(other), ticks_to_stand(behind)
+    assert n3 < n2 < n3_lagging
     plain = follower_of("n2")
     plain.peer_unreachable("n1")
     assert plain.role is Role.PRE_CANDIDATE  # not lagging: at once
