@@ -60,6 +60,10 @@ NEMESIS = "nemesis"
 COMPLETIONS = ("ok", "fail", "info")
 FLUSH_EVERY_S = 0.2  # the most a crashed recorder can lose
 BUFFER_BYTES = 1 << 20  # written out as soon as this much is buffered, whatever the time
+#: a Parquet recorder closes its part once its rows hold this many read pairs, whatever the
+#: time: a final drain's pages (docs/history.md, "Drain pages") come faster than ROLL_EVERY_S
+#: rolls, and the part's rows keep them in memory until it is written
+ROLL_PAIRS = 1 << 20
 _STR_CACHE_MAX = 4096  # encoded f / key / node strings kept (bounded: the cache stops growing)
 
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -99,6 +103,7 @@ class History:
         self._flush_every_ns = int(flush_every_s * 1e9)
         self._last_flush = time.monotonic_ns()
         self._n = 0  # events written; index = n * shards + shard
+        self._part_pairs = 0  # read pairs in the rows of the Parquet part being filled
         self._next_process = shard
         self._live: set[int] = set()  # allocated and not retired by an info
         self._pending: dict[int, tuple[str, str | None]] = {}
@@ -297,12 +302,19 @@ class History:
             )
         )
         self._n += 1
-        if len(parts.rows) >= ROLL_EVENTS or now - self._last_flush >= self._flush_every_ns:
+        if pairs is not None:
+            self._part_pairs += len(pairs)
+        if (
+            len(parts.rows) >= ROLL_EVENTS
+            or self._part_pairs >= ROLL_PAIRS
+            or now - self._last_flush >= self._flush_every_ns
+        ):
             self._flush_locked(now)
 
     def _flush_locked(self, now: int | None = None) -> None:
         if self._parts is not None:
             self._parts.roll()
+            self._part_pairs = 0
         elif self._fh is not None:
             self._fh.flush()
         self._last_flush = time.monotonic_ns() if now is None else now

@@ -93,6 +93,16 @@ class H:
     def drain(self, p: int, pairs: list[list[int]], t0: float, key: str = "q") -> H:
         return self.op(p, "drain", t0, t0 + 1, {"from": 0}, key=key, result=pairs)
 
+    def drain_pages(self, p: int, pages: list[list[list[int]]], mx: int, t0: float, key: str = "q") -> H:
+        """One drain recorded page by page (docs/history.md, "Drain pages"): each page asks for
+        ``mx`` pairs from just past the last offset before it."""
+        frm = 0
+        for i, pairs in enumerate(pages):
+            self.op(p, "drain", t0 + 2 * i, t0 + 2 * i + 1, {"from": frm, "max": mx}, key=key, result=pairs)
+            if pairs:
+                frm = pairs[-1][0] + 1
+        return self
+
     def nemesis(self, f: str, t0: float, t1: float, nodes: list[str]) -> H:
         for t in (t0, t1):
             self.events.append(
@@ -115,10 +125,12 @@ def clean(
     poll2: tuple[int, list[list[int]]] = (2, [[2, 3]]),
     poll3: tuple[int, list[list[int]]] = (3, [[3, 5]]),
     drain: list[list[int]] | None = None,
+    page: int | None = None,
 ) -> H:
     """Two producers, a consumer, a fault, a drain; one info send lands, one does not.
 
-    The anomaly cases below are this history with one thing changed.
+    The anomaly cases below are this history with one thing changed. ``page``: key q's drain
+    recorded in pages of that many pairs (the last one short, possibly empty), not as one event.
     """
     h = H()
     h.send(0, 1, 0, 1).send(1, 2, 1, 3).send(0, 3, 2, 5)
@@ -129,7 +141,31 @@ def clean(
     h.send(4, 6, None, 12, typ="fail")  # certainly not in the log
     h.send(1, 7, 0, 13, key="r")  # a second key
     h.poll(5, poll3[0], 2, poll3[1], 16)
-    h.drain(9, DRAIN if drain is None else drain, 20).drain(9, [[0, 7]], 22, key="r")
+    pairs = DRAIN if drain is None else drain
+    if page is None:
+        h.drain(9, pairs, 20)
+    else:
+        h.drain_pages(9, [pairs[i : i + page] for i in range(0, len(pairs) + 1, page)], page, 20)
+    h.drain(9, [[0, 7]], 28, key="r")
+    return h
+
+
+def drain_in_pages() -> H:
+    """Key q's drain as pages of 2 ([0-1], [2-3], []): together they are the final drain; a full
+    page does not claim the end (else offset 3, acknowledged before it, would be a stale read)."""
+    return clean(page=2)
+
+
+def lost_write_later_page() -> H:
+    return clean(drain=[[0, 1], [1, 2], [3, 5]], page=2)  # value 3 (offset 2) missing from page 2
+
+
+def unfinished_later_drain() -> H:
+    """A second drain stopped after its first full page (its next page failed): not a whole
+    drain, so the whole one before it judges (judged alone, it would lose value 3)."""
+    h = clean()
+    h.drain_pages(10, [[[0, 1], [1, 2]]], 2, 30)
+    h.op(10, "drain", 32, 33, {"from": 2, "max": 2}, typ="fail", result=None, error="timed out")
     return h
 
 
@@ -201,6 +237,9 @@ def nonmonotonic_poll() -> H:
 CASES: dict[str, tuple[Callable[[], H], set[str]]] = {
     "clean": (clean, set()),
     "lost-write-drain": (lost_write_drain, {"lost-write"}),
+    "drain-in-pages": (drain_in_pages, set()),
+    "lost-write-later-page": (lost_write_later_page, {"lost-write"}),
+    "unfinished-later-drain": (unfinished_later_drain, set()),
     "lost-write-reach": (lost_write_reach, {"lost-write"}),
     "duplicate": (duplicate, {"duplicate"}),
     "inconsistent-offsets": (inconsistent_offsets, {"inconsistent-offsets"}),
@@ -278,6 +317,8 @@ def test_examples_name_the_operations_involved(checked: dict[str, Any]) -> None:
     assert rt["completed-before"]["value"] == 1 and rt["later-lower"]["value"] == 2
     stale = checked["by_name"]["stale-read"].result["anomalies"]["stale-read"][0]
     assert stale["reached"] == 0 and stale["acknowledged-before"]["offset"] == 1
+    paged = checked["by_name"]["lost-write-later-page"].result["anomalies"]["lost-write"][0]
+    assert paged["value"] == 3 and paged["missing-from-drain"] == lost["missing-from-drain"]
     skip = checked["by_name"]["poll-skip"].result["anomalies"]["poll-skip"][0]
     assert skip["expected-from"] == 2 and skip["got"] == 3 and skip["skipped-known-offsets"] == 1
 

@@ -170,7 +170,8 @@ class LogFrames:
             F.when(n > 0, last).alias("last"),
             # the highest offset the read covered: its last pair, or just below `from`
             F.when(n > 0, last).otherwise(F.col("from_") - 1).alias("reach"),
-            ((F.col("f") == "drain") | F.col("max_").isNull() | (n < F.col("max_"))).alias("claims_end"),
+            # a drain page short of its max ends its drain; a drain with no max (one event) too
+            (F.col("max_").isNull() | (n < F.col("max_"))).alias("claims_end"),
         )
         self.reads = materialize(self.reads, small)
         self.pairs = parsed.select(
@@ -197,6 +198,51 @@ class LogFrames:
 # --- per value ----------------------------------------------------------------------------
 
 
+def last_drains(fr: LogFrames) -> tuple[DataFrame, DataFrame]:
+    """Per key its last whole drain (``ld``: its first page's ``inv_time``, ``inv_index``), and
+    the (key, ``inv_index``) of every page of it (``in_ld``: true).
+
+    A drain is an ok ``drain`` from offset 0 and the ok ``drain`` pages of the same process
+    after it, up to that process's next drain from 0 (docs/history.md, "Drain pages"); it is
+    whole when its last page claims the end (a one-event drain, with no max, always does).
+    Both frames hold a few rows per key (drains are few), so they are broadcast where used.
+    ``log_rules.final_drain`` is the same rule in-process.
+    """
+    F = _F()
+    Window = _W()
+    upto = Window.partitionBy(*K, "process").orderBy("inv_index").rowsBetween(Window.unboundedPreceding, 0)
+    pages = (
+        fr.reads.filter(F.col("f") == "drain")
+        .select(
+            *K,
+            "inv_index",
+            "inv_time",
+            "claims_end",
+            F.last(F.when(F.col("from_") == 0, F.col("inv_index")), ignorenulls=True)
+            .over(upto)
+            .alias("head"),
+        )
+        .filter(F.col("head").isNotNull())
+    )
+    drains = (
+        pages.groupBy(*K, "head")
+        .agg(
+            F.min(F.struct("inv_index", "inv_time")).alias("first"),
+            F.max_by("claims_end", "inv_index").alias("whole"),
+        )
+        .filter(F.col("whole"))
+    )
+    last_drain = drains.groupBy(*K).agg(
+        F.max(F.struct(F.col("first.inv_time").alias("inv_time"), F.col("head").alias("inv_index"))).alias(
+            "ld"
+        )
+    )
+    ld_pages = pages.join(
+        F.broadcast(last_drain.select(*K, F.col("ld.inv_index").alias("head"))), [*K, "head"]
+    ).select(*K, "inv_index", F.lit(True).alias("in_ld"))
+    return last_drain, ld_pages
+
+
 def value_facts(fr: LogFrames) -> DataFrame:
     """One row per (src, key, value): how it was sent, where it was seen, the last drain.
 
@@ -204,11 +250,7 @@ def value_facts(fr: LogFrames) -> DataFrame:
     hash aggregation instead of sorting every observation.
     """
     F = _F()
-    last_drain = (
-        fr.reads.filter(F.col("f") == "drain")
-        .groupBy(*K)
-        .agg(F.max(F.struct("inv_time", "inv_index")).alias("ld"))
-    )
+    last_drain, ld_pages = last_drains(fr)
     null_long = F.lit(None).cast("long")
     type_code = (
         F.when(F.col("type") == "ok", 3)
@@ -227,8 +269,7 @@ def value_facts(fr: LogFrames) -> DataFrame:
         F.lit(0).alias("is_read"),
         F.lit(0).alias("in_last"),
     )
-    ld = F.broadcast(last_drain.select(*K, F.col("ld.inv_index").alias("ld_index")))
-    reads = fr.pairs.join(ld, K, "left").select(
+    reads = fr.pairs.join(F.broadcast(ld_pages), [*K, "inv_index"], "left").select(
         *K,
         "v",
         F.lit(0).alias("is_send"),
@@ -237,7 +278,7 @@ def value_facts(fr: LogFrames) -> DataFrame:
         null_long.alias("ack_t"),
         F.col("inv_time").alias("t"),
         F.lit(1).alias("is_read"),
-        ((F.col("f") == "drain") & (F.col("inv_index") == F.col("ld_index"))).cast("int").alias("in_last"),
+        F.coalesce((F.col("f") == "drain") & F.col("in_ld"), F.lit(False)).cast("int").alias("in_last"),
     )
     facts = (
         sends.unionByName(reads)

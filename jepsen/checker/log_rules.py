@@ -192,7 +192,8 @@ class KeyFrames:
                     "first": pairs[0][0] if n else None,
                     "last": last,
                     "reach": last if n else from_ - 1,
-                    "claims_end": o["f"] == "drain" or max_ is None or n < max_,
+                    # a drain page short of its max ends its drain; a drain with no max (one event) too
+                    "claims_end": max_ is None or n < max_,
                 }
                 fr.reads.append(r)
                 for pos, (off, v) in enumerate(pairs):
@@ -218,10 +219,34 @@ def _cand(anomaly: str, t: Any, i1=None, i2=None, i3=None, i4=None, s1=None) -> 
 # --- per value ------------------------------------------------------------------------------
 
 
+def final_drain(reads: list[Row]) -> tuple[Row | None, set[Any]]:
+    """The key's last whole drain: its first page, and the invoke indexes of all its pages.
+
+    A drain is an ok ``drain`` from offset 0 and the ok ``drain`` pages of the same process
+    after it, up to that process's next drain from 0 (docs/history.md, "Drain pages"); it is
+    whole when its last page claims the end (a one-event drain, with no max, always does).
+    The last whole drain is the one whose first page was invoked last (``log_checker``'s
+    ``last_drains``, the same rule in Spark).
+    """
+    drains = sorted((r for r in reads if r["f"] == "drain"), key=lambda r: _nulls_first(r["inv_index"]))
+    runs: dict[Any, list[Row]] = {}  # process -> its current drain's pages
+    whole: list[list[Row]] = []
+    for r in drains:
+        if r["from_"] == 0:
+            runs[r["process"]] = cur = [r]
+            whole.append(cur)
+        elif r["process"] in runs:
+            runs[r["process"]].append(r)
+    whole = [d for d in whole if d[-1]["claims_end"]]
+    if not whole:
+        return None, set()
+    last = max(whole, key=lambda d: (d[0]["inv_time"], d[0]["inv_index"]))
+    return last[0], {r["inv_index"] for r in last}
+
+
 def value_facts(fr: KeyFrames) -> tuple[dict[Any, Row], Row | None]:
     """Per value: how it was sent and where it was seen; and the key's last drain."""
-    drains = [r for r in fr.reads if r["f"] == "drain"]
-    ld = max(drains, key=lambda r: (r["inv_time"], r["inv_index"])) if drains else None
+    ld, ld_pages = final_drain(fr.reads)
     facts: dict[Any, Row] = {}
 
     def fact(v: Any) -> Row:
@@ -263,7 +288,7 @@ def value_facts(fr: KeyFrames) -> tuple[dict[Any, Row], Row | None]:
         upd(f, "t", p["inv_time"], min)
         upd(f, "lo", p["off"], min)
         upd(f, "hi", p["off"], max)
-        if ld is not None and p["f"] == "drain" and p["inv_index"] == ld["inv_index"]:
+        if p["f"] == "drain" and p["inv_index"] in ld_pages:
             f["in_last"] = 1
     for f in facts.values():
         f["s_type"] = {3: "ok", 2: "info", 1: "fail"}.get(f.pop("tc"))

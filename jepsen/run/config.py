@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jepsen.workloads.base import DRAIN_PAGE
+
 DEFAULT_NEMESIS = ("kill-leader", "partition-leader")
 #: the checker's verdict -> a run's exit status (3, any other: not checked)
 VERDICTS = {True: 0, False: 1, "unknown": 2}
@@ -30,6 +32,7 @@ class RunConfig:
     seed: int | None = None
     op_timeout: float = 5.0
     drain_timeout: float = 120.0  # seconds a final drain (the whole log read back) may take
+    drain_page: int = DRAIN_PAGE  # pairs per drain event (the drain is recorded page by page)
     send_batch: int | None = None  # queue workload: coalesce up to this many concurrent sends to a queue
     workers: int | None = None  # client processes; 0: clients in this process; None: resolve_load
     progress: bool = True

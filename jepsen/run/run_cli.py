@@ -37,6 +37,7 @@ from jepsen.run.validate import EXTERNAL_OPTIONS, external_refusal, placement_re
 from jepsen.systems.base import Unsupported
 from jepsen.systems.broken import BROKEN_ADAPTERS
 from jepsen.systems.registry import SYSTEMS
+from jepsen.workloads.base import DRAIN_PAGE
 from jepsen.workloads.registry import WORKLOADS
 
 
@@ -84,6 +85,7 @@ class RunOptions:
     seed: int | None
     op_timeout: float
     drain_timeout: float
+    drain_page: int
     send_batch: int | None
     no_check: bool
     spark_master: str | None
@@ -208,6 +210,7 @@ def _run_config(ctx: click.Context, o: RunOptions) -> RunConfig:
         seed=o.seed,
         op_timeout=o.op_timeout,
         drain_timeout=o.drain_timeout,
+        drain_page=o.drain_page,
         send_batch=o.send_batch,
         # a master named on the command line is where the check runs, however small the history
         check_engine="spark" if o.spark_master else "auto",
@@ -465,6 +468,14 @@ def _print_result(cfg: RunConfig, result: RunResult) -> None:
     default=120,
     show_default=True,
     help="seconds the final drain of each queue/log may take (it reads everything sent back)",
+)
+@click.option(
+    "--drain-page",
+    type=click.IntRange(min=1),
+    default=DRAIN_PAGE,
+    show_default=True,
+    help="pairs per drain event: the final drain of a queue/log is recorded page by page as it "
+    "is read, so the controller holds a page per queue, not the whole log",
 )
 @click.option(
     "--send-batch",

@@ -218,6 +218,7 @@ class ClientsHere:
             clients=cfg.clients or 1,
             op_timeout=cfg.op_timeout,
             drain_timeout=cfg.drain_timeout,
+            drain_page=cfg.drain_page,
             send_batch=cfg.send_batch or 1,
             send_ratio=cfg.send_ratio,
             poll_max=cfg.poll_max,
@@ -291,6 +292,7 @@ class WorkerProcesses:
             clients=1,
             op_timeout=cfg.op_timeout,
             drain_timeout=cfg.drain_timeout,
+            drain_page=cfg.drain_page,
             send_batch=1,
             values=iter(()),  # the controller only reads (drains, final reads); it sends nothing
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -767,6 +768,24 @@ class BrokerQueueClient:
     async def drain(self, queue_id: int) -> list[Pair]:
         """The whole queue from offset 0, in polls of ``DRAIN_POLL`` pairs."""
         return [(m.queue_offset, decode_value(m.body)) for m in await self._drain(queue_id, self.topic)]
+
+    async def drain_pages(self, queue_id: int, page: int) -> AsyncIterator[list[Pair]]:
+        """``drain`` as consecutive pages of ``page`` pairs, each handed over as soon as it is
+        read, the last one shorter (possibly empty: the end): its reader holds a page and one
+        poll's messages, never the whole queue."""
+        buf: list[Pair] = []
+        start = 0
+        for _ in range(MAX_DRAIN_POLLS):
+            batch = await self._gather(queue_id, start, DRAIN_POLL, self.topic)
+            buf.extend((m.queue_offset, decode_value(m.body)) for m in batch)
+            while len(buf) >= page:
+                yield buf[:page]
+                del buf[:page]
+            if len(batch) < DRAIN_POLL:
+                yield buf
+                return
+            start = batch[-1].queue_offset + 1
+        raise Indefinite(f"drain did not reach the end in {MAX_DRAIN_POLLS} polls of {DRAIN_POLL}")
 
     async def _drain(self, queue_id: int, topic: str) -> list[Message]:
         out: list[Message] = []

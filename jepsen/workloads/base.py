@@ -31,6 +31,10 @@ from jepsen.workloads.op_deadlines import OpDeadlines
 
 T = TypeVar("T")
 
+#: pairs per ``drain`` event by default (``--drain-page``): a page of (offset, value) pairs is a
+#: few MB in memory and about 1 MB of JSON; docs/history.md ("Drain pages") has the page rule
+DRAIN_PAGE = 65_536
+
 
 @dataclass
 class RunContext:
@@ -45,6 +49,9 @@ class RunContext:
     #: seconds a final drain may take: it reads the whole log back, which at full rate is
     #: millions of pairs, far more than one operation's ``op_timeout`` allows
     drain_timeout: float = 120.0
+    #: pairs per ``drain`` event: a final drain is recorded page by page as it is read, so the
+    #: recording process holds one page per key being drained, never the whole log
+    drain_page: int = DRAIN_PAGE
     send_batch: int = 1  # queue workload: up to this many concurrent sends go as one batch
     send_ratio: float = 0.75  # log/queue workloads: the share of operations that are sends
     poll_max: int = 50  # log/queue workloads: pairs a poll asks for

@@ -15,13 +15,13 @@ interface its client source hands out.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from jepsen.systems.base import Unsupported
 from jepsen.systems.clients import ClientSource, Definite, Indefinite, LogClient, Pair, QueueClient
 from jepsen.workloads.base import RunContext, Workload
-from jepsen.workloads.log import LogWorkload
+from jepsen.workloads.log import LogWorkload, pages_of
 
 
 class SendCoalescer:
@@ -117,6 +117,17 @@ class _QueueLog:
 
     async def drain(self) -> list[Pair]:
         return await self.client.drain(self.queue_id)
+
+    async def drain_pages(self, page: int) -> AsyncIterator[list[Pair]]:
+        """The queue as ``drain``'s pages (``jepsen.workloads.log.drain_pages``): read page by
+        page where the queue client can (``drain_pages``), else drained at once and cut."""
+        own = getattr(self.client, "drain_pages", None)
+        if own is None:
+            for p in pages_of(await self.client.drain(self.queue_id), page):
+                yield p
+            return
+        async for p in own(self.queue_id, page):
+            yield p
 
     async def close(self) -> None:
         await self.client.close()
