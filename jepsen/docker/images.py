@@ -20,6 +20,7 @@ the project is installed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
@@ -161,7 +162,10 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
     """Make ``wheelhouse/`` (the project wheel + run-time dependency wheels) and return the project wheel.
 
     The dependency wheels are downloaded once (``refresh_deps`` downloads them again);
-    the project wheel is rebuilt every time from a temporary copy of the source.
+    the project wheel is rebuilt from a temporary copy of the source whenever that source
+    differs from what the wheel was built from (a digest kept beside it, :data:`SOURCE_STAMP`):
+    a test session builds images several times over the same tree, and each ``pip wheel``
+    costs 10-15 s of a build-isolation venv.
     """
     deps = wheelhouse / "deps"
     deps.mkdir(parents=True, exist_ok=True)
@@ -191,7 +195,14 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
         log(f"run-time dependency wheels in {deps} ({time.monotonic() - t0:.0f}s)")
 
     build_protocol(log=log)
-    for old in wheelhouse.glob("ledgermq-*.whl"):
+    digest = source_digest()
+    stamp = wheelhouse / SOURCE_STAMP
+    built = sorted(wheelhouse.glob("ledgermq-*.whl"))
+    if len(built) == 1 and stamp.exists() and stamp.read_text().strip() == f"{digest} {built[0].name}":
+        log(f"project wheel {built[0].name} unchanged (source digest {digest[:12]})")
+        return built[0]
+    stamp.unlink(missing_ok=True)
+    for old in built:
         old.unlink()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ledgermq-src-") as tmp:
@@ -226,8 +237,38 @@ def build_wheelhouse(wheelhouse: Path = WHEELHOUSE, *, refresh_deps: bool = Fals
         raise ImageBuildError(
             f"expected one ledgermq wheel in {wheelhouse}, found {[w.name for w in wheels]}"
         )
+    stamp.write_text(f"{digest} {wheels[0].name}\n")
     log(f"project wheel {wheels[0].name} ({time.monotonic() - t0:.0f}s)")
     return wheels[0]
+
+
+#: beside the project wheel: the digest of the source it was built from, and its file name
+SOURCE_STAMP = "ledgermq-source.sha256"
+_IGNORED_PARTS = ("__pycache__", "wheelhouse")
+_IGNORED_SUFFIXES = (".pyc", ".egg-info")
+
+
+def source_digest(root: Path = ROOT) -> str:
+    """SHA-256 over the paths and bytes of everything :data:`SOURCE_ITEMS` puts in the wheel
+    (the same files the build copies: caches and build leftovers skipped)."""
+    h = hashlib.sha256()
+    for item in SOURCE_ITEMS:
+        top = root / item
+        files = (
+            [top]
+            if top.is_file()
+            else sorted(p for p in top.rglob("*") if p.is_file())
+            if top.is_dir()
+            else []
+        )
+        for f in files:
+            rel = f.relative_to(root)
+            if any(part in _IGNORED_PARTS or part.endswith(_IGNORED_SUFFIXES) for part in rel.parts):
+                continue
+            if any(part.startswith(".") and part.endswith("cache") for part in rel.parts):
+                continue
+            h.update(str(rel).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def build_image(
