@@ -53,6 +53,8 @@ class BrokerController:
         self.role_since = time.monotonic()
         self.switch_times_ms: list[float] = []
         self._leader_at: float | None = None
+        self._backlog_at_election = 0  # committed entries not yet applied when this broker was elected
+        self._backlog_at_ready = 0  # ... when its term's no-op committed (see _on_leader_ready)
         self._leader_term: int | None = None  # the term this broker's ledger member leads in
         self.outer_api = BrokerOuterAPI(
             config.namesrv_addr, remoting_config=config.outgoing_remoting_config()
@@ -199,6 +201,7 @@ class BrokerController:
         if change.role is Role.LEADER:
             self._leader_at = time.monotonic()
             self._leader_term = change.term
+            self._backlog_at_election = self.ledger.commit_index - self.store.applied if self.ledger else 0
             return
         self._leader_term = None
         for task in self._master_tasks:
@@ -214,6 +217,9 @@ class BrokerController:
     def _on_leader_ready(self, term: int) -> None:
         """Become master once the store has applied everything committed so far (a slice per loop turn)."""
         assert self.ledger is not None
+        # what the switch waits for: the backlog committed when elected, and what the new term's
+        # no-op committed with it (entries the old leader had sent but not committed)
+        self._backlog_at_ready = self.ledger.commit_index - self.store.applied
         self.store.when_applied(self.ledger.commit_index, lambda: self._become_master(term))
 
     def _become_master(self, term: int) -> None:
@@ -225,7 +231,15 @@ class BrokerController:
         self.role_since = now
         switch_ms = 1000 * (now - (self._leader_at or now))
         self.switch_times_ms.append(switch_ms)
-        log.info("switched to master", extra={"term": term, "switch_ms": round(switch_ms, 2)})
+        log.info(
+            "switched to master",
+            extra={
+                "term": term,
+                "switch_ms": round(switch_ms, 2),
+                "backlog_at_election": self._backlog_at_election,
+                "backlog_at_ready": self._backlog_at_ready,
+            },
+        )
         self.trigger_register()
         loop = asyncio.get_running_loop()
         self._bootstrap_task = loop.create_task(self._create_configured_topics())
