@@ -414,7 +414,9 @@ class PopProcessors:
             cursor = pq.cursor if pq is not None else start
             offsets = []
             if pq is not None:
-                last = self.config.max_reconsume_times  # (past it, dead-lettered by _bury)
+                # a first delivery and max_reconsume_times retries, as a push consumer's send-back
+                # gives (past them, dead-lettered by _bury)
+                last = self.config.max_reconsume_times + 1
                 offsets = [o for o in pq.expired(now_ms, want) if o >= lo and pq.inflight[o].times < last]
             room = limit - (len(pq.inflight) if pq is not None else 0)
             if order:
@@ -483,12 +485,12 @@ class PopProcessors:
     async def _bury(
         self, req: RemotingCommand, group: str, topic: str, queues: list[int], now_ms: int
     ) -> RemotingCommand | None:
-        """Store expired deliveries popped ``max_reconsume_times`` times as dead letters in
+        """Store expired deliveries popped ``max_reconsume_times`` + 1 times as dead letters in
         ``%DLQ%<group>`` (RocketMQ 5's POP does so at revive), and drop them from the table;
         None, or the refusal to answer with. The dead letter's origin names the message, its
         pop count and the group, so a master that fails over between the two entries and a new
         one that buries it again store it once."""
-        last = self.config.max_reconsume_times
+        last = self.config.max_reconsume_times + 1
         for qid in queues:
             pq = self.store.state.pops.get(group, topic, qid)
             cq = self.store.queue(topic, qid)
@@ -507,9 +509,12 @@ class PopProcessors:
                     msg = derive.decode_held(found[1])
                 except MessageFormatError:
                     continue
-                place = derive.retry(msg, group, -1, last, "", now_ms, self.config.delay_levels_ms)
+                place = derive.retry(
+                    msg, group, -1, self.config.max_reconsume_times, "", now_ms, self.config.delay_levels_ms
+                )
                 self.ctx.ensure_topic(place.topic, 1, time.monotonic())
-                reconsumed = msg.reconsume_times + entry.times
+                # the reconsume count its last delivery carried, as a send-back's dead letter has
+                reconsumed = msg.reconsume_times + entry.times - 1
                 rec = derive.record(
                     msg,
                     place,

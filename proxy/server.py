@@ -21,8 +21,9 @@ from pathlib import Path
 from common.settings import ConfigError
 
 DEFAULT_PORT = 8081
-#: the brokers' default max_reconsume_times (broker.config), what consumers are told
-DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
+#: what consumers are told: a first delivery and the brokers' default max_reconsume_times (16,
+#: broker.config) retries, as RocketMQ 5's proxy tells them a group's retry count + 1
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 17
 #: RPCs served at once (a long-polling ReceiveMessage holds one until it is answered)
 DEFAULT_MAX_CONCURRENT_RPCS = 4096
 #: a gRPC message's size: the largest body plus room for its properties
@@ -127,7 +128,7 @@ def parse_args(argv: list[str] | None) -> ProxyOptions:
         "--max-delivery-attempts",
         type=int,
         default=DEFAULT_MAX_DELIVERY_ATTEMPTS,
-        help="what consumers are told: the brokers' max_reconsume_times",
+        help="what consumers are told: the brokers' max_reconsume_times + 1 (the first delivery)",
     )
     p.add_argument(
         "--fifo-groups",

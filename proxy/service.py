@@ -55,8 +55,9 @@ MAX_PRODUCER_STREAMS = 10_000
 #: RocketMQ's retry delays (1s 5s 10s 30s 1m .. 10m 20m 30m 1h 2h), the waits before redeliveries
 RETRY_DELAYS_S = (1, 5, 10, 30, *(60 * m for m in range(1, 11)), 1200, 1800, 3600, 7200)
 #: deliveries a consumer is told a message gets before it is a dead letter: a broker's POP
-#: delivers a message at most ``max_reconsume_times`` times (default 16), then stores it in %DLQ%
-DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
+#: delivers a message once and ``max_reconsume_times`` times more (default 16), then stores it
+#: in %DLQ%
+DEFAULT_MAX_DELIVERY_ATTEMPTS = 17
 GROUP_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789%_-")
 MAX_GROUP_CHARS = 255
 ACCEPTED_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")

@@ -183,7 +183,7 @@ def test_routes_settings_handshake_and_refusals(cluster: LocalCluster, stub: Any
     replies = stub.Telemetry(iter([spb.TelemetryCommand(settings=sub)]), timeout=10)
     theirs = next(replies).settings
     replies.cancel()
-    assert theirs.backoff_policy.max_attempts == 16
+    assert theirs.backoff_policy.max_attempts == 17  # a first delivery and 16 retries
     assert [d.seconds for d in theirs.backoff_policy.customized_backoff.next][:4] == [1, 5, 10, 30]
     assert theirs.subscription.long_polling_timeout.seconds == 20
 

@@ -175,7 +175,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         for node in members:
             with open(base / "broker-a" / node / "broker.toml", "a") as f:
                 f.write("transaction_timeout_s = 1.0\ntransaction_check_interval_s = 1.0\n")
-                f.write("max_reconsume_times = 2\n")  # a dead letter after two deliveries
+                f.write("max_reconsume_times = 2\n")  # a dead letter after three deliveries
     c.start_nodes()
     try:
         wait_for(c, {"OfficialT": 2, "PushT": 2})
@@ -257,7 +257,7 @@ try:
     deadline = time.time() + 40
     while time.time() < deadline:
         with lock:
-            if ["fail-once", 2] in seen and ["poison", 2] in seen and len(seen) >= 6:
+            if ["fail-once", 2] in seen and ["poison", 3] in seen and len(seen) >= 7:
                 break
         time.sleep(0.1)
     time.sleep(1)  # nothing more should come
@@ -273,7 +273,7 @@ def test_official_push_consumer_gets_a_failed_message_again(
 ) -> None:
     """QueryAssignment, receives with auto-renew, and a listener's FAILURE: the message comes back
     after RocketMQ's first retry delay as delivery attempt 2; the others once; one that always
-    fails is a dead letter after the brokers' max_reconsume_times (2) deliveries."""
+    fails is a dead letter after a first delivery and the brokers' max_reconsume_times (2) retries."""
     out = run_driver(official_python, tmp_path, PUSH_DRIVER, cluster.proxy_addr, "PushT", "push-g")
     assert out["seen"] == [
         ["fail-once", 1],
@@ -282,6 +282,7 @@ def test_official_push_consumer_gets_a_failed_message_again(
         ["ok-2", 1],
         ["poison", 1],
         ["poison", 2],
+        ["poison", 3],
     ]
 
     async def dead_letters() -> list[bytes]:
@@ -301,7 +302,7 @@ def test_official_push_consumer_gets_a_failed_message_again(
                 got = [
                     a.message async for a in stub.ReceiveMessage(request, timeout=10) if a.HasField("message")
                 ]
-                assert got == []  # never delivered a third time
+                assert got == []  # never delivered a fourth time
                 try:
                     found = await admin.group_messages("push-g", dead=True)
                 except RouteNotFoundError:  # no dead letter yet: the topic does not exist
