@@ -25,6 +25,7 @@ import pytest
 from common.ports import PortPlan, PortPlanError
 from jepsen.checker.recovery import key_group, node_group, summarize
 from jepsen.faults.schedule import Nemesis
+from jepsen.history import History, read_history
 
 RUN_TIMEOUT_S = 150  # one short run: start-up, 10 s of load and faults, drain, check
 WATCH_PERIOD_S = 0.5
@@ -101,9 +102,29 @@ def _watched_run(args: list[str]) -> tuple[subprocess.CompletedProcess[str], set
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    files = [run_dir / "history.jsonl"] if (run_dir / "history.jsonl").exists() else []
-    files += sorted((run_dir / "history").glob("*.jsonl")) if (run_dir / "history").exists() else []
-    return [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    """The run's events whichever format recorded them: one JSON Lines file, or shards as
+    JSON Lines or Parquet parts (``$LEDGERMQ_HISTORY_FORMAT``)."""
+    single = run_dir / "history.jsonl"
+    return read_history(single if single.exists() else run_dir / "history")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_events_reads_a_run_in_either_shard_format(tmp_path: Path, suffix: str) -> None:
+    hist = tmp_path / "history"
+    controller = History(hist / f"shard-00{suffix}", shards=2)
+    controller.nemesis_start("kill", {"nodes": ["broker-a/n1"]})
+    controller.nemesis_end("kill", {"nodes": ["broker-a/n1"]})
+    worker = History(hist / f"shard-01{suffix}", controller.clock_origin_ns, shard=1, shards=2)
+    for v in range(3):
+        p = worker.new_process()
+        worker.invoke(p, "send", v, key="broker-a/q0")
+        worker.complete(p, "ok", "send", v, key="broker-a/q0", offset=v)
+    worker.close()
+    controller.close()
+    events = _events(tmp_path)
+    assert [e["f"] for e in events if e["process"] == "nemesis"] == ["kill", "kill"]
+    assert events[0]["value"] == {"nodes": ["broker-a/n1"]}
+    assert sorted(e["value"] for e in events if e["f"] == "send" and e["type"] == "ok") == [0, 1, 2]
 
 
 def _run_dir(stdout: str) -> Path:
