@@ -48,7 +48,6 @@ from jepsen.checker.columnar import (
     iter_part_events,
     rows,
     shard_name,
-    typed_pairs,
 )
 
 #: environment setting: the format of a sharded run's history, ``jsonl`` (the default) or
@@ -274,10 +273,10 @@ class History:
     ) -> None:
         """One event as a row of the current Parquet part (``value`` as Spark's JSON reader
         gives a string column: a string bare, anything else as JSON text; a read's returned
-        pairs in the typed ``pairs`` column instead, ``columnar.typed_pairs``)."""
+        pairs in the typed ``pairs`` column instead, flattened by ``ParquetParts.add_pairs``)."""
         parts = self._parts
         assert parts is not None
-        pairs = typed_pairs(f, typ, value) if f in READ_FS else None
+        pairs = parts.add_pairs(value) if typ == "ok" and f in READ_FS else None
         if pairs is not None:
             val = None
         elif value is None or type(value) is str:  # noqa: E721 - exact types, as in _write_locked
@@ -303,7 +302,7 @@ class History:
         )
         self._n += 1
         if pairs is not None:
-            self._part_pairs += len(pairs)
+            self._part_pairs += pairs
         if (
             len(parts.rows) >= ROLL_EVENTS
             or self._part_pairs >= ROLL_PAIRS

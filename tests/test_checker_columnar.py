@@ -224,6 +224,48 @@ def test_a_reads_pairs_go_to_the_typed_column_only_when_lossless() -> None:
         assert columnar.typed_pairs(f, typ, value) is None, (f, typ, value)
 
 
+def test_recorder_rows_keep_no_lists_and_pairs_are_typed_exactly_when_lossless(tmp_path: Path) -> None:
+    """The recorder flattens a read's pairs into its part's buffers (a row holds their count,
+    no list for Python's collector to walk); the part holds the same events as JSON Lines."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values: list[Any] = [
+        [[1, 2], [3, 4]],
+        [],
+        ((8, 9), [5, 6, 7]),
+        [[-(1 << 63), (1 << 63) - 1]],
+        [[1, True]],  # the rest stay value text (as typed_pairs says)
+        [[1, 1 << 63]],
+        [[1, 2], "a"],
+        [1, 2],
+    ]
+    events: dict[str, list[dict[str, Any]]] = {}
+    for suffix in (".jsonl", ".parquet"):
+        h = History(tmp_path / suffix[1:] / f"shard-00{suffix}", 0)
+        for v in values:
+            p = h.new_process()
+            h.invoke(p, "poll", {"from": 0, "max": 4}, key="k")
+            h.complete(p, "ok", "poll", v, key="k")
+            if h._parts is not None:
+                assert all(type(x) in (int, str, type(None)) for row in h._parts.rows for x in row), v
+        h.close()
+        events[suffix] = [
+            {k: x for k, x in e.items() if k != "time"} for e in read_history(tmp_path / suffix[1:])
+        ]
+    assert events[".parquet"] == events[".jsonl"]
+    table = pa.concat_tables(pq.read_table(f) for f in sorted((tmp_path / "parquet").glob("*.parquet")))
+    oks = [r for r in table.to_pylist() if r["type"] == "ok"]
+    assert [r["pairs"] for r in oks[:4]] == [
+        [[1, 2], [3, 4]],
+        [],
+        [[8, 9], [5, 6, 7]],
+        [[-(1 << 63), (1 << 63) - 1]],
+    ]
+    assert all(r["value"] is None for r in oks[:4])
+    assert all(r["pairs"] is None and r["value"] is not None for r in oks[4:])
+
+
 def test_recorded_pairs_are_typed_on_disk_and_old_parts_read_as_before(spark: Any, tmp_path: Path) -> None:
     """The recorder puts an ok poll's pairs in the typed column (value null there); a part
     written before that column existed (the contract's columns only) reads the same."""
