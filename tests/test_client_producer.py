@@ -210,7 +210,10 @@ def test_retry_avoids_the_broker_that_failed(cluster: FakeCluster) -> None:
     assert all(r.broker_name == "broker-b" for r in results)
     retried = sum(1 for r in results if r.tries == 2)
     assert retried >= 1 and all(r.tries <= 2 for r in results)
-    assert len(a.nodes[0].sends()) == retried  # each refusal was followed by a try on broker-b
+    # each refusal was followed by a try on broker-b; after one, the client may also have
+    # forgotten broker-a's master (SERVICE_NOT_AVAILABLE: its group has no leader) while the
+    # route refresh it started is under way, so a later try on broker-a fails without a send
+    assert 1 <= len(a.nodes[0].sends()) <= retried
 
 
 def test_definite_failures_exhaust_retries(cluster: FakeCluster, topic: str) -> None:
