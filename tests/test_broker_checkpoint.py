@@ -1,0 +1,235 @@
+"""Broker state checkpoints (broker.checkpoint): a state loaded from a checkpoint at index A and
+fed the entries after A equals the state that applied every entry; a damaged file is refused
+with a clear reason and the store falls back to a full replay."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pytest
+
+from broker import checkpoint, codec
+from broker.checkpoint import CheckpointError
+from broker.meta import (
+    PopPick,
+    ack_op,
+    broker_addrs_op,
+    lock_op,
+    offset_op,
+    pop_op,
+    snapshot_op,
+    topic_op,
+    txn_end_op,
+    unlock_op,
+)
+from broker.state import BrokerState
+from broker.system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
+from remoting.message import make_position, properties_to_bytes
+
+STORE_MS = 1_000_000
+
+
+def record(topic: str, body: bytes, queue_id: int = 0, store_ms: int = STORE_MS, **props: str) -> bytes:
+    raw = properties_to_bytes(props)
+    return codec.build_stored_record(
+        topic.encode(), queue_id, body, raw, 0, 0, 1, b"\x00" * 8, store_ms, b"\x00" * 8
+    )
+
+
+def workload(seed: int, entries: int) -> list[bytes]:
+    """A realistic mix of committed payloads: sends (some duplicated), uniform batches, keyed
+    and tagged messages, delayed and half messages with their deliveries and commits,
+    send-backs, offsets, topics, locks, POPs and acks, broker addresses and undecodable junk."""
+    rnd = random.Random(seed)
+    out: list[bytes] = []
+    uniqs: list[str] = []
+    held: list[int] = []  # positions of scheduled messages
+    halves: list[int] = []
+    ms = STORE_MS
+    while len(out) < entries:
+        index = len(out) + 1
+        ms += rnd.randrange(0, 50)
+        kind = rnd.random()
+        topic = f"T{rnd.randrange(3)}"
+        qid = rnd.randrange(4)
+        if kind < 0.30:
+            u = f"U{index:08d}"
+            uniqs.append(u)
+            out.append(record(topic, b"m" * rnd.randrange(1, 40), qid, ms, UNIQ_KEY=u))
+        elif kind < 0.40:  # a uniform batch (the bulk path)
+            recs = [record(topic, b"b" * 8, qid, ms, UNIQ_KEY=f"B{index:08d}{j:03d}") for j in range(20)]
+            out.append(b"".join(recs))
+        elif kind < 0.45:  # a mixed batch with keys and tags
+            recs = [
+                record(topic, b"k", qid, ms, UNIQ_KEY=f"K{index:08d}{j}", KEYS=f"key{j % 3}", TAGS=f"tag{j}")
+                for j in range(3)
+            ]
+            out.append(b"".join(recs))
+        elif kind < 0.50 and uniqs:  # a producer's retry
+            out.append(record(topic, b"dup", qid, ms, UNIQ_KEY=rnd.choice(uniqs)))
+        elif kind < 0.55:
+            out.append(
+                record(
+                    SCHEDULE_TOPIC,
+                    b"later",
+                    rnd.randrange(3),
+                    ms,
+                    REAL_TOPIC=topic,
+                    TIMER_OUT_MS=str(ms + 500),
+                )
+            )
+            held.append(make_position(index, 0))
+        elif kind < 0.57:
+            out.append(record(TIMER_TOPIC, b"timer", 0, ms, TIMER_OUT_MS=str(ms + 100)))
+            held.append(make_position(index, 0))
+        elif kind < 0.60 and held:  # a delivery (sometimes twice: a new master proposed it too)
+            pos = rnd.choice(held)
+            origin = codec.ORIGIN_SCHEDULED + pos.to_bytes(8, "big")
+            out.append(codec.encode_derived([(origin, record(topic, b"due", qid, ms))]))
+        elif kind < 0.63:
+            out.append(record(HALF_TOPIC, b"tx", 0, ms, REAL_TOPIC=topic, TRAN_MSG="true", PGROUP="pg"))
+            halves.append(make_position(index, 0))
+        elif kind < 0.66 and halves:
+            pos = halves.pop(rnd.randrange(len(halves)))
+            if rnd.random() < 0.5:
+                out.append(txn_end_op(pos, "rollback"))
+            else:
+                origin = codec.ORIGIN_HALF + pos.to_bytes(8, "big")
+                out.append(codec.encode_derived([(origin, record(topic, b"committed", qid, ms))]))
+        elif kind < 0.68:
+            key = codec.ORIGIN_SEND_BACK + rnd.randrange(50).to_bytes(8, "big") + b"\x00\x00\x00\x00cg"
+            out.append(codec.encode_derived([(key, record(f"%RETRY%cg{qid}", b"back", 0, ms))]))
+        elif kind < 0.74:
+            out.append(offset_op(f"g{qid}", topic, qid, rnd.randrange(100), forward=rnd.random() < 0.5))
+        elif kind < 0.76:
+            out.append(topic_op(topic, 4, 4, 6, order=rnd.random() < 0.3))
+        elif kind < 0.79:
+            out.append(lock_op(f"g{qid}", f"c{rnd.randrange(3)}", [(topic, qid)], ms, ms + 1000))
+        elif kind < 0.80:
+            out.append(unlock_op(f"g{qid}", f"c{rnd.randrange(3)}", [(topic, qid)], ms))
+        elif kind < 0.86:
+            start = rnd.randrange(10)
+            offsets = tuple(range(start, start + rnd.randrange(1, 4)))
+            out.append(pop_op("pg", topic, ms, 300, 10, [PopPick(qid, 0, offsets[-1] + 1, offsets)]))
+        elif kind < 0.90:
+            out.append(ack_op("pg", topic, qid, ms, [(rnd.randrange(10), ms - rnd.randrange(200))]))
+        elif kind < 0.92:
+            out.append(broker_addrs_op({f"n{rnd.randrange(3)}": f"127.0.0.1:{10911 + rnd.randrange(3)}"}))
+        elif kind < 0.93:
+            out.append(
+                snapshot_op({topic: {"read": 4, "write": 4, "perm": 6, "order": False}}, [["g", topic, 0, 7]])
+            )
+        elif kind < 0.94:
+            out.append(b"\x7fjunk")  # an unknown record type: skipped
+        elif kind < 0.95:
+            out.append(b"")  # a leader's no-op
+        else:
+            out.append(record(topic, b"plain", qid, ms))  # no UNIQ_KEY
+    return out
+
+
+def apply_all(
+    entries: list[bytes], first: int = 1, state: BrokerState | None = None, chunk: int = 7
+) -> BrokerState:
+    state = state or BrokerState(dedup_window=500, dedup_ttl_s=5.0)
+    indexed = list(enumerate(entries, first))
+    for i in range(0, len(indexed), chunk):
+        state.apply(indexed[i : i + chunk])
+    return state
+
+
+def test_a_checkpoint_plus_the_tail_equals_the_whole_replay() -> None:
+    entries = workload(7, 1500)
+    whole = apply_all(entries, chunk=1)
+    reference = checkpoint.encode(whole)
+    assert whole.dispatched_messages > 2000 and whole.schedule.pending and whole.pops.queues
+    assert whole.uniq and whole.send_backs._keys and whole.locks.held and whole.skipped_entries
+    for cut in (1, 100, 555, 1000, 1499, 1500):
+        head = apply_all(entries[:cut], chunk=13)
+        data = checkpoint.encode(head)
+        loaded = checkpoint.decode(data).state
+        assert checkpoint.encode(loaded) == data  # canonical: decode then encode gives the same bytes
+        assert loaded.applied == cut
+        rest = apply_all(entries[cut:], first=cut + 1, state=loaded, chunk=5)
+        assert checkpoint.encode(rest) == reference, f"cut at {cut}"
+        assert rest.stats() == whole.stats()
+
+
+def test_a_loaded_state_answers_placements_and_due_times_as_the_replayed_one() -> None:
+    entries = workload(11, 600)
+    whole = apply_all(entries)
+    loaded = checkpoint.decode(checkpoint.encode(apply_all(entries[:400]))).state
+    apply_all(entries[400:], first=401, state=loaded)
+    for index in range(1, 601):
+        assert loaded.placement(index, entries[index - 1]) == whole.placement(index, entries[index - 1])
+    assert loaded.schedule.take_due(STORE_MS * 10, 10_000) == whole.schedule.take_due(STORE_MS * 10, 10_000)
+    assert loaded.delay_offsets(18) == whole.delay_offsets(18)
+    assert loaded.topic_config_wrapper() == whole.topic_config_wrapper()
+
+
+def _sample() -> bytes:
+    return checkpoint.encode(apply_all(workload(3, 300)), {"broker_name": "b"})
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: d[: len(d) // 2], "truncated"),
+        (lambda d: d[:10], "truncated"),
+        (lambda d: b"", "truncated"),
+        (lambda d: d[:100] + bytes([d[100] ^ 0x10]) + d[101:], "checksum"),
+        (lambda d: d[:-9] + bytes([d[-9] ^ 1]) + d[-8:], "checksum"),
+        (lambda d: b"garbage!" * 64, "not a broker checkpoint"),
+        (lambda d: d + b"x", "overlong"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_with_its_reason(damage, reason: str) -> None:  # noqa: ANN001
+    with pytest.raises(CheckpointError, match=reason):
+        checkpoint.decode(damage(_sample()))
+
+
+def _reseal(body: bytes) -> bytes:
+    """A file with a valid checksum over ``body``: what a writer of another version would make."""
+    import xxhash
+
+    return body + xxhash.xxh64_intdigest(body).to_bytes(8, "little")
+
+
+def test_another_version_and_well_sealed_nonsense_are_refused() -> None:
+    data = _sample()
+    other = data[:8] + (99).to_bytes(2, "little") + data[10:-8]
+    with pytest.raises(CheckpointError, match="version 99"):
+        checkpoint.decode(_reseal(other))
+    # a header that is valid JSON of the wrong shape, under a correct checksum
+    import json
+    import struct
+
+    for header in ({"meta": {}, "scalars": {"applied": "x"}}, [], {"meta": {}, "scalars": {}}):
+        head = json.dumps(header).encode()
+        body = struct.pack("<8sHHIQ", checkpoint.MAGIC, checkpoint.VERSION, 0, len(head), 0) + head
+        with pytest.raises(CheckpointError):
+            checkpoint.decode(_reseal(body))
+    # a column reference past the blob
+    head, _ = checkpoint.split(data)
+    head["queues"][0][4] = [0, 1 << 40]
+    raw = json.dumps(head).encode()
+    blob = data[24 + int.from_bytes(data[12:16], "little") : -8]
+    body = struct.pack("<8sHHIQ", checkpoint.MAGIC, checkpoint.VERSION, 0, len(raw), len(blob)) + raw + blob
+    with pytest.raises(CheckpointError, match="run past"):
+        checkpoint.decode(_reseal(body))
+
+
+def test_write_is_atomic_and_read_refuses_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / checkpoint.CHECKPOINT_FILE
+    data = _sample()
+    checkpoint.write_file(path, data)
+    assert path.read_bytes() == data and not list(tmp_path.glob("*.tmp"))
+    assert checkpoint.read_file(path).meta == {"broker_name": "b"}
+    with pytest.raises(CheckpointError, match="unreadable"):
+        checkpoint.read_file(tmp_path / "nope")
+
+
+def test_log_quiet() -> None:
+    logging.getLogger("broker.state").setLevel(logging.CRITICAL)  # junk entries log on purpose
