@@ -155,6 +155,7 @@ def analyze(
         raise click.UsageError(
             f"{len(history_uris)} --history-uri for {len(histories)} histories: give one per history"
         )
+    _print_crash_notes(histories)
     try:
         res = analyze_files(
             list(histories),
@@ -185,6 +186,16 @@ def analyze(
         if o.error is not None:
             click.echo(f"error: {o.error}", err=True)
     sys.exit(res["exit"])
+
+
+def _print_crash_notes(histories: tuple[str, ...] | list[str]) -> None:
+    """A note on stderr for each part a killed recorder left half-written (the checker reads
+    only whole parts, so such a history is judged without that part's events)."""
+    from jepsen.checker.shards import crash_notes
+
+    for h in histories:
+        for note in crash_notes(h):
+            click.echo(f"note: {note}", err=True)
 
 
 def print_recovery(path: str, result: dict) -> None:
@@ -228,6 +239,7 @@ def history_export(run_dir: str, output: str | None, parquet: bool) -> None:
 
     from jepsen.checker import parse, shards
 
+    _print_crash_notes([run_dir])
     try:
         if parquet:
             given = Path(run_dir)

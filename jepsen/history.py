@@ -20,12 +20,18 @@ crashed run still leaves a readable history missing at most that last moment.
 A recorder whose path ends in ``.parquet`` writes Parquet parts instead
 (``jepsen.checker.columnar``: a part closed, fsynced and renamed into place every
 ``ROLL_EVERY_S``, so a killed recorder loses at most that part; 5-10x smaller than JSON Lines
-and read by Spark without parsing JSON). ``shard_path`` picks the format of a run's shards
-from ``$LEDGERMQ_HISTORY_FORMAT``; JSON Lines stays the default, read by jq and every tool.
+and read by Spark without parsing JSON). Parquet is a run's default (``jepsen run
+--history-format``, else ``$LEDGERMQ_HISTORY_FORMAT``: :func:`history_format`); JSON Lines is
+one option away, and ``jepsen history export`` writes any history as JSON Lines for jq.
+
+:func:`read_events` is the one reader of a recorded history for tools and tests: a run
+folder, a folder of shards or a file, either format, in time order, skipping (with a note)
+what a killed recorder left half-written.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import subprocess
@@ -33,7 +39,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +55,16 @@ from jepsen.checker.columnar import (
     rows,
     shard_name,
 )
+from jepsen.checker.shards import crash_notes, history_root
 
-#: environment setting: the format of a sharded run's history, ``jsonl`` (the default) or
-#: ``parquet`` (columnar parts, ``jepsen.checker.columnar``: 5-10x smaller, read faster by Spark)
+#: environment setting: a run's history format when ``jepsen run --history-format`` is not
+#: given, ``parquet`` or ``jsonl``
 FORMAT_ENV = "LEDGERMQ_HISTORY_FORMAT"
 SHARD_SUFFIXES = {"jsonl": ".jsonl", "parquet": PART_SUFFIX}
+#: a run's history format unless told otherwise: Parquet parts (``jepsen.checker.columnar``),
+#: about 15 bytes an operation on disk against JSON Lines' 277, readable after a crash up to
+#: the last part closed (at most ``ROLL_EVERY_S`` lost), and recorded at a higher rate
+DEFAULT_FORMAT = "parquet"
 
 NEMESIS = "nemesis"
 COMPLETIONS = ("ok", "fail", "info")
@@ -346,15 +357,20 @@ class History:
         self.close()
 
 
-def shard_path(folder: Path, shard: int) -> Path:
-    """Where shard ``shard`` of a run's history is recorded, in the format ``$LEDGERMQ_HISTORY_FORMAT``
-    names (a ``.parquet`` path makes the recorder write parts next to it)."""
-    fmt = os.environ.get(FORMAT_ENV) or "jsonl"
+def history_format(requested: str | None = None) -> str:
+    """The history format of a run: ``requested`` (``--history-format``), else
+    ``$LEDGERMQ_HISTORY_FORMAT``, else ``DEFAULT_FORMAT``; ``ValueError`` names a bad one."""
+    fmt = requested or os.environ.get(FORMAT_ENV) or DEFAULT_FORMAT
     if fmt not in SHARD_SUFFIXES:
-        raise ValueError(
-            f"{FORMAT_ENV}={fmt!r}: the history format must be one of {', '.join(SHARD_SUFFIXES)}"
-        )
-    return folder / f"shard-{shard:02d}{SHARD_SUFFIXES[fmt]}"
+        where = "--history-format" if requested else FORMAT_ENV
+        raise ValueError(f"{where}={fmt!r}: the history format must be one of {', '.join(SHARD_SUFFIXES)}")
+    return fmt
+
+
+def shard_path(folder: Path, shard: int, fmt: str | None = None) -> Path:
+    """Where shard ``shard`` of a run's history is recorded in ``fmt`` (default:
+    :func:`history_format`; a ``.parquet`` path makes the recorder write parts next to it)."""
+    return folder / f"shard-{shard:02d}{SHARD_SUFFIXES[history_format(fmt)]}"
 
 
 SHARD_GLOB = "*.jsonl"
@@ -398,15 +414,78 @@ def iter_events(path: str | Path | list[Path], structure_only: bool = False) -> 
         yield from _iter_file(f, structure_only)
 
 
-def read_history(path: str | Path) -> list[dict[str, Any]]:
-    """Load a history (for tests and summaries; the checker has its own reader).
+def _time_order(ev: dict[str, Any]) -> tuple[int, int]:
+    return (ev.get("time") or 0, ev.get("index") or 0)
 
-    A folder of shards comes back as one list ordered by ``time`` (then ``index``), which is
-    what ``jepsen history export`` writes.
+
+def _print_note(note: str) -> None:
+    print(f"note: {note}", file=sys.stderr, flush=True)
+
+
+def _jsonl_shard(f: Path, note: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    """A JSON Lines shard's events; a last line cut short by a killed recorder is skipped with
+    a note, any other bad line is a ``ValueError`` naming file and line."""
+    with open(f, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError:
+                if not line.endswith("\n") and fh.read(1) == "":
+                    note(f"{f}:{lineno}: partial last line skipped (its recorder stopped while writing it)")
+                    return
+                raise ValueError(f"{f}:{lineno}: not a JSON object") from None
+
+
+def _parquet_shard(files: list[Path], note: Callable[[str], None]) -> Iterator[dict[str, Any]]:
+    """A Parquet shard's events, its parts in order. Only whole parts are ever renamed into
+    place, so an unreadable part is damage, not a crash: the last one is skipped with a note
+    (a copy cut short), an earlier one is a ``ValueError`` naming it."""
+    for k, f in enumerate(files):
+        try:
+            yield from iter_part_events(f)
+        except ValueError as exc:
+            if k < len(files) - 1:
+                raise ValueError(f"{f}: {exc}") from None
+            note(f"{f}: unreadable last part skipped ({exc})")
+
+
+def read_events(path: str | Path, on_note: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+    """Every event of a recorded history, in time order (then index), from either format.
+
+    ``path``: a run folder (its ``history/`` or ``history.jsonl``), a folder of shards or one
+    file. The shards are merged as they stream (each is in time order already), so memory
+    holds an event per shard. What a killed recorder left half-written is skipped, and said
+    once through ``on_note`` (default: a ``note:`` line on stderr): a Parquet part still under
+    its temporary name, a JSON Lines shard's partial last line. Anything else unreadable is a
+    ``ValueError`` naming the file.
     """
-    events = list(iter_events(path))
-    if Path(path).is_dir():
-        events.sort(key=lambda e: (e.get("time") or 0, e.get("index") or 0))
+    note = on_note or _print_note
+    root = history_root(path)
+    for text in crash_notes(root):
+        if "partial line" not in text:  # said by the JSON Lines reader, with the line
+            note(text)
+    if not root.is_dir():
+        if root.suffix == PART_SUFFIX:
+            yield from _parquet_shard([root], note)
+        else:
+            yield from _jsonl_shard(root, note)
+        return
+    streams = [
+        _parquet_shard(g, note) if g[0].suffix == PART_SUFFIX else _jsonl_shard(g[0], note)
+        for g in shard_groups(root)
+    ]
+    yield from heapq.merge(*streams, key=_time_order)
+
+
+def read_history(path: str | Path) -> list[dict[str, Any]]:
+    """A whole history as a list (for tests and summaries; the checker has its own reader):
+    :func:`read_events`, one list ordered by ``time`` (then ``index``) for a folder of shards,
+    which is what ``jepsen history export`` writes; a single file in its own order."""
+    events = list(read_events(path))
+    if history_root(path).is_dir():
+        events.sort(key=_time_order)
     return events
 
 

@@ -20,6 +20,11 @@ from jepsen.checker import columnar, parse
 JSONL_GLOB = "*.jsonl"
 PARQUET_GLOB = "*.parquet"
 RUN_HISTORY = ("history", "history.jsonl")  # what a run folder holds, in order of preference
+#: a part its recorder was still writing when it stopped (``columnar.ParquetParts`` writes
+#: ``.<part>.tmp`` and renames it into place once whole): never read, only reported
+HALF_WRITTEN_GLOB = ".*" + columnar.PART_SUFFIX + ".tmp"
+#: bytes read from the end of a JSON Lines shard to see whether its last line is whole
+TAIL_BYTES = 1
 
 
 def shard_files(path: str | Path) -> list[Path]:
@@ -28,6 +33,51 @@ def shard_files(path: str | Path) -> list[Path]:
     if not p.is_dir():
         return [p]
     return sorted(p.glob(JSONL_GLOB)) or sorted(p.glob(PARQUET_GLOB))
+
+
+def history_root(path: str | Path) -> Path:
+    """The history a path names: a run folder's ``history/`` (else its ``history.jsonl``),
+    anything else as given."""
+    p = Path(path)
+    if p.is_dir():
+        for name in RUN_HISTORY:
+            if (p / name).exists():
+                return p / name
+    return p
+
+
+def crash_notes(path: str | Path) -> list[str]:
+    """What a recorder that was killed left behind, one note each, for readers to print:
+    half-written Parquet parts (skipped by every reader: only whole parts are read) and JSON
+    Lines shards that end in a partial line.
+
+    A part is renamed into place only once it is whole (``columnar``), so a kill loses at most
+    the part being filled; these notes say where that happened instead of staying silent."""
+    root = history_root(path)
+    folder = root if root.is_dir() else root.parent
+    notes = [
+        f"{f}: half-written history part skipped (its recorder stopped while writing it; the "
+        f"events of that part are lost, every whole part is read)"
+        for f in sorted(folder.glob(HALF_WRITTEN_GLOB))
+    ]
+    files = shard_files(root) if root.is_dir() else [root] if root.suffix == ".jsonl" else []
+    for f in files:
+        if f.suffix == ".jsonl" and not _ends_whole(f):
+            notes.append(f"{f}: ends in a partial line (its recorder stopped while writing it)")
+    return notes
+
+
+def _ends_whole(f: Path) -> bool:
+    """Whether ``f`` is empty or ends with a newline."""
+    try:
+        with open(f, "rb") as fh:
+            fh.seek(0, 2)
+            if fh.tell() == 0:
+                return True
+            fh.seek(-TAIL_BYTES, 2)
+            return fh.read(TAIL_BYTES) == b"\n"
+    except OSError:
+        return True  # unreadable: the reader says so
 
 
 def resolve(path: str | Path) -> tuple[str, str]:

@@ -246,8 +246,11 @@ def run_campaign(
     engine: str = "auto",
     log: Any = print,
     progress: bool = False,
+    history_format: str | None = None,
 ) -> dict[str, Any]:
-    """Plan, record every run, check them all, write the summary; returns ``campaign.json``'s document."""
+    """Plan, record every run, check them all, write the summary; returns ``campaign.json``'s document.
+
+    ``history_format``: every run's (``RunConfig.history_format``; None: the runs' default)."""
     interval = interval if interval is not None else max(0.5, round(time_s / 6, 1))
     planned = plan(runs, seed, time_s, interval)
     out = Path(out)
@@ -267,6 +270,7 @@ def run_campaign(
             seed=r.seed,
             check=False,
             progress=progress,
+            history_format=history_format,
         )
         try:
             result: RunResult = run_test(cfg)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from jepsen.history import SHARD_SUFFIXES
 from jepsen.run.campaign import MAX_RUNS, exit_code, run_campaign
 
 
@@ -41,8 +42,21 @@ from jepsen.run.campaign import MAX_RUNS, exit_code, run_campaign
     show_default=True,
     help="the checker's engine for all histories (auto: small ones in-process, the rest on Spark)",
 )
+@click.option(
+    "--history-format",
+    type=click.Choice(list(SHARD_SUFFIXES)),
+    default=None,
+    help="how every run records its history (as jepsen run's option) [default: "
+    "$LEDGERMQ_HISTORY_FORMAT, else parquet]",
+)
 def campaign(
-    runs: int, seed: int | None, time_: float, interval: float | None, out: Path | None, engine: str
+    runs: int,
+    seed: int | None,
+    time_: float,
+    interval: float | None,
+    out: Path | None,
+    engine: str,
+    history_format: str | None,
 ) -> None:
     """N short tests, each a random workload under a random pair of nemeses, checked together."""
     if seed is None:
@@ -51,7 +65,16 @@ def campaign(
         seed = random.SystemRandom().randrange(1 << 31)
     out = out or Path("jepsen-runs") / f"campaign-{seed}"
     click.echo(f"campaign  seed {seed}, {runs} runs of {time_:g} s, out {out}")
-    doc = run_campaign(runs, seed, time_, out, interval=interval, engine=engine, log=click.echo)
+    doc = run_campaign(
+        runs,
+        seed,
+        time_,
+        out,
+        interval=interval,
+        engine=engine,
+        log=click.echo,
+        history_format=history_format,
+    )
     for row in doc["runs"]:
         rec = (
             "-"

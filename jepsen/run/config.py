@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jepsen.history import history_format
 from jepsen.workloads.base import DRAIN_PAGE
 
 DEFAULT_NEMESIS = ("kill-leader", "partition-leader")
@@ -46,6 +47,9 @@ class RunConfig:
     system_options: dict[str, Any] = field(default_factory=dict)
     #: several broker groups: a fault hits one group at random ("one") or every group at once ("all")
     fault_scope: str = "one"
+    #: the history's format, "parquet" or "jsonl"; None: ``$LEDGERMQ_HISTORY_FORMAT``, else Parquet
+    #: (``jepsen.history.history_format``, filled in by ``resolve_load``)
+    history_format: str | None = None
 
     @property
     def full_rate(self) -> bool:
@@ -122,4 +126,5 @@ def resolve_load(cfg: RunConfig) -> RunConfig:
         cfg.clients = per * max(1, cfg.workers) if cfg.full_rate else per
     if cfg.send_batch is None:
         cfg.send_batch = FULL_RATE_SEND_BATCH if cfg.full_rate and cfg.workload == "queue" else 1
+    cfg.history_format = history_format(cfg.history_format)
     return cfg

@@ -29,6 +29,7 @@ from common.ports import (
 )
 from jepsen.faults.base import FAULT_SCOPES
 from jepsen.faults.registry import FAULTS
+from jepsen.history import SHARD_SUFFIXES
 from jepsen.net.proxy import ProxyError
 from jepsen.run.config import DEFAULT_NEMESIS, RunConfig, RunResult
 from jepsen.run.pool import WorkerFailed
@@ -80,6 +81,7 @@ class RunOptions:
     rate: float
     clients: int | None
     workers: int | None
+    history_format: str | None
     out: Path
     name: str | None
     seed: int | None
@@ -206,6 +208,7 @@ def _run_config(ctx: click.Context, o: RunOptions) -> RunConfig:
         rate=o.rate,
         clients=o.clients,
         workers=o.workers,
+        history_format=o.history_format,
         out=o.out,
         seed=o.seed,
         op_timeout=o.op_timeout,
@@ -289,6 +292,8 @@ def _print_result(cfg: RunConfig, result: RunResult) -> None:
     if result.valid is None and check.get("output"):
         click.echo(f"checker   {check['output'][-1500:]}", err=True)
     click.echo(f"history   {result.history}")
+    for note in s.get("history_notes") or []:
+        click.echo(f"note      {note}", err=True)
     click.echo(f"report    {result.report if result.report.exists() else result.run_dir}")
 
 
@@ -441,8 +446,17 @@ def _print_result(cfg: RunConfig, result: RunResult) -> None:
     type=click.IntRange(min=0, max=64),
     default=None,
     help="OS processes running the clients, each recording its own shard of the history "
-    "(history/); 0 runs them in the controller (history.jsonl) [default: 0; with --rate max, "
-    "the number of cores]",
+    "(history/); 0 runs them in the controller (one shard; history.jsonl with --history-format "
+    "jsonl) [default: 0; with --rate max, the number of cores]",
+)
+@click.option(
+    "--history-format",
+    type=click.Choice(list(SHARD_SUFFIXES)),
+    default=None,
+    help="how the history is recorded: parquet (parts closed every 2 s, about 15 bytes an "
+    "operation; a killed run loses at most its last 2 s) or jsonl (about 277 bytes an operation, "
+    "for jq; `jepsen history export` turns any run into it) [default: $LEDGERMQ_HISTORY_FORMAT, "
+    "else parquet]",
 )
 @click.option(
     "--out",

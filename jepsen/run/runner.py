@@ -4,8 +4,9 @@ Order matters and is always the same: the group starts and elects a leader; work
 and the nemesis run until the deadline; every fault is healed (even on errors or
 Ctrl-C); the group elects a leader again; the workload's final phase (drain / final
 reads) runs; the history is closed; processes are stopped by PID; then the checker
-judges the history. Everything lands in ``OUT/<test>/<timestamp>/``: ``history.jsonl``
-(or, with worker processes, the ``history/`` folder of shards), ``nemesis.log``,
+judges the history. Everything lands in ``OUT/<test>/<timestamp>/``: the ``history/`` folder of
+shards (Parquet parts by default; with ``--history-format jsonl`` and no worker processes the
+one file ``history.jsonl``), ``nemesis.log``,
 ``leaders.jsonl``, ``cluster/<node>/node.log``, ``workers/`` (each worker's spec and log),
 ``run.json`` and, from the checker, ``results.json`` and ``report.html``.
 
@@ -29,8 +30,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
+from jepsen.checker.shards import crash_notes
 from jepsen.faults.schedule import Nemesis
-from jepsen.history import History, shard_path, validate_shards
+from jepsen.history import History, history_format, shard_path, validate_shards
 from jepsen.run.check import run_checker, warm_up_checker
 from jepsen.run.config import RunConfig, RunResult
 from jepsen.run.monitor import LeaderMonitor
@@ -133,7 +135,7 @@ def worker_specs(
             {
                 "shard": i,
                 "shards": n + 1,
-                "history": str(shard_path(history_dir, i)),
+                "history": str(shard_path(history_dir, i, cfg.history_format)),
                 "clock_origin_ns": history.clock_origin_ns,
                 "workload": cfg.workload,
                 "clients": clients,
@@ -411,11 +413,14 @@ def record(cfg: RunConfig, run_dir: Path, backend: Backend) -> tuple[Path, dict[
     """Start the group, drive the run, stop the group: the history's path and the run summary
     (also written to ``run.json``, whatever happened)."""
     sharded = bool(cfg.workers)
-    history_path = run_dir / "history" if sharded else run_dir / "history.jsonl"
+    # one JSON Lines file when the clients run here; otherwise (workers, or Parquet, whose
+    # parts need a folder) a folder of shards, shard 0 the controller's
+    single = not sharded and history_format(cfg.history_format) == "jsonl"
+    history_path = run_dir / "history.jsonl" if single else run_dir / "history"
     history = (
-        History(shard_path(history_path, 0), shards=(cfg.workers or 0) + 1)
-        if sharded
-        else History(history_path)
+        History(history_path)
+        if single
+        else History(shard_path(history_path, 0, cfg.history_format), shards=(cfg.workers or 0) + 1)
     )
     summary: dict[str, Any] = {
         "config": {
@@ -456,6 +461,9 @@ def judge(cfg: RunConfig, run_dir: Path, history_path: Path, summary: dict[str, 
     problems = validate_shards(history_path)  # streamed shard by shard: memory stays bounded
     summary["validate_s"] = round(time.monotonic() - t_validate, 3)
     summary["history_problems"] = problems[:20]
+    notes = crash_notes(history_path)  # a worker killed mid-part: what the readers skip
+    if notes:
+        summary["history_notes"] = notes[:20]
     valid: bool | str | None = None
     if problems:
         summary["check"] = {"valid": None, "output": "the recorded history breaks the contract; not checked"}

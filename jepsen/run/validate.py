@@ -180,7 +180,10 @@ def validated(cfg: RunConfig) -> RunConfig:
     reason = workload_refusal(cfg.system, cfg.workload) or backend_refusal(cfg) or nemesis_refusal(cfg)
     if reason:
         raise Unsupported(reason)
-    resolve_load(cfg)
+    try:
+        resolve_load(cfg)
+    except ValueError as exc:  # a bad $LEDGERMQ_HISTORY_FORMAT: one line, as any other refusal
+        raise Unsupported(str(exc)) from None
     reason = load_refusal(cfg)
     if reason:
         raise Unsupported(reason)
