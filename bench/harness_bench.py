@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FORMAT_ENV = "LEDGERMQ_HISTORY_FORMAT"  # jepsen.history.FORMAT_ENV (not imported: the bench runs the CLI)
+FORMATS = ("parquet", "jsonl")  # jepsen.history.SHARD_SUFFIXES (not imported: the bench runs the CLI)
 
 
 def last_json(text: str) -> dict:
@@ -62,7 +61,7 @@ def bench_rate() -> float:
     return float(last_json(out.stdout)["send_batched_msgs_per_s"])
 
 
-def harness_run(seconds: float, workers: int | None, out: Path, history_format: str = "jsonl") -> dict:
+def harness_run(seconds: float, workers: int | None, out: Path, history_format: str = FORMATS[0]) -> dict:
     argv = [
         sys.executable,
         "-m",
@@ -81,12 +80,13 @@ def harness_run(seconds: float, workers: int | None, out: Path, history_format: 
         "--out",
         str(out),
         "--no-progress",
+        "--history-format",
+        history_format,
     ]
     if workers is not None:
         argv += ["--workers", str(workers)]
     started = time.monotonic()
-    env = {**os.environ, FORMAT_ENV: history_format}
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 1800, cwd=ROOT, env=env)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 1800, cwd=ROOT)
     wall = time.monotonic() - started
     print("\n".join(f"  {line}" for line in res.stdout.strip().splitlines()), flush=True)
     runs = sorted(out.glob("*/2*"))
@@ -109,9 +109,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: jepsen run's)")
     ap.add_argument(
         "--history-format",
-        choices=("jsonl", "parquet"),
-        default="jsonl",
-        help=f"the run's shards (sets ${FORMAT_ENV}); compare formats by alternating invocations",
+        choices=FORMATS,
+        default=FORMATS[0],
+        help="the run's history (jepsen run --history-format); compare formats by alternating invocations",
     )
     args = ap.parse_args()
     print("broker_bench --quick (capacity):", flush=True)

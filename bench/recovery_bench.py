@@ -51,14 +51,12 @@ def wall_offset_s() -> float:
 
 
 def load_events(run_dir: Path) -> list[dict[str, Any]]:
-    """Every history event of the run, from its shards (or its one history file)."""
-    files = sorted((run_dir / "history").glob("shard-*.jsonl")) or [run_dir / "history.jsonl"]
-    events: list[dict[str, Any]] = []
-    for path in files:
-        with path.open() as f:
-            events.extend(json.loads(line) for line in f if line.strip())
-    events.sort(key=lambda e: e["time"])
-    return events
+    """Every history event of the run in time order, from its shards (Parquet parts or JSON
+    Lines) or its one history file: ``jepsen.history.read_events``."""
+    sys.path.insert(0, str(ROOT))
+    from jepsen.history import read_events
+
+    return list(read_events(run_dir))
 
 
 def clock_origin_ns(run_dir: Path) -> int:

@@ -451,6 +451,16 @@ def _parquet_shard(files: list[Path], note: Callable[[str], None]) -> Iterator[d
             note(f"{f}: unreadable last part skipped ({exc})")
 
 
+def _noted_root(path: str | Path, note: Callable[[str], None]) -> Path:
+    """The history ``path`` names, its half-written parts said through ``note`` (a JSON Lines
+    shard's partial line is said by its reader, with the line)."""
+    root = history_root(path)
+    for text in crash_notes(root):
+        if "partial line" not in text:
+            note(text)
+    return root
+
+
 def read_events(path: str | Path, on_note: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
     """Every event of a recorded history, in time order (then index), from either format.
 
@@ -462,10 +472,7 @@ def read_events(path: str | Path, on_note: Callable[[str], None] | None = None) 
     ``ValueError`` naming the file.
     """
     note = on_note or _print_note
-    root = history_root(path)
-    for text in crash_notes(root):
-        if "partial line" not in text:  # said by the JSON Lines reader, with the line
-            note(text)
+    root = _noted_root(path, note)
     if not root.is_dir():
         if root.suffix == PART_SUFFIX:
             yield from _parquet_shard([root], note)
@@ -477,6 +484,23 @@ def read_events(path: str | Path, on_note: Callable[[str], None] | None = None) 
         for g in shard_groups(root)
     ]
     yield from heapq.merge(*streams, key=_time_order)
+
+
+def read_shards(
+    path: str | Path, on_note: Callable[[str], None] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Each shard's events in recording order, by shard name (``shard-01``, whatever the
+    format): for tests that look at what one recording process wrote. ``path`` and the notes as
+    :func:`read_events`."""
+    note = on_note or _print_note
+    root = _noted_root(path, note)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for g in shard_groups(root):
+        if g[0].suffix == PART_SUFFIX:
+            out[shard_name(g[0])] = list(_parquet_shard(g, note))
+        else:
+            out[g[0].name.split(".", 1)[0]] = list(_jsonl_shard(g[0], note))
+    return out
 
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:

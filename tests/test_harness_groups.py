@@ -102,10 +102,8 @@ def _watched_run(args: list[str]) -> tuple[subprocess.CompletedProcess[str], set
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's events whichever format recorded them: one JSON Lines file, or shards as
-    JSON Lines or Parquet parts (``$LEDGERMQ_HISTORY_FORMAT``)."""
-    single = run_dir / "history.jsonl"
-    return read_history(single if single.exists() else run_dir / "history")
+    """The run's events whichever format recorded them (``read_history`` of the run folder)."""
+    return read_history(run_dir)
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])

@@ -246,7 +246,7 @@ def test_queue_run_without_faults_is_checked(tmp_path):
     assert proc.returncode in (0, 1, 2), proc.stdout + proc.stderr  # 3: not checked / harness error
     assert "verdict   " in proc.stdout and "NOT CHECKED" not in proc.stdout, proc.stdout
     assert not left, f"processes left after the run: {left}"
-    events = read_history(run_dir / "history.jsonl")
+    events = read_history(run_dir)
     assert validate_history(events) == []
     ok_sends = [e for e in events if e["f"] == "send" and e["type"] == "ok"]
     assert len(ok_sends) > 50, proc.stdout
@@ -265,7 +265,7 @@ def test_queue_run_with_the_master_killed_is_checked(tmp_path):
     assert proc.returncode in (0, 1, 2), proc.stdout + proc.stderr
     assert "verdict   " in proc.stdout and "NOT CHECKED" not in proc.stdout, proc.stdout
     assert not left, f"processes left after the run: {left}"
-    events = read_history(run_dir / "history.jsonl")
+    events = read_history(run_dir)
     assert validate_history(events) == []
     nemesis = [e for e in events if e["process"] == "nemesis" and "error" not in e]
     kills = [e["value"] for e in nemesis if e["f"] == "kill" and e["type"] == "info"]

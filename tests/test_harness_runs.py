@@ -138,7 +138,7 @@ def test_pysyncobj_log_with_faults_through_the_cli(tmp_path):
     assert (
         summary["nemesis"]["ops"].get("kill") == 1 and summary["nemesis"]["ops"].get("start-partition") == 1
     )
-    assert validate_history(read_history(run_dir / "history.jsonl")) == []
+    assert validate_history(read_history(run_dir)) == []
     assert summary["check"]["valid"] is not None, summary["check"]["output"]
     assert (run_dir / "report.html").exists()
     # pysyncobj is expected to hold up; if it does not, the checker's anomalies are the finding.

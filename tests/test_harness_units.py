@@ -178,7 +178,7 @@ def test_the_default_run_stays_light_and_rate_max_loads_every_core():
     from jepsen.run.config import RunConfig, resolve_load
 
     light = resolve_load(RunConfig())
-    assert (light.workers, light.clients, light.send_batch) == (0, 5, 1)  # one process, history.jsonl
+    assert (light.workers, light.clients, light.send_batch) == (0, 5, 1)  # one process, one shard
     full = resolve_load(RunConfig(workload="queue", rate=math.inf))
     assert full.workers == (os.cpu_count() or 1) and full.send_batch > 1
     assert full.clients >= 64 * full.workers  # closed-loop clients enough to fill batches
