@@ -31,6 +31,7 @@ from remoting.config import RemotingConfig, listener_limits
 from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
+from .checkpoint import CHECKPOINT_FILE
 from .meta import MAX_POP_INFLIGHT_CAP
 from .system_topics import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
@@ -72,6 +73,10 @@ class BrokerConfig:
     # committed entries not yet applied beyond which this broker lets its peers stand for
     # leader first (a restarted broker replaying its log); 0: it never yields
     yield_lag_entries: int = 128
+    # how often the applied broker state is checkpointed beside ledger/ (broker.checkpoint), so a
+    # restart replays only the log's tail; 0: never (a restart replays the whole retained log)
+    checkpoint_interval_s: float = 5.0
+    checkpoint_min_entries: int = 1000  # ... and only once this many entries were applied since the last
     read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
     default_queue_nums: int = 4
@@ -192,6 +197,14 @@ class BrokerConfig:
             raise ConfigError(f"key 'apply_slice_bytes' must be at least 4096, got {self.apply_slice_bytes}")
         if self.yield_lag_entries < 0:
             raise ConfigError(f"key 'yield_lag_entries' must not be negative, got {self.yield_lag_entries}")
+        if self.checkpoint_interval_s < 0:
+            raise ConfigError(
+                f"key 'checkpoint_interval_s' must not be negative (0: off), got {self.checkpoint_interval_s}"
+            )
+        if self.checkpoint_min_entries < 1:
+            raise ConfigError(
+                f"key 'checkpoint_min_entries' must be at least 1, got {self.checkpoint_min_entries}"
+            )
         if not 0 < self.read_barrier_timeout_s <= 60:
             raise ConfigError(
                 f"key 'read_barrier_timeout_s' must be in (0, 60] seconds, got {self.read_barrier_timeout_s}"
@@ -330,6 +343,11 @@ class BrokerConfig:
     @property
     def slave_id(self) -> int:
         return self.me.number + 1
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """Where the broker state's checkpoint lives (beside ledger/), None when checkpoints are off."""
+        return Path(self.data_dir) / CHECKPOINT_FILE if self.checkpoint_interval_s > 0 else None
 
     def ledger_config(self) -> NodeConfig:
         others = [m for m in self.members.values() if m.node_id != self.node_id]

@@ -87,6 +87,8 @@ class BrokerController:
             cfg.apply_slice_bytes,
             cfg.dedup_ttl_s,
             yield_lag_entries=cfg.yield_lag_entries,
+            checkpoint_path=cfg.checkpoint_path,
+            checkpoint_min_entries=cfg.checkpoint_min_entries,
         )
         self.membership.attach()
         self.ledger.on_role(self._on_role)
@@ -138,6 +140,12 @@ class BrokerController:
         self.registration.start()
         if self.config.retention_hours > 0:
             self._tasks.append(asyncio.get_running_loop().create_task(self._checkpoint_metadata()))
+        if self.config.checkpoint_interval_s > 0:  # the state, so a restart replays only the log's tail
+            self._tasks.append(
+                asyncio.get_running_loop().create_task(
+                    self.store.run_checkpoints(self.config.checkpoint_interval_s)
+                )
+            )
         if self.config.metrics_port:
             self._serve_metrics()
         log.info(
@@ -186,6 +194,11 @@ class BrokerController:
                 log.warning("unregister failed", extra={"error": str(exc)})
         for s in self.servers:
             await s.stop()
+        if self._store is not None:  # a clean stop leaves a checkpoint of everything applied
+            try:
+                await self._store.write_checkpoint(force=True)
+            except Exception as exc:  # noqa: BLE001 - best effort: a restart replays more without it
+                log.warning("checkpoint at shutdown failed", extra={"error": str(exc)})
         if self.ledger is not None:
             await self.ledger.stop()
         await self.outer_api.close()

@@ -6,8 +6,11 @@ ledger, a bounded slice per event-loop turn, wakes long polls and topic listener
 what each slice changed, answers appends once their entries are applied, and reads
 records back for pulls and queries. The ledger is used only through ``ledger.embed``.
 
-A restarted broker, or one that was partitioned away, may be far behind its commit
-index; applying the whole backlog in one go would hold the event loop for seconds, during
+A restarted broker starts from its last checkpoint (``broker.checkpoint``: the state as
+it was after some applied index A, written every ``checkpoint_interval_s`` beside ledger/)
+when there is a valid one, and replays only the entries after A; without one it replays the
+whole retained log. A restarted broker, or one that was partitioned away, may still be far
+behind its commit index; applying the whole backlog in one go would hold the event loop for seconds, during
 which the node neither votes nor answers its leader. So nothing here applies more than
 one slice per loop turn: whoever needs state applied through some index (an append being
 answered, a pull after its read barrier, a new master) waits for it.
@@ -22,12 +25,14 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from ledger.embed import AppendFailed, EmbeddedLedger, EmbedError, NotLeaderError, Proposal
 from remoting.topic import TopicConfig, TopicConfigWrapper
 
-from . import codec
+from . import checkpoint, codec
+from .checkpoint import CheckpointError
 from .codec import SLOT_BITS, CodecError, Record
 from .consume_queue import ConsumeQueue
 from .state import DEFAULT_DEDUP_TTL_S, DEFAULT_DEDUP_WINDOW, BrokerState, Effects, Stored
@@ -54,6 +59,8 @@ SPLIT_CACHE_ENTRIES = 16  # batch entries kept split for pulls that walk them a 
 # stand for leader first (EmbeddedLedger.set_lagging): a restarted broker replays its whole
 # retained log, and one elected meanwhile becomes master only once that is applied. 0: never.
 DEFAULT_YIELD_LAG_ENTRIES = APPLY_SLICE_ENTRIES // 4  # a few ms of applying small entries, ~50 ms of batches
+# A checkpoint is written only once this many entries were applied since the last one.
+DEFAULT_CHECKPOINT_MIN_ENTRIES = 1000
 
 AppendDone = Callable[[list[Stored] | None, EmbedError | None], None]
 _Queued = tuple[list[bytes], AppendDone, "tuple[bytes, int] | None"]  # an append waiting for the turn's end
@@ -68,16 +75,41 @@ class MessageStore:
         apply_slice_bytes: int = DEFAULT_APPLY_SLICE_BYTES,
         dedup_ttl_s: float = DEFAULT_DEDUP_TTL_S,
         yield_lag_entries: int = DEFAULT_YIELD_LAG_ENTRIES,
+        checkpoint_path: Path | None = None,
+        checkpoint_min_entries: int = DEFAULT_CHECKPOINT_MIN_ENTRIES,
     ) -> None:
         if yield_lag_entries < 0:
             raise ValueError(f"yield_lag_entries must not be negative, got {yield_lag_entries}")
+        if checkpoint_min_entries < 1:
+            raise ValueError(f"checkpoint_min_entries must be at least 1, got {checkpoint_min_entries}")
         self.ledger = ledger
         self.yield_lag_entries = yield_lag_entries
         self._lagging = False  # what this store last told its ledger member (see _apply_slice)
         self.max_apply_lag = 0  # the most committed entries seen waiting to be applied (stats)
         self.broker_name = broker_name
         self.apply_slice_bytes = apply_slice_bytes
+        self._dedup = (dedup_window, dedup_ttl_s)
         self.state = BrokerState(dedup_window, applied=ledger.first_index - 1, dedup_ttl_s=dedup_ttl_s)
+        # checkpoints (broker.checkpoint): where, what was loaded and written (stats)
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_min_entries = checkpoint_min_entries
+        self._verify: tuple[int, int | None] | None = None  # (index, term) the loaded checkpoint names
+        self._writing = False
+        self.ckpt: dict[str, Any] = {
+            "index": 0,  # the applied index of the last checkpoint written or loaded
+            "loaded_index": 0,
+            "loads": 0,
+            "load_failures": 0,
+            "load_ms": 0.0,
+            "writes": 0,
+            "write_failures": 0,
+            "capture_ms": 0.0,  # the copy made on the event loop
+            "write_ms": 0.0,  # encoding and writing, in a worker thread
+            "bytes": 0,
+        }
+        if checkpoint_path is not None:
+            self._load_checkpoint(checkpoint_path)
+        self._start_applied = self.state.applied
         self.waiters: dict[tuple[str, int], list[asyncio.Future[None]]] = {}
         self.topic_listeners: list[Callable[[], None]] = []
         # (index, tie-breaker, callback): run once the state has applied that index
@@ -109,6 +141,138 @@ class MessageStore:
     def dispatched_messages(self) -> int:
         return self.state.dispatched_messages
 
+    # ------------------------------------------------------------------ checkpoints
+
+    def _load_checkpoint(self, path: Path) -> None:
+        """Start from the checkpoint at ``path`` if there is a valid one of this broker group;
+        any other file is logged with its reason and left for the next write to replace."""
+        if not path.exists():
+            return
+        t0 = time.perf_counter()
+        try:
+            loaded = checkpoint.read_file(path)
+            self._check_loaded(loaded)
+        except CheckpointError as exc:
+            self.ckpt["load_failures"] += 1
+            log.warning(
+                "checkpoint not loaded: replaying the whole retained log",
+                extra={"path": str(path), "reason": str(exc)},
+            )
+            return
+        state = loaded.state
+        term = loaded.meta.get("term")
+        self._verify = (state.applied, term if type(term) is int else None)
+        first = self.ledger.first_index
+        if state.applied + 1 < first:  # retention removed entries after it: as a replay would
+            state.skip_to(first - 1)
+        self.state = state
+        self.ckpt.update(
+            index=state.applied,
+            loaded_index=state.applied,
+            loads=1,
+            load_ms=(time.perf_counter() - t0) * 1000,
+        )
+        log.info(
+            "checkpoint loaded",
+            extra={
+                "path": str(path),
+                "applied": state.applied,
+                "first_index": first,
+                "ms": round(self.ckpt["load_ms"], 1),
+            },
+        )
+
+    def _check_loaded(self, loaded: checkpoint.Loaded) -> None:
+        """Refuse a checkpoint of another broker group or made with other de-duplication
+        settings (a replay with these settings would derive another state)."""
+        meta, state = loaded.meta, loaded.state
+        if meta.get("broker_name") != self.broker_name:
+            raise CheckpointError(
+                f"written by broker group {meta.get('broker_name')!r}, this is {self.broker_name!r}"
+            )
+        window, ttl_s = self._dedup
+        if state.dedup_window != window or state.dedup_ttl_ms != int(ttl_s * 1000):
+            raise CheckpointError(
+                f"written with dedup_window {state.dedup_window} and dedup_ttl_ms {state.dedup_ttl_ms}, "
+                f"configured now {window} and {int(ttl_s * 1000)}"
+            )
+
+    def _verify_loaded(self) -> None:
+        """Once the entry a loaded checkpoint ends at is committed here, check it has the term
+        the checkpoint recorded (Raft's log matching: same index and term, same log up to it).
+        A mismatch means the checkpoint came from another log: back to a whole replay."""
+        assert self._verify is not None
+        index, term = self._verify
+        ledger = self.ledger
+        if index > ledger.commit_index:
+            return  # not committed here yet: applying waits for it anyway
+        self._verify = None
+        if term is None or index < ledger.first_index:
+            return  # nothing to compare with (retention removed it)
+        entries = ledger.read(index, index)
+        if entries and entries[0].index == index and entries[0].term == term:
+            return
+        found = entries[0].term if entries else None
+        self.ckpt["load_failures"] += 1
+        log.error(
+            "checkpoint is of another log: replaying the whole retained log",
+            extra={"path": str(self.checkpoint_path), "index": index, "term": term, "log_term": found},
+        )
+        window, ttl_s = self._dedup
+        self.state = BrokerState(window, applied=ledger.first_index - 1, dedup_ttl_s=ttl_s)
+        self._start_applied = self.state.applied
+
+    async def write_checkpoint(self, force: bool = False) -> bool:
+        """Checkpoint the applied state if ``checkpoint_min_entries`` were applied since the last
+        (or ``force``): copied on the loop, encoded and written atomically in a worker thread."""
+        path = self.checkpoint_path
+        state = self.state
+        applied = state.applied
+        if path is None or self._writing or self._verify is not None or applied < 1:
+            return False
+        if applied - self.ckpt["index"] < (1 if force else self.checkpoint_min_entries):
+            return False
+        try:
+            term: int | None = (
+                self.ledger.read(applied, applied)[0].term if applied >= self.ledger.first_index else None
+            )
+        except (EmbedError, IndexError):
+            term = None
+        self._writing = True
+        try:
+            t0 = time.perf_counter()
+            image = checkpoint.capture(
+                state, {"broker_name": self.broker_name, "node_id": self.ledger.node_id, "term": term}
+            )
+            t1 = time.perf_counter()
+
+            def encode_and_write() -> int:
+                data = checkpoint.render(image)
+                checkpoint.write_file(path, data)
+                return len(data)
+
+            size = await asyncio.to_thread(encode_and_write)
+        except (OSError, ValueError) as exc:
+            self.ckpt["write_failures"] += 1
+            log.warning("checkpoint not written", extra={"path": str(path), "error": str(exc)})
+            return False
+        finally:
+            self._writing = False
+        self.ckpt.update(
+            index=applied,
+            writes=self.ckpt["writes"] + 1,
+            capture_ms=round((t1 - t0) * 1000, 2),
+            write_ms=round((time.perf_counter() - t1) * 1000, 1),
+            bytes=size,
+        )
+        return True
+
+    async def run_checkpoints(self, interval_s: float) -> None:
+        """Write a checkpoint every ``interval_s`` (when enough was applied) until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.write_checkpoint()
+
     # ------------------------------------------------------------------ applying committed entries
 
     def _on_commit(self, commit: int) -> None:
@@ -122,6 +286,8 @@ class MessageStore:
 
     def _apply_slice(self) -> None:
         """Apply up to ``apply_slice_bytes`` of committed entries; schedule the rest for the next turn."""
+        if self._verify is not None:
+            self._verify_loaded()
         ledger, state = self.ledger, self.state
         commit = ledger.commit_index
         if state.applied < commit:
@@ -425,5 +591,7 @@ class MessageStore:
             **self.state.stats(),
             "apply_lag": self.ledger.commit_index - self.state.applied,
             "max_apply_lag": self.max_apply_lag,
+            "replayed_entries": self.state.applied - self._start_applied,  # applied since this store started
+            **{f"checkpoint_{k}": v for k, v in self.ckpt.items()},
             "time_ms": int(time.time() * 1000),
         }

@@ -4,6 +4,7 @@ with a clear reason and the store falls back to a full replay."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from broker import checkpoint, codec
 from broker.checkpoint import CheckpointError
+from broker.message_store import MessageStore
 from broker.meta import (
     PopPick,
     ack_op,
@@ -26,6 +28,9 @@ from broker.meta import (
 )
 from broker.state import BrokerState
 from broker.system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
+from common.process import free_port
+from ledger.config import NodeConfig
+from ledger.embed import EmbeddedLedger
 from remoting.message import make_position, properties_to_bytes
 
 STORE_MS = 1_000_000
@@ -229,6 +234,133 @@ def test_write_is_atomic_and_read_refuses_a_missing_file(tmp_path: Path) -> None
     assert checkpoint.read_file(path).meta == {"broker_name": "b"}
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoint.read_file(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------------- the store over a real ledger
+
+
+def node_config(tmp_path: Path) -> NodeConfig:
+    addr = f"127.0.0.1:{free_port()}"
+    cfg = NodeConfig(id="n1", listen=addr, peers=[f"n1={addr}"], data_dir=str(tmp_path / "n1"), tick_ms=5)
+    cfg.validate()
+    return cfg
+
+
+async def started(cfg: NodeConfig, ckpt: Path | None, broker_name: str = "broker-a") -> MessageStore:
+    store = MessageStore(EmbeddedLedger(cfg), broker_name, checkpoint_path=ckpt, checkpoint_min_entries=5)
+    await store.ledger.start()
+    for _ in range(STARTUP_POLLS):
+        if store.ledger.leader_ready:
+            await store.caught_up()
+            return store
+        await asyncio.sleep(0.01)
+    await store.ledger.stop()
+    raise AssertionError("single-member group did not elect itself")
+
+
+STARTUP_POLLS = 500
+TAIL = 10
+
+
+def first_life(tmp_path: Path) -> tuple[NodeConfig, Path, int]:
+    """A store that checkpointed after 60 entries of the mix, then applied TAIL more: (config,
+    checkpoint path, the checkpoint's index)."""
+    cfg = node_config(tmp_path)
+    path = tmp_path / checkpoint.CHECKPOINT_FILE
+    entries = workload(5, 60 + TAIL)
+
+    async def run() -> int:
+        store = await started(cfg, path)
+        try:
+            await store.append_async(entries[:60])
+            assert await store.write_checkpoint()
+            assert not await store.write_checkpoint()  # nothing new: not written again
+            index = store.stats()["checkpoint_index"]
+            await store.append_async(entries[60:])
+            return index
+        finally:
+            await store.ledger.stop()
+
+    return cfg, path, asyncio.run(run())
+
+
+def restarted(cfg: NodeConfig, path: Path | None, broker_name: str = "broker-a") -> tuple[dict, bytes]:
+    """(stats, canonical state) of a store started again on the same ledger files."""
+
+    async def run() -> tuple[dict, bytes]:
+        store = await started(cfg, path, broker_name)
+        try:
+            state = checkpoint.encode(store.state)
+            assert state == replay(store.ledger, store.state.applied)
+            return store.stats(), state
+        finally:
+            await store.ledger.stop()
+
+    return asyncio.run(run())
+
+
+def replay(ledger: EmbeddedLedger, upto: int) -> bytes:
+    """The canonical state of a whole replay of ``ledger`` through ``upto``, for comparison."""
+    state = BrokerState()
+    for _ in range(upto):
+        if state.applied >= upto:
+            break
+        state.apply(ledger.read_payloads(state.applied + 1, upto))
+    return checkpoint.encode(state)
+
+
+def test_a_restarted_store_loads_its_checkpoint_and_applies_only_the_tail(tmp_path: Path) -> None:
+    cfg, path, index = first_life(tmp_path)
+    stats, state = restarted(cfg, path)
+    assert stats["checkpoint_loads"] == 1 and stats["checkpoint_load_failures"] == 0
+    assert stats["checkpoint_loaded_index"] == index > 60
+    assert 0 < stats["replayed_entries"] <= TAIL + 2  # the tail and the new term's no-op
+    assert stats["applied_index"] > index + TAIL  # (and the state equals a whole replay: restarted)
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: d[:100] + bytes([d[100] ^ 4]) + d[101:], "checksum"),
+        (lambda d: d[: len(d) - 50], "truncated"),
+        (lambda d: b"\x00" * 40, "not a broker checkpoint"),
+        (lambda d: _reseal(d[:8] + (2).to_bytes(2, "little") + d[10:-8]), "version 2"),
+    ],
+)
+def test_a_damaged_checkpoint_falls_back_to_a_whole_replay(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    damage,  # noqa: ANN001
+    reason: str,
+) -> None:
+    cfg, path, _ = first_life(tmp_path)
+    path.write_bytes(damage(path.read_bytes()))
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        stats, _ = restarted(cfg, path)
+    assert stats["checkpoint_loads"] == 0 and stats["checkpoint_load_failures"] == 1
+    assert stats["replayed_entries"] == stats["applied_index"]  # the whole log
+    failed = [r for r in caplog.records if r.getMessage().startswith("checkpoint not loaded")]
+    assert failed and failed[0].path == str(path) and reason in failed[0].reason
+
+
+def test_a_checkpoint_of_another_group_or_log_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg, path, _ = first_life(tmp_path)
+    good = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        stats, _ = restarted(cfg, path, broker_name="broker-b")
+    assert stats["checkpoint_load_failures"] == 1
+    assert any("broker-a" in getattr(r, "reason", "") for r in caplog.records)
+    # the same group name, but the entry it ends at has another term here: another log
+    loaded = checkpoint.decode(good)
+    path.write_bytes(checkpoint.encode(loaded.state, {**loaded.meta, "term": loaded.meta["term"] + 7}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="broker.store"):
+        stats, _ = restarted(cfg, path)
+    assert stats["checkpoint_load_failures"] == 1
+    assert stats["replayed_entries"] == stats["applied_index"]
+    assert any(r.getMessage().startswith("checkpoint is of another log") for r in caplog.records)
 
 
 def test_log_quiet() -> None:
