@@ -178,3 +178,59 @@ def test_parquet_recorder_rolls_a_part_once_it_holds_roll_pairs(
     assert len(list((tmp_path / "h").glob("*.parquet"))) == 2  # closed at 120 pairs each
     events = read_history(tmp_path / "h")
     assert [len(e["value"]) for e in events if e["type"] == "ok"] == [40] * 6
+
+
+class _Polled:
+    """What ``BrokerQueueClient._gather`` returns: messages with an offset and a body."""
+
+    def __init__(self, offset: int) -> None:
+        self.queue_offset = offset
+        self.body = str(offset * 10).encode()
+
+
+@pytest.mark.parametrize("n", [0, 5, 2 * 32 * 32, 2 * 32 * 32 + 7])
+def test_broker_client_drain_is_the_concatenation_of_its_pages(
+    n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One poll loop: ``drain`` is ``drain_pages`` joined, and both walk the queue a poll of
+    ``DRAIN_POLL`` at a time from the offset after the last one read, ending at a short poll."""
+    from jepsen.systems import broker as bmod
+
+    monkeypatch.setattr(bmod, "DRAIN_POLL", 32)
+    client = bmod.BrokerQueueClient(["127.0.0.1:1"], {}, "T")
+    asked: list[tuple[int, int]] = []
+
+    async def gather(queue_id: int, start: int, limit: int, topic: str) -> list[_Polled]:
+        assert topic == "T" and queue_id == 3
+        asked.append((start, limit))
+        return [_Polled(o) for o in range(start, min(n, start + limit))]
+
+    monkeypatch.setattr(client, "_gather", gather)
+
+    async def go() -> tuple[list[Pair], list[list[Pair]]]:
+        whole = await client.drain(3)
+        pages = [p async for p in client.drain_pages(3, 100)]
+        return whole, pages
+
+    whole, pages = asyncio.run(go())
+    assert whole == [(o, o * 10) for o in range(n)]
+    assert [pair for p in pages for pair in p] == whole
+    assert [len(p) for p in pages] == [100] * (n // 100) + [n % 100]
+    polls = n // 32 + 1  # the last one short (possibly empty)
+    assert asked == [(32 * k, 32) for k in range(polls)] * 2
+
+
+def test_broker_client_drain_is_bounded_in_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from jepsen.systems import broker as bmod
+    from jepsen.systems.clients import Indefinite
+
+    monkeypatch.setattr(bmod, "DRAIN_POLL", 2)
+    monkeypatch.setattr(bmod, "MAX_DRAIN_POLLS", 5)
+    client = bmod.BrokerQueueClient(["127.0.0.1:1"], {}, "T")
+
+    async def endless(queue_id: int, start: int, limit: int, topic: str) -> list[_Polled]:
+        return [_Polled(start), _Polled(start + 1)]
+
+    monkeypatch.setattr(client, "_gather", endless)
+    with pytest.raises(Indefinite, match="5 polls of 2"):
+        asyncio.run(client.drain(0))

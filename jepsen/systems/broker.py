@@ -766,35 +766,35 @@ class BrokerQueueClient:
         return resp
 
     async def drain(self, queue_id: int) -> list[Pair]:
-        """The whole queue from offset 0, in polls of ``DRAIN_POLL`` pairs."""
-        return [(m.queue_offset, decode_value(m.body)) for m in await self._drain(queue_id, self.topic)]
+        """The whole queue from offset 0: the concatenation of :meth:`drain_pages`."""
+        return [pair async for page in self.drain_pages(queue_id, DRAIN_POLL) for pair in page]
 
     async def drain_pages(self, queue_id: int, page: int) -> AsyncIterator[list[Pair]]:
         """``drain`` as consecutive pages of ``page`` pairs, each handed over as soon as it is
         read, the last one shorter (possibly empty: the end): its reader holds a page and one
         poll's messages, never the whole queue."""
         buf: list[Pair] = []
-        start = 0
-        for _ in range(MAX_DRAIN_POLLS):
-            batch = await self._gather(queue_id, start, DRAIN_POLL, self.topic)
+        async for batch in self._drain_polls(queue_id, self.topic):
             buf.extend((m.queue_offset, decode_value(m.body)) for m in batch)
             while len(buf) >= page:
                 yield buf[:page]
                 del buf[:page]
+        yield buf
+
+    async def _drain_polls(self, queue_id: int, topic: str) -> AsyncIterator[list[Message]]:
+        """``topic``'s queue from offset 0, a poll of ``DRAIN_POLL`` at a time until a short one
+        (the end): the one poll loop of every drain, bounded by ``MAX_DRAIN_POLLS``."""
+        start = 0
+        for _ in range(MAX_DRAIN_POLLS):
+            batch = await self._gather(queue_id, start, DRAIN_POLL, topic)
+            yield batch
             if len(batch) < DRAIN_POLL:
-                yield buf
                 return
             start = batch[-1].queue_offset + 1
         raise Indefinite(f"drain did not reach the end in {MAX_DRAIN_POLLS} polls of {DRAIN_POLL}")
 
     async def _drain(self, queue_id: int, topic: str) -> list[Message]:
-        out: list[Message] = []
-        for _ in range(MAX_DRAIN_POLLS):
-            batch = await self._gather(queue_id, out[-1].queue_offset + 1 if out else 0, DRAIN_POLL, topic)
-            out.extend(batch)
-            if len(batch) < DRAIN_POLL:
-                return out
-        raise Indefinite(f"drain did not reach the end in {MAX_DRAIN_POLLS} polls of {DRAIN_POLL}")
+        return [m async for batch in self._drain_polls(queue_id, topic) for m in batch]
 
     # --- the semantics workloads ------------------------------------------------------------
 
