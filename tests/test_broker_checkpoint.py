@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from broker import checkpoint, codec
 from broker.checkpoint import CheckpointError
+from broker.localgroup import LocalBrokerGroup
 from broker.message_store import MessageStore
 from broker.meta import (
     PopPick,
@@ -31,7 +33,8 @@ from broker.system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 from common.process import free_port
 from ledger.config import NodeConfig
 from ledger.embed import EmbeddedLedger
-from remoting.message import make_position, properties_to_bytes
+from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
+from remoting.message import decode_stored_messages, encode_message_batch, make_position, properties_to_bytes
 
 STORE_MS = 1_000_000
 
@@ -365,3 +368,117 @@ def test_a_checkpoint_of_another_group_or_log_is_refused(
 
 def test_log_quiet() -> None:
     logging.getLogger("broker.state").setLevel(logging.CRITICAL)  # junk entries log on purpose
+
+
+# ---------------------------------------------------------------------- a real broker group
+
+GROUP_TOPIC = "TopicTest"
+GROUP_POLL_S = 0.1
+GROUP_POLLS = 600  # 60 s at most for any one wait
+
+
+def _send(body: bytes, queue_id: int, uniq: str) -> RemotingCommand:
+    headers = {
+        "producerGroup": "pg",
+        "topic": GROUP_TOPIC,
+        "queueId": queue_id,
+        "bornTimestamp": int(time.time() * 1000),
+        "flag": 0,
+        "properties": properties_to_bytes({"UNIQ_KEY": uniq}).decode(),
+    }
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE, headers, body)
+
+
+def _batch(bodies: list[bytes], queue_id: int) -> RemotingCommand:
+    headers = {"producerGroup": "pg", "topic": GROUP_TOPIC, "queueId": queue_id, "bornTimestamp": 1}
+    return RemotingCommand.request(
+        RequestCode.SEND_BATCH_MESSAGE, headers, encode_message_batch([(0, b, b"") for b in bodies])
+    )
+
+
+async def _pull_all(client: RemotingClient, addr: str, queue_id: int) -> list[tuple[int, str, bytes]]:
+    """(queue offset, message id, body) of every message of a queue, as ``addr`` serves them."""
+    out: list[tuple[int, str, bytes]] = []
+    offset = 0
+    for _ in range(GROUP_POLLS):
+        headers = {
+            "consumerGroup": "cg",
+            "topic": GROUP_TOPIC,
+            "queueId": queue_id,
+            "queueOffset": offset,
+            "maxMsgNums": 256,
+            "suspendTimeoutMillis": 0,
+        }
+        resp = await client.invoke_sync(addr, RemotingCommand.request(RequestCode.PULL_MESSAGE, headers), 10)
+        if resp.code == ResponseCode.PULL_NOT_FOUND:
+            return out
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        out += [(m.queue_offset, m.msg_id, m.body) for m in decode_stored_messages(resp.body)]
+        offset = resp.header_int("nextBeginOffset")
+    raise AssertionError("pull loop did not reach the end")
+
+
+async def _store_stats(group: LocalBrokerGroup, client: RemotingClient, nid: str) -> dict | None:
+    info = await group.runtime_info(client, nid)
+    return None if info is None else info["store"]
+
+
+@pytest.mark.slow
+def test_a_restarted_broker_of_a_group_replays_only_the_tail_and_serves_the_same(tmp_path: Path) -> None:
+    settings = {"checkpoint_interval_s": 0.3, "checkpoint_min_entries": 5, "register_interval_s": 10}
+    group = LocalBrokerGroup(tmp_path, settings=settings)
+    group.start()
+
+    async def scenario() -> None:
+        master = await group.wait_for_master()
+        addr = group.broker_addr[master]
+        follower = next(n for n in group.node_ids if n != master)
+        async with RemotingClient() as client:
+            offset = RemotingCommand.request(
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                {"consumerGroup": "cg", "topic": GROUP_TOPIC, "queueId": 2, "commitOffset": 7},
+            )
+            assert (await client.invoke_sync(addr, offset, 5)).code == ResponseCode.SUCCESS
+            for i in range(120):
+                resp = await client.invoke_sync(
+                    addr, _batch([b"b%d-%d" % (i, j) for j in range(16)], i % 4), 10
+                )
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+            applied = (await _store_stats(group, client, master))["applied_index"]
+            for _ in range(GROUP_POLLS):  # the follower checkpoints what it applied
+                stats = await _store_stats(group, client, follower)
+                if stats and stats["checkpoint_index"] >= applied:
+                    break
+                await asyncio.sleep(GROUP_POLL_S)
+            else:
+                raise AssertionError(f"{follower} wrote no checkpoint through {applied}")
+            group.kill_broker(follower)  # SIGKILL: no checkpoint at shutdown
+            for i in range(5):
+                resp = await client.invoke_sync(addr, _send(b"tail%d" % i, i % 4, f"tail-{i}"), 10)
+                assert resp.code == ResponseCode.SUCCESS, resp.remark
+            applied = (await _store_stats(group, client, master))["applied_index"]
+            group.start_broker(follower)
+            for _ in range(GROUP_POLLS):
+                stats = await _store_stats(group, client, follower)
+                if stats and stats["applied_index"] >= applied:
+                    break
+                await asyncio.sleep(GROUP_POLL_S)
+            else:
+                raise AssertionError(f"restarted {follower} did not catch up to {applied}")
+            assert stats["checkpoint_loads"] == 1 and stats["checkpoint_load_failures"] == 0
+            assert stats["replayed_entries"] <= 20 < 120 <= stats["checkpoint_loaded_index"], stats
+            follower_addr = group.broker_addr[follower]
+            for qid in range(4):
+                served = await _pull_all(client, follower_addr, qid)
+                assert served == await _pull_all(client, addr, qid)
+                assert len(served) == 30 * 16 + (2 if qid == 0 else 1)
+            query = RemotingCommand.request(
+                RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "cg", "topic": GROUP_TOPIC, "queueId": 2}
+            )
+            resp = await client.invoke_sync(follower_addr, query, 5)
+            assert resp.code == ResponseCode.SUCCESS and resp.header_int("offset") == 7
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        group.stop()
