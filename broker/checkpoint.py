@@ -71,7 +71,8 @@ class Image:
     scalars: dict[str, Any]
     tables: dict[str, Any]
     queues: list[tuple[str, int, int, int, array[int], array[int], array[int]]]
-    uniq: list[tuple[bytes, tuple[int, int, int]]]
+    uniq_keys: list[bytes]
+    uniq_places: list[tuple[int, int, int]]  # (queue offset, position, store ms) of each key
     byte_lists: dict[str, list[bytes]] = field(default_factory=dict)
     schedule: list[tuple[int, int]] = field(default_factory=list)
 
@@ -136,7 +137,9 @@ def capture(state: BrokerState, meta: dict[str, Any] | None = None) -> Image:
         scalars=scalars,
         tables=tables,
         queues=queues,
-        uniq=list(state.uniq.items()),
+        # keys and values as two lists of the table's own objects: no tuple made per key
+        uniq_keys=list(state.uniq),
+        uniq_places=list(state.uniq.values()),
         byte_lists={
             "send_backs": list(state.send_backs._keys),
             "resolved": list(state._resolved_before_base._keys),
@@ -179,11 +182,11 @@ def render(image: Image) -> bytes:
         [topic, qid, kind, base, blob.column("q", pos), blob.column("I", sizes), blob.column("I", tags)]
         for topic, qid, kind, base, pos, sizes, tags in image.queues
     ]
-    uniq_keys = [k for k, _ in image.uniq]
-    uniq = blob.byte_list(uniq_keys) + [
-        blob.column("q", (v[0] for _, v in image.uniq)),
-        blob.column("q", (v[1] for _, v in image.uniq)),
-        blob.column("q", (v[2] for _, v in image.uniq)),
+    places = image.uniq_places
+    uniq = blob.byte_list(image.uniq_keys) + [
+        blob.column("q", (v[0] for v in places)),
+        blob.column("q", (v[1] for v in places)),
+        blob.column("q", (v[2] for v in places)),
     ]
     header = {
         "meta": image.meta,
