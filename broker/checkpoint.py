@@ -25,6 +25,7 @@ that copy into bytes and ``write_file`` stores it atomically, both in a worker t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -54,6 +55,7 @@ MAX_CHECKPOINT_BYTES = 8 << 30  # a larger file is refused unread (no broker sta
 MAX_HEADER_BYTES = 2 << 30  # the JSON part's bound
 CHECKPOINT_FILE = "broker-state.ckpt"  # in the broker's data dir, beside ledger/
 _LITTLE = sys.byteorder == "little"
+_TMP_IDS = itertools.count()
 
 
 class CheckpointError(Exception):
@@ -449,7 +451,9 @@ def _decode(data: bytes) -> Loaded:
 
 def write_file(path: Path, data: bytes) -> None:
     """Store ``data`` at ``path`` atomically: a temporary file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
+    # a name of its own: a write still running in a thread after its task was cancelled (at
+    # shutdown) must not share a file with the next one; the last rename wins, whole either way
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{next(_TMP_IDS)}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -460,6 +464,18 @@ def write_file(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_stale(path: Path) -> list[Path]:
+    """Remove temporary files a crash left beside ``path`` (never read: only renames publish)."""
+    gone = []
+    for tmp in path.parent.glob(f"{path.name}.*.tmp"):
+        try:
+            tmp.unlink()
+            gone.append(tmp)
+        except OSError:
+            pass
+    return gone
 
 
 def read_file(path: Path) -> Loaded:
@@ -485,6 +501,7 @@ __all__ = [
     "decode",
     "encode",
     "read_file",
+    "remove_stale",
     "render",
     "write_file",
 ]

@@ -146,6 +146,7 @@ class MessageStore:
     def _load_checkpoint(self, path: Path) -> None:
         """Start from the checkpoint at ``path`` if there is a valid one of this broker group;
         any other file is logged with its reason and left for the next write to replace."""
+        checkpoint.remove_stale(path)
         if not path.exists():
             return
         t0 = time.perf_counter()

@@ -237,6 +237,9 @@ def test_write_is_atomic_and_read_refuses_a_missing_file(tmp_path: Path) -> None
     assert checkpoint.read_file(path).meta == {"broker_name": "b"}
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoint.read_file(tmp_path / "nope")
+    stale = tmp_path / f"{checkpoint.CHECKPOINT_FILE}.123.0.tmp"  # a crash mid-write
+    stale.write_bytes(data[:10])
+    assert checkpoint.remove_stale(path) == [stale] and path.exists()
 
 
 # ---------------------------------------------------------------------- the store over a real ledger
