@@ -58,6 +58,41 @@ _LITTLE = sys.byteorder == "little"
 _TMP_IDS = itertools.count()
 
 
+# Every attribute of a BrokerState, as ``capture`` and ``decode`` handle it: written, or
+# rebuilt from what is written (the queue cache from the queues, the topic entries from the
+# topics). A test compares this with a fresh BrokerState's, so a new attribute cannot be
+# forgotten here (it would come back empty after a restart).
+STATE_ATTRIBUTES = frozenset(
+    {
+        "_delay_cursors",
+        "_queue_cache",
+        "_resolved_before_base",
+        "_topic_entries",
+        "_ttl_due",
+        "applied",
+        "broker_addrs",
+        "data_version",
+        "dedup_ttl_ms",
+        "dedup_window",
+        "dispatched_messages",
+        "halves",
+        "keys",
+        "lock_outcomes",
+        "locks",
+        "offsets",
+        "pop_outcomes",
+        "pops",
+        "queues",
+        "replay_base",
+        "schedule",
+        "send_backs",
+        "skipped_entries",
+        "topics",
+        "uniq",
+    }
+)
+
+
 class CheckpointError(Exception):
     """A checkpoint that cannot be loaded: corrupt, truncated, of another version or another group."""
 

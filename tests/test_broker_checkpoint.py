@@ -165,6 +165,10 @@ def test_a_checkpoint_plus_the_tail_equals_the_whole_replay() -> None:
         assert rest.stats() == whole.stats()
 
 
+def test_every_attribute_of_the_state_is_checkpointed() -> None:
+    assert set(vars(BrokerState())) == checkpoint.STATE_ATTRIBUTES
+
+
 def test_a_loaded_state_answers_placements_and_due_times_as_the_replayed_one() -> None:
     entries = workload(11, 600)
     whole = apply_all(entries)
