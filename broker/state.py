@@ -8,7 +8,7 @@ returns what changed (``Effects``), so the broker shell can wake long polls and
 re-register; it never reads the ledger, starts a task or touches a socket, which is what
 lets tests drive it entry by entry. After a restart the shell loads the last checkpoint
 of this state (``broker.checkpoint``, which reads these attributes; a new one must be added
-there too, or the equality test in tests/test_broker_checkpoint.py fails) and replays the
+there too, or tests/test_broker_checkpoint.py fails) and replays the
 log after it, or replays the whole retained log into a fresh state; nothing here needs its
 own durability.
 
