@@ -9,9 +9,9 @@ records back for pulls and queries. The ledger is used only through ``ledger.emb
 A restarted broker starts from its last checkpoint (``broker.checkpoint``: the state as
 it was after some applied index A, written every ``checkpoint_interval_s`` beside ledger/)
 when there is a valid one, and replays only the entries after A; without one it replays the
-whole retained log. A restarted broker, or one that was partitioned away, may still be far
-behind its commit index; applying the whole backlog in one go would hold the event loop for seconds, during
-which the node neither votes nor answers its leader. So nothing here applies more than
+whole retained log. A restarted broker, or one that was partitioned away, may still be
+far behind its commit index; applying the whole backlog in one go would hold the event
+loop for seconds, during which the node neither votes nor answers its leader. So nothing here applies more than
 one slice per loop turn: whoever needs state applied through some index (an append being
 answered, a pull after its read barrier, a new master) waits for it.
 """
@@ -153,11 +153,12 @@ class MessageStore:
         try:
             loaded = checkpoint.read_file(path)
             self._check_loaded(loaded)
-        except CheckpointError as exc:
+        except Exception as exc:  # noqa: BLE001 - CheckpointError, or a case no check foresaw
+            reason = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
             self.ckpt["load_failures"] += 1
             log.warning(
                 "checkpoint not loaded: replaying the whole retained log",
-                extra={"path": str(path), "reason": str(exc)},
+                extra={"path": str(path), "reason": reason},
             )
             return
         state = loaded.state
