@@ -32,8 +32,9 @@ import struct
 import sys
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -194,10 +195,10 @@ class _Blob:
     """The binary part, built column by column; each column is referenced as [offset, bytes]."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[bytes | memoryview] = []
         self.size = 0
 
-    def add(self, data: bytes) -> list[int]:
+    def add(self, data: bytes | memoryview) -> list[int]:
         ref = [self.size, len(data)]
         self.parts.append(data)
         self.size += len(data)
@@ -208,7 +209,7 @@ class _Blob:
         if not _LITTLE:
             a = array(typecode, a)
             a.byteswap()
-        return self.add(a.tobytes())
+        return self.add(memoryview(a).cast("B"))  # the image's own copy: no second one
 
     def byte_list(self, items: list[bytes]) -> list[list[int]]:
         return [self.column("I", map(len, items)), self.add(b"".join(items))]
@@ -216,17 +217,19 @@ class _Blob:
 
 def render(image: Image) -> bytes:
     """The checkpoint file's bytes for ``image`` (deterministic: same state, same bytes)."""
+    return b"".join(render_parts(image))
+
+
+def render_parts(image: Image) -> list[bytes | memoryview]:
+    """``render``'s bytes as the buffers they are made of (the image's arrays among them),
+    which ``write_file`` writes one after the other: a large state is not copied again."""
     blob = _Blob()
     queues = [
         [topic, qid, kind, base, blob.column("q", pos), blob.column("I", sizes), blob.column("I", tags)]
         for topic, qid, kind, base, pos, sizes, tags in image.queues
     ]
-    places = image.uniq_places
-    uniq = blob.byte_list(image.uniq_keys) + [
-        blob.column("q", (v[0] for v in places)),
-        blob.column("q", (v[1] for v in places)),
-        blob.column("q", (v[2] for v in places)),
-    ]
+    # (queue offset, position, store ms) of every key, interleaved: one pass in C
+    uniq = blob.byte_list(image.uniq_keys) + [blob.column("q", chain.from_iterable(image.uniq_places))]
     header = {
         "meta": image.meta,
         "scalars": image.scalars,
@@ -240,8 +243,12 @@ def render(image: Image) -> bytes:
         ],
     }
     head = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    body = b"".join([_PREFIX.pack(MAGIC, VERSION, 0, len(head), blob.size), head, *blob.parts])
-    return body + _DIGEST.pack(xxhash.xxh64_intdigest(body))
+    parts = [_PREFIX.pack(MAGIC, VERSION, 0, len(head), blob.size) + head, *blob.parts]
+    digest = xxhash.xxh64()
+    for part in parts:
+        digest.update(part)
+    parts.append(_DIGEST.pack(digest.intdigest()))
+    return parts
 
 
 def encode(state: BrokerState, meta: dict[str, Any] | None = None) -> bytes:
@@ -456,15 +463,14 @@ def _decode(data: bytes) -> Loaded:
         state.queues[(topic, qid)] = cq
         state._queue_cache[(topic.encode(), qid)] = cq
 
-    keys_ref, data_ref, qoffs_ref, pos_ref, ms_ref = _list(header.get("uniq"), "uniq", 5)
+    keys_ref, data_ref, places_ref = _list(header.get("uniq"), "uniq", 3)
     keys = blob.byte_list([keys_ref, data_ref], "uniq keys")
-    columns = [
-        blob.column("q", r, "uniq " + n)
-        for r, n in ((qoffs_ref, "offsets"), (pos_ref, "positions"), (ms_ref, "times"))
-    ]
-    if any(len(c) != len(keys) for c in columns):
-        raise CheckpointError(f"uniq: {len(keys)} keys but columns of {[len(c) for c in columns]}")
-    state.uniq = OrderedDict(zip(keys, zip(*columns, strict=True), strict=True))
+    places = blob.column("q", places_ref, "uniq places")
+    if len(places) != 3 * len(keys):
+        raise CheckpointError(f"uniq: {len(keys)} keys but {len(places)} place values (3 per key)")
+    state.uniq = OrderedDict(
+        zip(keys, zip(places[0::3], places[1::3], places[2::3], strict=True), strict=True)
+    )
     if len(state.uniq) != len(keys):
         raise CheckpointError("uniq: a key twice")
 
@@ -486,13 +492,17 @@ def _decode(data: bytes) -> Loaded:
 # ---------------------------------------------------------------------- files
 
 
-def write_file(path: Path, data: bytes) -> None:
-    """Store ``data`` at ``path`` atomically: a temporary file, fsync, rename, fsync the directory."""
+def write_file(path: Path, data: bytes | Sequence[bytes | memoryview]) -> None:
+    """Store ``data`` (bytes, or buffers one after the other) at ``path`` atomically: a
+    temporary file, fsync, rename, fsync the directory."""
     # a name of its own: a write still running in a thread after its task was cancelled (at
     # shutdown) must not share a file with the next one; the last rename wins, whole either way
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{next(_TMP_IDS)}.tmp")
     with open(tmp, "wb") as f:
-        f.write(data)
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            f.writelines(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -540,5 +550,6 @@ __all__ = [
     "read_file",
     "remove_stale",
     "render",
+    "render_parts",
     "write_file",
 ]

@@ -249,9 +249,9 @@ class MessageStore:
             t1 = time.perf_counter()
 
             def encode_and_write() -> int:
-                data = checkpoint.render(image)
-                checkpoint.write_file(path, data)
-                return len(data)
+                parts = checkpoint.render_parts(image)
+                checkpoint.write_file(path, parts)
+                return sum(map(len, parts))
 
             size = await asyncio.to_thread(encode_and_write)
         except (OSError, ValueError) as exc:
