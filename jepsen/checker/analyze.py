@@ -411,7 +411,8 @@ def _check_sources(
         conf["spark.sql.optimizer.excludedRules"] = f"{excluded},{EXCLUDED_RULE}"
     with session_conf(spark, conf):
         small = input_bytes(sources) < SMALL_INPUT_BYTES
-        ops = materialize(frames.pair_ops(frames.load_events(spark, sources), parts), small)
+        # filled by the overview's job (its first action), not by a job of its own
+        ops = materialize(frames.pair_ops(frames.load_events(spark, sources), parts), small, eager=False)
         try:
             _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small, tolerances)
         finally:

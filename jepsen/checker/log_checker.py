@@ -151,8 +151,10 @@ class LogFrames:
             read_pairs().alias("pairs"),
         )
         # Parsing the returned pairs is the expensive part: done once (this cache), and
-        # both shapes derived from it are cached in turn.
-        parsed = materialize(parsed, small)
+        # both shapes derived from it are cached in turn. None of them runs a job of its own:
+        # the check's first action computes all three (see ``spark.materialize``), and
+        # ``parsed`` is released once it has (:meth:`drop_parsed`).
+        parsed = materialize(parsed, small, eager=False)
         n = F.size("pairs")
         last = F.element_at("pairs", -1)[0]
         self.reads = parsed.select(
@@ -173,7 +175,7 @@ class LogFrames:
             # a drain page short of its max ends its drain; a drain with no max (one event) too
             (F.col("max_").isNull() | (n < F.col("max_"))).alias("claims_end"),
         )
-        self.reads = materialize(self.reads, small)
+        self.reads = materialize(self.reads, small, eager=False)
         self.pairs = parsed.select(
             *K, "process", "f", "inv_index", "inv_time", "from_", F.posexplode("pairs").alias("pos", "pair")
         ).select(
@@ -187,10 +189,17 @@ class LogFrames:
             F.col("pair")[0].alias("off"),
             F.col("pair")[1].alias("v"),
         )
-        self.pairs = materialize(self.pairs, small)
-        release(parsed)
+        self.pairs = materialize(self.pairs, small, eager=False)
+        self._parsed: DataFrame | None = parsed
+
+    def drop_parsed(self) -> None:
+        """Free the parsed reads once an action has filled ``reads`` and ``pairs`` from them."""
+        if self._parsed is not None:
+            release(self._parsed)
+            self._parsed = None
 
     def unpersist(self) -> None:
+        self.drop_parsed()
         for df in (self.reads, self.pairs):
             release(df)
 
@@ -881,14 +890,16 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
     counts: dict[tuple[int, str], int] = {}
     examples: dict[tuple[int, str], list[tuple[Any, str]]] = {}
     try:
-        facts = materialize(value_facts(fr), small)
+        # One job computes the frames, the facts, the candidates (all kept for the examples)
+        # and the per-source figures: each used to be a job of its own.
+        facts = materialize(value_facts(fr), small, eager=False)
         cached.append(facts)
-        cand = materialize(candidates(fr, facts), small)
+        cand = materialize(candidates(fr, facts), small, eager=False)
         cached.append(cand)
-        for r in cand.groupBy("src", "anomaly").count().collect():
-            counts[(r["src"], r["anomaly"])] = r["count"]
+        found = cand.groupBy("src", "anomaly").agg(F.count("*").cast("long").alias("a"))
+        stats, counts = _stats(fr, found)
+        fr.drop_parsed()
         present = {a for _, a in counts}
-        stats = _stats(fr)
         jobs: list[DataFrame] = []
         values = [name for name in VALUE_ANOMALIES if name in present]
         if values:
@@ -952,8 +963,9 @@ SEND_STATS = ("sends-ok", "sends-ok-without-offset", "sends-info", "sends-fail")
 READ_STATS = ("polls-ok", "drains-ok", "pairs-read")
 
 
-def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
-    """Per-history figures shown in the report (keys, drains, offsets, values read).
+def _stats(fr: LogFrames, found: DataFrame) -> tuple[dict[int, dict[str, Any]], dict[tuple[int, str], int]]:
+    """Per-history figures shown in the report (keys, drains, offsets, values read), and the
+    candidates ``found`` per (src, anomaly) (its ``a``), collected by the same job.
 
     Counted per (src, key), the partitioning the frames already have, so the one job needs
     no shuffle and no distinct count (two per-source jobs with distinct counts took 2.1 s of
@@ -979,14 +991,29 @@ def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
         F.lit(None).cast("long").alias("d"),
         F.lit(None).cast("long").alias("e"),
     )
+    none = F.lit(None).cast("long")
     rows = (
-        sends.select(F.lit(0).alias("tag"), "*")
-        .unionByName(reads.select(F.lit(1).alias("tag"), "*"))
-        .select("tag", "src", "a", "b", "c", "d", "e")
+        sends.select(F.lit(0).alias("tag"), "*", F.lit(None).cast("string").alias("anomaly"))
+        .unionByName(reads.select(F.lit(1).alias("tag"), "*", F.lit(None).cast("string").alias("anomaly")))
+        .unionByName(
+            found.select(
+                F.lit(2).alias("tag"),
+                "src",
+                F.lit(None).cast("string").alias("key"),
+                "a",
+                *[none.alias(x) for x in "bcde"],
+                "anomaly",
+            )
+        )
+        .select("tag", "src", "anomaly", "a", "b", "c", "d", "e")
         .collect()
     )
     out: dict[int, dict[str, Any]] = {}
-    for tag, src, a, b, c, d, e in rows:
+    counts: dict[tuple[int, str], int] = {}
+    for tag, src, anomaly, a, b, c, d, e in rows:
+        if tag == 2:
+            counts[(src, anomaly)] = a
+            continue
         st = out.setdefault(src, {})
         if tag == 0:
             for name, v in zip(("keys", *SEND_STATS), (1, a, b, c, d), strict=True):
@@ -998,4 +1025,4 @@ def _stats(fr: LogFrames) -> dict[int, dict[str, Any]]:
             for name, v in zip(READ_STATS, (a, b, c), strict=True):
                 st[name] = st.get(name, 0) + v
             st["keys-drained"] = st.get("keys-drained", 0) + (b > 0)
-    return out
+    return out, counts
