@@ -614,17 +614,29 @@ def candidates(fr: LogFrames, facts: DataFrame) -> DataFrame:
 VALUE_ANOMALIES = ("duplicate", "unexpected", "G1a", "recovered", "unseen-info", "lost-write")
 
 
-def _first(c: DataFrame, *anomalies: str) -> DataFrame:
-    """The first EXAMPLES candidates by time of each (source, anomaly) for the given anomalies."""
+def first_examples(c: DataFrame) -> DataFrame:
+    """The first EXAMPLES candidates by time of each (source, anomaly) that gets examples; a
+    lost-write's first per kind (``s1``: found by the drain or by a read's reach).
+
+    Collected with the counts (one job, one window) and handed back as a small local frame
+    (:func:`_first`), so the example jobs neither scan nor sort the candidates again: each
+    used to plan this window once more for every use of its result.
+    """
     F = _F()
     Window = _W()
-    w = Window.partitionBy("src", "anomaly").orderBy("t", "key", "i1")
+    kind = F.when(F.col("anomaly") == "lost-write", F.col("s1"))
+    w = Window.partitionBy("src", "anomaly", kind).orderBy("t", "key", "i1")
     return (
-        c.filter(F.col("anomaly").isin(*anomalies))
+        c.filter(~F.col("anomaly").isin(*COUNTED_LATER))
         .withColumn("rn", F.row_number().over(w))
         .filter(F.col("rn") <= EXAMPLES)
         .drop("rn")
     )
+
+
+def _first(top: DataFrame, *anomalies: str) -> DataFrame:
+    """The first examples (:func:`first_examples`) of the given anomalies."""
+    return top.filter(_F().col("anomaly").isin(*anomalies))
 
 
 def describe_values(fr: LogFrames, c: DataFrame, anomalies: list[str]) -> DataFrame:
@@ -896,17 +908,18 @@ def check(ops: DataFrame, small: bool = False) -> dict[int, dict[str, Any]]:
         cached.append(facts)
         cand = materialize(candidates(fr, facts), small, eager=False)
         cached.append(cand)
-        found = cand.groupBy("src", "anomaly").agg(F.count("*").cast("long").alias("a"))
-        stats, counts = _stats(fr, found)
+        stats, counts, first = _stats(fr, cand, first_examples(cand))
         fr.drop_parsed()
         present = {a for _, a in counts}
+        # the first candidates, collected above, as a frame of their own (no job, no window)
+        top = ops.sparkSession.createDataFrame(first, cand.schema)
         jobs: list[DataFrame] = []
         values = [name for name in VALUE_ANOMALIES if name in present]
         if values:
-            jobs.append(describe_values(fr, cand, values))
+            jobs.append(describe_values(fr, top, values))
         if "inconsistent-offsets" in present:
-            jobs.append(describe_inconsistent(fr, cand))
-        jobs += [describe(fr, cand, ex) for ex in EXAMPLES_BY_TABLE if ex.anomaly in present]
+            jobs.append(describe_inconsistent(fr, top))
+        jobs += [describe(fr, top, ex) for ex in EXAMPLES_BY_TABLE if ex.anomaly in present]
         # these are confirmed here, so they are counted here
         for name, fn in (("realtime-order", confirm_realtime), ("poll-skip?", confirm_poll_skips)):
             if name in present:
@@ -963,9 +976,12 @@ SEND_STATS = ("sends-ok", "sends-ok-without-offset", "sends-info", "sends-fail")
 READ_STATS = ("polls-ok", "drains-ok", "pairs-read")
 
 
-def _stats(fr: LogFrames, found: DataFrame) -> tuple[dict[int, dict[str, Any]], dict[tuple[int, str], int]]:
-    """Per-history figures shown in the report (keys, drains, offsets, values read), and the
-    candidates ``found`` per (src, anomaly) (its ``a``), collected by the same job.
+def _stats(
+    fr: LogFrames, cand: DataFrame, first: DataFrame
+) -> tuple[dict[int, dict[str, Any]], dict[tuple[int, str], int], list[tuple[Any, ...]]]:
+    """Per-history figures shown in the report (keys, drains, offsets, values read), the
+    candidates' count per (src, anomaly) and the ``first`` candidates (as tuples in the
+    candidates' column order), all collected by one job.
 
     Counted per (src, key), the partitioning the frames already have, so the one job needs
     no shuffle and no distinct count (two per-source jobs with distinct counts took 2.1 s of
@@ -991,28 +1007,38 @@ def _stats(fr: LogFrames, found: DataFrame) -> tuple[dict[int, dict[str, Any]], 
         F.lit(None).cast("long").alias("d"),
         F.lit(None).cast("long").alias("e"),
     )
-    none = F.lit(None).cast("long")
+    none, text = F.lit(None).cast("long"), F.lit(None).cast("string")
+    found = cand.groupBy("src", "anomaly").agg(F.count("*").cast("long").alias("a"))
+    cols = ("tag", "src", "key", "anomaly", "s1", "a", "b", "c", "d", "e")
     rows = (
-        sends.select(F.lit(0).alias("tag"), "*", F.lit(None).cast("string").alias("anomaly"))
-        .unionByName(reads.select(F.lit(1).alias("tag"), "*", F.lit(None).cast("string").alias("anomaly")))
+        sends.select(F.lit(0).alias("tag"), "*", text.alias("anomaly"), text.alias("s1"))
+        .unionByName(reads.select(F.lit(1).alias("tag"), "*", text.alias("anomaly"), text.alias("s1")))
+        .select(*cols)
         .unionByName(
-            found.select(
-                F.lit(2).alias("tag"),
-                "src",
-                F.lit(None).cast("string").alias("key"),
-                "a",
-                *[none.alias(x) for x in "bcde"],
+            found.select(F.lit(2).alias("tag"), "src", text.alias("key"), "anomaly", text.alias("s1"), "a")
+            .select("*", *[none.alias(x) for x in "bcde"])
+            .select(*cols)
+        )
+        .unionByName(
+            first.select(
+                F.lit(3).alias("tag"),
+                *K,
                 "anomaly",
+                "s1",
+                *[F.col(x).alias(y) for x, y in zip(("t", "i1", "i2", "i3", "i4"), "abcde", strict=True)],
             )
         )
-        .select("tag", "src", "anomaly", "a", "b", "c", "d", "e")
         .collect()
     )
     out: dict[int, dict[str, Any]] = {}
     counts: dict[tuple[int, str], int] = {}
-    for tag, src, anomaly, a, b, c, d, e in rows:
+    firsts: list[tuple[Any, ...]] = []
+    for tag, src, key, anomaly, s1, a, b, c, d, e in rows:
         if tag == 2:
             counts[(src, anomaly)] = a
+            continue
+        if tag == 3:  # the candidates' column order
+            firsts.append((src, key, anomaly, a, b, c, d, e, s1))
             continue
         st = out.setdefault(src, {})
         if tag == 0:
@@ -1025,4 +1051,4 @@ def _stats(fr: LogFrames, found: DataFrame) -> tuple[dict[int, dict[str, Any]], 
             for name, v in zip(READ_STATS, (a, b, c), strict=True):
                 st[name] = st.get(name, 0) + v
             st["keys-drained"] = st.get("keys-drained", 0) + (b > 0)
-    return out, counts
+    return out, counts, firsts
