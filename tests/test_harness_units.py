@@ -281,3 +281,28 @@ def test_every_fault_records_what_the_checker_reads_as_a_fault() -> None:
             assert d.breaks not in HEALS, name
         else:
             assert d.heals in HEALS.get(d.breaks, ()), (name, d)
+
+
+def test_a_run_records_parquet_unless_told_otherwise(monkeypatch, tmp_path):
+    """``--history-format`` wins over ``$LEDGERMQ_HISTORY_FORMAT``, which wins over Parquet;
+    a bad value is one clear refusal, not a traceback."""
+    from click.testing import CliRunner
+
+    from jepsen.history import FORMAT_ENV, history_format, shard_path
+    from jepsen.run.config import RunConfig
+    from jepsen.run.run_cli import run as run_command
+    from jepsen.run.validate import validated
+    from jepsen.systems.base import Unsupported
+
+    monkeypatch.delenv(FORMAT_ENV, raising=False)
+    assert history_format() == "parquet" and validated(RunConfig()).history_format == "parquet"
+    assert shard_path(tmp_path, 3).name == "shard-03.parquet"
+    monkeypatch.setenv(FORMAT_ENV, "jsonl")
+    assert validated(RunConfig()).history_format == "jsonl"
+    assert validated(RunConfig(history_format="parquet")).history_format == "parquet"
+    assert shard_path(tmp_path, 0).name == "shard-00.jsonl"
+    monkeypatch.setenv(FORMAT_ENV, "csv")
+    with pytest.raises(Unsupported, match="LEDGERMQ_HISTORY_FORMAT='csv'.*one of jsonl, parquet"):
+        validated(RunConfig())
+    res = CliRunner().invoke(run_command, ["--history-format", "csv", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "csv" in res.output and "Traceback" not in res.output, res.output
