@@ -150,9 +150,11 @@ def test_parquet_histories_get_the_verdicts_of_json_lines_on_both_paths(spark: A
 def test_the_run_records_the_format_its_setting_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jepsen.history import FORMAT_ENV, shard_path
+    from jepsen.history import DEFAULT_FORMAT, FORMAT_ENV, SHARD_SUFFIXES, shard_path
 
     monkeypatch.delenv(FORMAT_ENV, raising=False)
+    assert shard_path(tmp_path, 3) == tmp_path / f"shard-03{SHARD_SUFFIXES[DEFAULT_FORMAT]}"
+    monkeypatch.setenv(FORMAT_ENV, "jsonl")
     assert shard_path(tmp_path, 3) == tmp_path / "shard-03.jsonl"
     monkeypatch.setenv(FORMAT_ENV, "parquet")
     assert shard_path(tmp_path, 0) == tmp_path / "shard-00.parquet"
