@@ -14,6 +14,7 @@ import pytest
 
 from broker import checkpoint, codec
 from broker.checkpoint import CheckpointError
+from broker.config import BrokerConfig
 from broker.localgroup import LocalBrokerGroup
 from broker.message_store import MessageStore
 from broker.meta import (
@@ -31,6 +32,7 @@ from broker.meta import (
 from broker.state import BrokerState
 from broker.system_topics import HALF_TOPIC, SCHEDULE_TOPIC, TIMER_TOPIC
 from common.process import free_port
+from common.settings import ConfigError
 from ledger.config import NodeConfig
 from ledger.embed import EmbeddedLedger
 from remoting import RemotingClient, RemotingCommand, RequestCode, ResponseCode
@@ -490,3 +492,26 @@ def test_a_restarted_broker_of_a_group_replays_only_the_tail_and_serves_the_same
         asyncio.run(scenario())
     finally:
         group.stop()
+
+
+def _config(tmp_path: Path, **kw: object) -> BrokerConfig:
+    cfg = BrokerConfig(
+        broker_name="broker-a",
+        node_id="n1",
+        group=["n1=127.0.0.1:10911@127.0.0.1:20911"],
+        namesrv_addr=["127.0.0.1:9876"],
+        data_dir=str(tmp_path),
+        cluster_secret="s" * 32,
+        **kw,  # type: ignore[arg-type]
+    )
+    cfg.validate()
+    return cfg
+
+
+def test_the_checkpoint_settings_are_validated_and_0_turns_it_off(tmp_path: Path) -> None:
+    assert _config(tmp_path).checkpoint_path == tmp_path / checkpoint.CHECKPOINT_FILE
+    assert _config(tmp_path, checkpoint_interval_s=0).checkpoint_path is None
+    with pytest.raises(ConfigError, match="checkpoint_interval_s"):
+        _config(tmp_path, checkpoint_interval_s=-1)
+    with pytest.raises(ConfigError, match="checkpoint_min_entries"):
+        _config(tmp_path, checkpoint_min_entries=0)
