@@ -344,3 +344,27 @@ def test_outputs_written(checked: dict[str, Any]) -> None:
     res = json.loads((out / "lost-write-drain" / "results.json").read_text())
     assert res["valid"] is False and res["workload"] == "log" and res["anomaly-types"] == ["lost-write"]
     assert checked["res"]["exit"] == 1
+
+
+#: Spark jobs a small valid log history's analysis may run: the overview (which also pairs
+#: the operations), Spark's broadcasts of the small per-key frames (last drains, their pages,
+#: the keys to search: 5), the one job of every check with its figures and counts, the
+#: examples of the informational findings (2) and recovery's timeline. Each cached frame
+#: (operations, parsed reads, reads, pairs, facts, candidates) and the figures used to be a job
+#: of its own: 19 jobs before.
+MAX_JOBS_CLEAN = 10
+
+
+def test_a_clean_history_is_checked_in_a_few_spark_jobs(spark: Any, tmp_path: Path) -> None:
+    path = clean().write(tmp_path / "clean.jsonl")
+    sc = spark.sparkContext
+    group = f"few-jobs-{tmp_path.name}"
+    sc.setJobGroup(group, "the log check's job count")
+    try:
+        res = analyze_files([path], workload="log", out_dir=tmp_path / "out", engine="spark", report=False)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    o = res["files"][0]
+    assert o.valid is True and o.engine.startswith("spark"), (o.error, o.result)
+    jobs = sc.statusTracker().getJobIdsForGroup(group)
+    assert 1 <= len(jobs) <= MAX_JOBS_CLEAN, sorted(jobs)
