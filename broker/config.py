@@ -32,6 +32,7 @@ from remoting.message import MAX_PULL_FRAME_BYTES, MAX_RECORD_OVERHEAD
 from remoting.tls import TLS_DISABLED, client_ssl, server_ssl
 
 from .checkpoint import CHECKPOINT_FILE
+from .message_store import DEFAULT_CHECKPOINT_MIN_ENTRIES, DEFAULT_YIELD_LAG_ENTRIES
 from .meta import MAX_POP_INFLIGHT_CAP
 from .system_topics import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
@@ -72,11 +73,13 @@ class BrokerConfig:
     apply_slice_bytes: int = 1 << 20  # committed entries applied per event-loop turn (replay, catch-up)
     # committed entries not yet applied beyond which this broker lets its peers stand for
     # leader first (a restarted broker replaying its log); 0: it never yields
-    yield_lag_entries: int = 128
+    yield_lag_entries: int = DEFAULT_YIELD_LAG_ENTRIES
     # how often the applied broker state is checkpointed beside ledger/ (broker.checkpoint), so a
     # restart replays only the log's tail; 0: never (a restart replays the whole retained log)
     checkpoint_interval_s: float = 5.0
-    checkpoint_min_entries: int = 1000  # ... and only once this many entries were applied since the last
+    checkpoint_min_entries: int = (
+        DEFAULT_CHECKPOINT_MIN_ENTRIES  # ... and only once this many entries were applied since the last
+    )
     read_barrier_timeout_s: float = 5.0  # a master's leadership check before a pull
     topics: list[str] = field(default_factory=list)  # "name:queues" created by the first master
     default_queue_nums: int = 4
