@@ -306,3 +306,35 @@ def test_a_run_records_parquet_unless_told_otherwise(monkeypatch, tmp_path):
         validated(RunConfig())
     res = CliRunner().invoke(run_command, ["--history-format", "csv", "--out", str(tmp_path)])
     assert res.exit_code == 2 and "csv" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_a_fault_cancelled_mid_action_is_closed_so_the_heal_is_recorded(tmp_path):
+    """A run that stops while a fault's action is still running (its load ended, or a worker
+    failed) cancels the fault; the heal that follows must still be recordable."""
+    from jepsen.faults.base import FaultContext
+
+    path = tmp_path / "h.jsonl"
+    release = threading.Event()
+
+    async def scenario() -> None:
+        with History(path) as h:
+            ctx = FaultContext(None, h, random.Random(1), lose_data="truncate")  # type: ignore[arg-type]
+            fault = asyncio.create_task(ctx.op("restart", "n1", lambda: release.wait(5.0)))
+            for _ in range(200):  # until the action runs in its thread
+                if h.nemesis_events:
+                    break
+                await asyncio.sleep(0.005)
+            fault.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await fault
+            release.set()
+            assert await ctx.op("heal", None, lambda: "healed") == "healed"
+
+    asyncio.run(scenario())
+    nemesis = [e for e in read_history(path) if e["process"] == "nemesis"]
+    assert [(e["f"], e.get("error")) for e in nemesis] == [
+        ("restart", None),
+        ("restart", "cancelled: outcome unknown"),
+        ("heal", None),
+        ("heal", None),
+    ]

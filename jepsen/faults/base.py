@@ -138,6 +138,13 @@ class FaultContext:
                 result = await asyncio.to_thread(action)
                 if inspect.isawaitable(result):  # a follow-up that needs the loop (status polls)
                     result = await result
+            except asyncio.CancelledError:
+                # The run is stopping mid-fault (its load ended or a worker failed). The action's
+                # thread cannot be stopped, so its outcome is unknown; the fault is closed in the
+                # history all the same, or the heal that follows could not be recorded.
+                self.history.nemesis_end(f, value, error="cancelled: outcome unknown")
+                self.log(f"CANCELLED {f} {value}")
+                raise
             except Exception as exc:  # noqa: BLE001 - recorded; the run goes on and heals
                 self.history.nemesis_end(f, value, error=f"{type(exc).__name__}: {exc}")
                 self.log(f"FAILED {f} {value}: {exc}")
