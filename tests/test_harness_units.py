@@ -338,3 +338,21 @@ def test_a_fault_cancelled_mid_action_is_closed_so_the_heal_is_recorded(tmp_path
         ("heal", None),
         ("heal", None),
     ]
+
+
+def test_a_parquet_part_whose_reads_all_came_back_empty_is_written(tmp_path):
+    """During a fault a part may hold only empty reads: counted rows with no pair at all. Such
+    a part once failed to convert, and the error ended the run at the next roll."""
+    folder = tmp_path / "history"
+    folder.mkdir()
+    h = History(folder / "shard-00.parquet")
+    p = h.new_process()
+    h.invoke(p, "poll", {"from": 0, "max": 5}, key="k")
+    h.complete(p, "ok", "poll", [], key="k")
+    h.nemesis_start("kill", {"nodes": ["n1"]})  # a fault's event closes the part at once
+    h.nemesis_end("kill", {"nodes": ["n1"]})
+    h.invoke(p, "poll", {"from": 0, "max": 5}, key="k")
+    h.complete(p, "ok", "poll", [[0, 7]], key="k")
+    h.close()
+    reads = [e["value"] for e in read_history(folder) if e["type"] == "ok"]
+    assert reads == [[], [[0, 7]]]
