@@ -412,7 +412,7 @@ def _check_sources(
     with session_conf(spark, conf):
         small = input_bytes(sources) < SMALL_INPUT_BYTES
         # filled by the overview's job (its first action), not by a job of its own
-        ops = materialize(frames.pair_ops(frames.load_events(spark, sources), parts), small, eager=False)
+        ops = materialize(frames.pair_events(spark, sources, parts), small, eager=False)
         try:
             _check_ops(spark, ops, sources, outcomes, workload, budget, plots, report, small, tolerances)
         finally:
@@ -422,8 +422,20 @@ def _check_sources(
 EXCLUDED_RULE = "org.apache.spark.sql.catalyst.optimizer.FoldablePropagation"
 
 
-#: inputs up to this size cache their frames uncompressed (see ``analysis_conf``)
+#: inputs up to this size cache their frames uncompressed (see ``analysis_conf``); in local mode
+#: up to half the driver's heap when that is more (``uncompressed_cache_bytes``)
 UNCOMPRESSED_CACHE_BYTES = 1 << 30
+
+
+def uncompressed_cache_bytes() -> int:
+    """The largest input whose frames are cached uncompressed. In local mode the caches live in
+    the driver's heap, which grows with the machine (``spark.driver_memory``): half of it. A
+    cluster's executors' memory is not known here, so the fixed bound holds there."""
+    from jepsen.checker.spark import local_heap_bytes, master_in_use
+
+    if (master_in_use() or "").startswith("local"):
+        return max(UNCOMPRESSED_CACHE_BYTES, local_heap_bytes() // 2)
+    return UNCOMPRESSED_CACHE_BYTES
 
 
 def analysis_conf(parts: int, size: int = 0) -> dict[str, str]:
@@ -438,12 +450,12 @@ def analysis_conf(parts: int, size: int = 0) -> dict[str, str]:
     size instead.
 
     Cached frames (inputs past SMALL_INPUT_BYTES; smaller ones are checkpointed) of an input
-    up to ``UNCOMPRESSED_CACHE_BYTES`` are kept uncompressed:
+    up to ``uncompressed_cache_bytes()`` are kept uncompressed:
     encoding them took a tenth of the analysis (a 2.96M-operation, 750 MB history: 90-92 s
     instead of 100-107 s, alternating runs in one session). Larger inputs keep Spark's column
     compression, lest their caches outgrow the driver's storage memory and spill to disk.
     """
-    compress = size > UNCOMPRESSED_CACHE_BYTES
+    compress = size > uncompressed_cache_bytes()
     return {
         "spark.sql.inMemoryColumnarStorage.compressed": str(compress).lower(),
         "spark.sql.shuffle.partitions": str(parts),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jepsen.checker.parse import NEMESIS, TYPES, Event
 
@@ -223,6 +223,60 @@ def pair_ops(events: DataFrame, partitions: int) -> DataFrame:
         problem.alias("problem"),
         "timed",
     )
+
+
+#: how ``pair_events`` pairs: ``auto`` (in Arrow per shard when every input is a local Parquet
+#: history, else the window) or ``window`` (always :func:`pair_ops`; for comparing the two)
+PAIRING_ENV = "LEDGERMQ_CHECKER_PAIRING"
+
+
+def shard_pairable(sources: list[Source]) -> bool:
+    """Whether every source is a Parquet history this process can list, read where it lies:
+    its shards are then paired in Arrow, one Spark task each (:func:`pair_shards`)."""
+    import os
+
+    if os.environ.get(PAIRING_ENV, "auto") == "window" or not sources:
+        return False
+    for s in sources:
+        if s.events is not None or s.fmt != "parquet" or "://" in s.path.removeprefix("file://"):
+            return False
+        if not Path(s.path.removeprefix("file://")).exists():
+            return False
+    return True
+
+
+def pair_shards(spark: SparkSession, sources: list[Source], partitions: int) -> DataFrame:
+    """:func:`pair_ops`'s rows for Parquet histories, without its shuffle of every event.
+
+    The contract puts a process's events in one shard, in order, so each shard is paired by
+    one Spark task reading its parts in order (``pairing.pair_shard``; a task per shard, the
+    shards spread over the executors) and only the operations, half as many rows as events,
+    are shuffled, once, into the (src, key) partitioning the checks reuse.
+    """
+    from jepsen.checker import pairing, shards
+
+    work: list[tuple[int, list[str]]] = []
+    for s in sources:
+        for group in shards.shard_groups(s.path.removeprefix("file://")):
+            work.append((s.src, [str(f) for f in group]))
+    batch_rows = pairing.BATCH_ROWS
+
+    def pair(batches: Any) -> Any:  # in a Python worker of an executor
+        for b in batches:
+            for i in b.column(0).to_pylist():
+                src, files = work[i]
+                yield from pairing.pair_shard(src, files, batch_rows)
+
+    tasks = spark.range(0, len(work), 1, numPartitions=max(1, len(work)))
+    return tasks.mapInArrow(pair, pairing.ops_ddl()).repartition(partitions, "src", "key")
+
+
+def pair_events(spark: SparkSession, sources: list[Source], partitions: int) -> DataFrame:
+    """The paired operations of ``sources``, partitioned by (src, key): per shard in Arrow
+    where every source allows it (:func:`shard_pairable`), else Spark's window over events."""
+    if shard_pairable(sources):
+        return pair_shards(spark, sources, partitions)
+    return pair_ops(load_events(spark, sources), partitions)
 
 
 def read_pairs() -> Column:
