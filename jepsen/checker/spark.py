@@ -299,6 +299,57 @@ def get_spark(master: str | None = None) -> SparkSession:
         return _open_session(master)
 
 
+#: the local driver's heap (driver and executors in local mode): ``$LEDGERMQ_SPARK_MEMORY``, else
+#: this share of the memory this process may use, within the bounds below
+MEMORY_ENV = "LEDGERMQ_SPARK_MEMORY"
+MEMORY_SHARE = 4
+MEMORY_MIN_MB = 3 << 10
+MEMORY_MAX_MB = 8 << 10
+
+
+def _usable_memory_mb() -> int | None:
+    """Physical memory, or the cgroup's limit when lower (a container's); None if unknown."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total >> 20
+
+
+def driver_memory() -> str:
+    """The local driver's heap. A full-rate history's per-value aggregation spilled gigabytes to
+    disk at 3 GB (5.7M operations: 4.1 GiB spilled, the job 55 s; at 8 GB nothing spilled, 44 s),
+    so the heap grows with the machine: a quarter of its memory, 3-8 GB. The JVM takes it
+    from the system only as it fills."""
+    named = os.environ.get(MEMORY_ENV)
+    if named:
+        return named
+    usable = _usable_memory_mb()
+    if usable is None:
+        return f"{MEMORY_MIN_MB}m"
+    return f"{max(MEMORY_MIN_MB, min(MEMORY_MAX_MB, usable // MEMORY_SHARE))}m"
+
+
+def memory_bytes(text: str) -> int:
+    """A JVM memory size (``6038m``, ``3g``, ``512k``, bytes) in bytes."""
+    t = text.strip().lower().removesuffix("b")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in "kmgt" else t
+    return int(digits) * scale
+
+
+def local_heap_bytes() -> int:
+    """The heap a local session's driver JVM gets (``driver_memory``)."""
+    return memory_bytes(driver_memory())
+
+
 def _open_session(master: str | None) -> SparkSession:
     global _SESSION, _MASTER
     _quiet_python_warnings()
@@ -324,7 +375,7 @@ def _open_session(master: str | None) -> SparkSession:
             builder.master(master)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.memory", os.environ.get("LEDGERMQ_SPARK_MEMORY", "3g"))
+            .config("spark.driver.memory", driver_memory())
             .config("spark.driver.extraJavaOptions", java_opts)
             .config("spark.sql.session.timeZone", "UTC")
         )
