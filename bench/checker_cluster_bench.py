@@ -15,7 +15,7 @@ several executors. The cluster is stopped at the end, whatever happens.
     python bench/checker_cluster_bench.py --history RUN_DIR --formats jsonl,parquet --engines local
 
 ``--formats``: the same history as JSON Lines and as Parquet parts (converted by Spark into
-the parts the recorder writes); with several, the runs alternate between them, so a loaded
+two shards split by process, as the harness's two workers record them); with several, the runs alternate between them, so a loaded
 machine weighs on both alike. Ends with one JSON line: {"<engine>_<size>_s": seconds, ...}
 (keys get a ``_<format>`` suffix for formats other than jsonl), plus bytes per operation.
 """
@@ -72,8 +72,7 @@ print(json.dumps({"open_s": round(opened, 2), "analyze_s": round(secs, 2), "vali
 
 
 # JSON Lines -> Parquet parts through Spark (Python's reader takes minutes for 10M operations):
-# the checker's own JSON schema and the typed pairs column, one output file per input split, renamed into parts of one
-# shard in split order (Spark writes part i from split i, in the file's order)
+# the checker's own JSON schema and the typed pairs column, one output file per shard
 CONVERT = r"""
 import sys
 from pathlib import Path
@@ -81,6 +80,7 @@ from jepsen.checker.spark import get_spark
 from jepsen.checker.frames import _schema
 from jepsen.checker import columnar
 src, dst = sys.argv[1], Path(sys.argv[2])
+SHARDS = 2
 spark = get_spark("local[2]")
 spark.conf.set("spark.sql.files.maxPartitionBytes", str(256 << 20))
 from pyspark.sql import functions as F
@@ -90,10 +90,12 @@ typed = F.from_json("value", "array<array<bigint>>")
 is_read = F.col("f").isin(*columnar.READ_FS) & (F.col("type") == "ok") & F.col("value").startswith("[")
 df = df.withColumn("pairs", F.when(is_read & (F.to_json(typed) == F.col("value")), typed))
 df = df.withColumn("value", F.when(F.col("pairs").isNull(), F.col("value")))
+# shards as the harness records them: each process's events in one shard, in index order
+df = df.repartition(SHARDS, "process").sortWithinPartitions("index")
 (df.write.option("compression", "zstd").option("parquet.compression.codec.zstd.level", "1")
    .parquet(str(dst / "spark")))
-for i, f in enumerate(sorted((dst / "spark").glob("part-*.parquet")), 1):
-    f.rename(columnar.part_path(dst / "shard-00", i))
+for i, f in enumerate(sorted((dst / "spark").glob("part-*.parquet"))):
+    f.rename(columnar.part_path(dst / f"shard-{i:02d}", 1))
 for f in (dst / "spark").iterdir():
     f.unlink()
 (dst / "spark").rmdir()
