@@ -17,10 +17,11 @@ back, at most one per (process, key).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from jepsen.checker import columnar, inprocess
+from jepsen.checker import columnar
 from jepsen.checker.parse import NEMESIS, TYPES
 
 #: events read and paired at a time: bounds a task's memory whatever a part's size
@@ -67,11 +68,15 @@ def ops_ddl() -> str:
     return ", ".join(cols)
 
 
+def _events_schema() -> Any:
+    return columnar.arrow_schema()
+
+
 def _conform(batch: Any) -> Any:
     """A part's batch with the contract's columns and ``pairs`` (null when the part predates it)."""
     import pyarrow as pa
 
-    schema = columnar.arrow_schema()
+    schema = _events_schema()
     cols = []
     for field in schema:
         if field.name in batch.schema.names:
@@ -95,12 +100,13 @@ def _reader_problems(t: Any) -> list[str | None] | None:
     if not pc.any(any_bad).as_py():
         return None
     out: list[str | None] = [None] * t.num_rows
-    for mask, text in (
-        (proc_null, "missing 'process'"),
-        (f_null, "missing 'f'"),
-        (type_bad, "'type' must be invoke, ok, fail or info"),
-        (idx_null, "missing 'index'"),
+    for name, mask, text in (
+        ("process", proc_null, "missing 'process'"),
+        ("f", f_null, "missing 'f'"),
+        ("type", type_bad, "'type' must be invoke, ok, fail or info"),
+        ("index", idx_null, "missing 'index'"),
     ):  # lowest precedence first: the later assignment wins, as the reader's `when` chain
+        del name
         for i in mask.to_numpy(zero_copy_only=False).nonzero()[0]:
             out[i] = text
     return out
@@ -120,6 +126,27 @@ def _codes(col: Any) -> Any:
     if hasattr(enc, "combine_chunks"):
         enc = enc.combine_chunks()
     return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype("int64")
+
+
+def _offset_in(value: str | None) -> int | None:
+    """``get_json_object(value, '$.offset')`` cast to long, for an object ``value``."""
+    if value is None or not value.startswith("{"):
+        return None
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        return None
+    off = obj.get("offset") if isinstance(obj, dict) else None
+    if isinstance(off, bool):
+        return None
+    if isinstance(off, int):
+        return off
+    if isinstance(off, str):
+        try:
+            return int(off.strip())
+        except ValueError:
+            return None
+    return None
 
 
 def pair_table(src: int, t: Any, final: bool) -> tuple[Any, Any]:
@@ -149,13 +176,14 @@ def pair_table(src: int, t: Any, final: bool) -> tuple[Any, Any]:
     ty = tcode.to_numpy(zero_copy_only=False).astype("int64")[order]
     process = t.column("process")
     is_nem = pc.fill_null(pc.equal(process, NEMESIS), False).to_numpy(zero_copy_only=False)[order]
-    has_next = np.zeros(n, dtype=bool)  # the window's lead is null past the group's last event
-    has_next[:-1] = g[1:] == g[:-1]
+    same_next = np.zeros(n, dtype=bool)
+    same_next[:-1] = g[1:] == g[:-1]
     same_prev = np.zeros(n, dtype=bool)
-    same_prev[1:] = has_next[:-1]
+    same_prev[1:] = same_next[:-1]
     n_type = np.full(n, _NO_TYPE, dtype="int64")
     n_type[:-1] = ty[1:]
-    n_type[~has_next] = _NO_TYPE
+    n_type[~same_next] = _NO_TYPE
+    has_next = same_next  # the window's lead is null past the group's last event
     p_type = np.full(n, _NO_TYPE, dtype="int64")
     p_type[1:] = ty[:-1]
     p_type[~same_prev] = _NO_TYPE
@@ -283,7 +311,7 @@ def _fill_object_offsets(offset: Any, cmp_value: Any, done: Any) -> Any:
         return offset
     values = offset.to_pylist()
     for i in hits:
-        values[i] = inprocess._offset(cmp_value[int(i)].as_py())
+        values[i] = _offset_in(cmp_value[int(i)].as_py())
     return pa.array(values, pa.int64())
 
 
@@ -293,7 +321,7 @@ def iter_batches(files: Iterable[str], batch_rows: int = BATCH_ROWS) -> Iterator
 
     for f in files:
         with pq.ParquetFile(f) as pf:
-            names = [n for n in columnar.arrow_schema().names if n in pf.schema_arrow.names]
+            names = [n for n in _events_schema().names if n in pf.schema_arrow.names]
             for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
                 yield _conform(batch)
 
