@@ -140,3 +140,35 @@ def test_a_malformed_parquet_history_gets_the_same_error_either_way(
     assert a["exit"] == b["exit"] == 3
     assert a["files"][0].error == b["files"][0].error
     assert str(tmp_path / "odd") in a["files"][0].error
+
+
+def test_the_shipped_pairing_runs_where_the_project_is_not_installed(tmp_path: Path) -> None:
+    """A foreign cluster's Python workers may lack the project: the task carries the pairing's
+    code (``pairing.ship_by_value``), so a worker that cannot import ``jepsen`` pairs a shard
+    all the same."""
+    import json
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    _write_shard(tmp_path, "shard-00", _odd_events(), per_part=5)
+    files = [str(f) for f in shards.shard_groups(tmp_path)[0]]
+    pairing.ship_by_value()
+    task = lambda: [r for b in pairing.pair_shard(3, files, batch_rows=4) for r in b.to_pylist()]  # noqa: E731
+    (tmp_path / "task.pickle").write_bytes(cloudpickle.dumps(task))
+    worker = (
+        "import json, pickle, sys\n"
+        "sys.modules['jepsen'] = None  # no project here: `import jepsen` fails\n"
+        "try:\n    import jepsen.checker.pairing\nexcept ImportError:\n    pass\n"
+        "else:\n    raise SystemExit('jepsen is importable')\n"
+        f"rows = pickle.loads(open({str(tmp_path / 'task.pickle')!r}, 'rb').read())()\n"
+        "print(json.dumps(rows, sort_keys=True))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", worker], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    shipped = sorted(json.dumps(r, sort_keys=True) for r in json.loads(out.stdout))
+    here = sorted(json.dumps(r, sort_keys=True) for r in task())
+    assert shipped == here and len(here) > 10

@@ -260,6 +260,7 @@ def pair_shards(spark: SparkSession, sources: list[Source], partitions: int) -> 
         for group in shards.shard_groups(s.path.removeprefix("file://")):
             work.append((s.src, [str(f) for f in group]))
     batch_rows = pairing.BATCH_ROWS
+    pairing.ship_by_value()  # executors without the project installed run it too
 
     def pair(batches: Any) -> Any:  # in a Python worker of an executor
         for b in batches:

@@ -20,7 +20,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
-from jepsen.checker import linear, log_rules
+from jepsen.checker import linear, sparkjson
 from jepsen.checker.parse import NEMESIS, Event
 
 Row = dict[str, Any]
@@ -30,13 +30,6 @@ Row = dict[str, Any]
 FAST_PATH_MAX_BYTES = 8 << 20
 # All in-process inputs of one call together; past this the rest go to Spark.
 FAST_PATH_TOTAL_BYTES = 64 << 20
-
-
-def _offset(value: str | None) -> int | None:
-    """A send's offset inside an object value (``$.offset``), as ``pair_ops`` reads it."""
-    if value is None or not value.startswith("{"):
-        return None
-    return log_rules._json_field(value, "offset")
 
 
 def pair(src: int, events: list[Event]) -> list[Row]:
@@ -101,7 +94,7 @@ def pair(src: int, events: list[Event]) -> list[Row]:
         row["cmp_index"] = ev.index
         row["cmp_time"] = t
         row["cmp_value"] = ev.value
-        row["offset"] = ev.offset if ev.offset is not None else _offset(ev.value)
+        row["offset"] = ev.offset if ev.offset is not None else sparkjson.offset_in(ev.value)
         row["error"] = ev.error
         row["node"] = ev.node if ev.node is not None else row["node"]
     return rows

@@ -24,52 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jepsen.checker.log_checker import EXAMPLES, VALUE_ANOMALIES
+from jepsen.checker.sparkjson import as_long, json_field, json_object
 
 Row = dict[str, Any]
 # Selection groups: lost-write examples are picked separately for the drain and the
 # reach rule (as the Spark path does), then merged.
 _LOST_REACH = "lost-write/reach"
-
-
-def _long(text: Any) -> int | None:
-    """Spark's cast of a JSON text column to long: an integer, else null."""
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int):
-        return text
-    if not isinstance(text, str):
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _json_object(text: str | None) -> dict[str, Any] | None:
-    if not text or not text.lstrip().startswith("{"):
-        return None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-def _json_field(text: str | None, name: str, obj: dict[str, Any] | None = None) -> int | None:
-    """``get_json_object(text, '$.name')`` cast to long (``obj``: ``text`` already decoded)."""
-    obj = obj if obj is not None else _json_object(text)
-    if obj is None:
-        return None
-    v = obj.get(name)
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
-        return _long(v)
-    return None
 
 
 def _pairs(text: str | None) -> list[tuple[int | None, int | None]]:
@@ -161,7 +121,7 @@ class KeyFrames:
                     "process": o["process"],
                     "f": "send",
                     "type": o["type"],
-                    "v": _long(o["inv_value"]),
+                    "v": as_long(o["inv_value"]),
                     "off": o["offset"],
                     "inv_index": o["inv_index"],
                     "inv_time": o["inv_time"],
@@ -172,10 +132,10 @@ class KeyFrames:
                 if s["type"] == "ok" and s["off"] is not None:
                     fr.ok_sends.append(s)
             elif o["f"] in ("poll", "drain") and o["type"] == "ok":
-                args = _json_object(o["inv_value"])
-                from_ = _json_field(None, "from", args) if args is not None else None
+                args = json_object(o["inv_value"])
+                from_ = json_field(None, "from", args) if args is not None else None
                 from_ = 0 if from_ is None else from_
-                max_ = _json_field(None, "max", args) if args is not None else None
+                max_ = json_field(None, "max", args) if args is not None else None
                 pairs = _pairs(o["cmp_value"])
                 n = len(pairs)
                 last = pairs[-1][0] if n else None

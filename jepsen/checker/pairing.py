@@ -17,11 +17,11 @@ back, at most one per (process, key).
 
 from __future__ import annotations
 
-import json
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from jepsen.checker import columnar
+from jepsen.checker import columnar, sparkjson
 from jepsen.checker.parse import NEMESIS, TYPES
 
 #: events read and paired at a time: bounds a task's memory whatever a part's size
@@ -68,15 +68,11 @@ def ops_ddl() -> str:
     return ", ".join(cols)
 
 
-def _events_schema() -> Any:
-    return columnar.arrow_schema()
-
-
 def _conform(batch: Any) -> Any:
     """A part's batch with the contract's columns and ``pairs`` (null when the part predates it)."""
     import pyarrow as pa
 
-    schema = _events_schema()
+    schema = columnar.arrow_schema()
     cols = []
     for field in schema:
         if field.name in batch.schema.names:
@@ -100,13 +96,12 @@ def _reader_problems(t: Any) -> list[str | None] | None:
     if not pc.any(any_bad).as_py():
         return None
     out: list[str | None] = [None] * t.num_rows
-    for name, mask, text in (
-        ("process", proc_null, "missing 'process'"),
-        ("f", f_null, "missing 'f'"),
-        ("type", type_bad, "'type' must be invoke, ok, fail or info"),
-        ("index", idx_null, "missing 'index'"),
+    for mask, text in (
+        (proc_null, "missing 'process'"),
+        (f_null, "missing 'f'"),
+        (type_bad, "'type' must be invoke, ok, fail or info"),
+        (idx_null, "missing 'index'"),
     ):  # lowest precedence first: the later assignment wins, as the reader's `when` chain
-        del name
         for i in mask.to_numpy(zero_copy_only=False).nonzero()[0]:
             out[i] = text
     return out
@@ -126,27 +121,6 @@ def _codes(col: Any) -> Any:
     if hasattr(enc, "combine_chunks"):
         enc = enc.combine_chunks()
     return enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype("int64")
-
-
-def _offset_in(value: str | None) -> int | None:
-    """``get_json_object(value, '$.offset')`` cast to long, for an object ``value``."""
-    if value is None or not value.startswith("{"):
-        return None
-    try:
-        obj = json.loads(value)
-    except ValueError:
-        return None
-    off = obj.get("offset") if isinstance(obj, dict) else None
-    if isinstance(off, bool):
-        return None
-    if isinstance(off, int):
-        return off
-    if isinstance(off, str):
-        try:
-            return int(off.strip())
-        except ValueError:
-            return None
-    return None
 
 
 def pair_table(src: int, t: Any, final: bool) -> tuple[Any, Any]:
@@ -176,14 +150,14 @@ def pair_table(src: int, t: Any, final: bool) -> tuple[Any, Any]:
     ty = tcode.to_numpy(zero_copy_only=False).astype("int64")[order]
     process = t.column("process")
     is_nem = pc.fill_null(pc.equal(process, NEMESIS), False).to_numpy(zero_copy_only=False)[order]
-    same_next = np.zeros(n, dtype=bool)
-    same_next[:-1] = g[1:] == g[:-1]
+    # the window's lead is null past the group's last event
+    has_next = np.zeros(n, dtype=bool)
+    has_next[:-1] = g[1:] == g[:-1]
     same_prev = np.zeros(n, dtype=bool)
-    same_prev[1:] = same_next[:-1]
+    same_prev[1:] = has_next[:-1]
     n_type = np.full(n, _NO_TYPE, dtype="int64")
     n_type[:-1] = ty[1:]
-    n_type[~same_next] = _NO_TYPE
-    has_next = same_next  # the window's lead is null past the group's last event
+    n_type[~has_next] = _NO_TYPE
     p_type = np.full(n, _NO_TYPE, dtype="int64")
     p_type[1:] = ty[:-1]
     p_type[~same_prev] = _NO_TYPE
@@ -311,7 +285,7 @@ def _fill_object_offsets(offset: Any, cmp_value: Any, done: Any) -> Any:
         return offset
     values = offset.to_pylist()
     for i in hits:
-        values[i] = _offset_in(cmp_value[int(i)].as_py())
+        values[i] = sparkjson.offset_in(cmp_value[int(i)].as_py())
     return pa.array(values, pa.int64())
 
 
@@ -321,7 +295,7 @@ def iter_batches(files: Iterable[str], batch_rows: int = BATCH_ROWS) -> Iterator
 
     for f in files:
         with pq.ParquetFile(f) as pf:
-            names = [n for n in _events_schema().names if n in pf.schema_arrow.names]
+            names = [n for n in columnar.arrow_schema().names if n in pf.schema_arrow.names]
             for batch in pf.iter_batches(batch_size=batch_rows, columns=names):
                 yield _conform(batch)
 
@@ -338,3 +312,21 @@ def pair_shard(src: int, files: Iterable[str], batch_rows: int = BATCH_ROWS) -> 
     if held is not None and held.num_rows:
         ops, _ = pair_table(src, held, final=True)
         yield from ops.to_batches()
+
+
+def ship_by_value() -> None:
+    """Send this module and the two it reads with to the executors inside the pickled task.
+
+    A cluster's Python workers need not have the project installed (a foreign Spark cluster
+    usually has only pyspark, pyarrow and numpy): the task function then carries these
+    modules' code with it instead of an import the worker cannot do. Idempotent.
+    """
+    try:
+        from pyspark import cloudpickle
+    except ImportError:  # pragma: no cover - Spark is the only caller
+        return
+    for module in (columnar, sparkjson, sys.modules[__name__]):
+        try:
+            cloudpickle.register_pickle_by_value(module)
+        except ValueError:  # already registered
+            pass

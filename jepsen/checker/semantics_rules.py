@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from jepsen.checker.log_rules import _drop_nulls, _json_object, _long, _nulls_first
+from jepsen.checker.log_rules import _drop_nulls, _nulls_first
 from jepsen.checker.semantics_model import (
     DEFAULT_TOLERANCES,
     EXAMPLES,
@@ -28,6 +28,7 @@ from jepsen.checker.semantics_model import (
     fault_windows,
     quot,
 )
+from jepsen.checker.sparkjson import as_long, json_object
 
 Row = dict[str, Any]
 MS = 1_000_000
@@ -40,7 +41,7 @@ CODE_TYPE = {3: "ok", 2: "info", 1: "fail"}
 
 def field_long(text: Any, name: str) -> int | None:
     """``get_json_object(text, '$.name').cast('long')``."""
-    obj = _json_object(text) if isinstance(text, str) else None
+    obj = json_object(text) if isinstance(text, str) else None
     if obj is None:
         return None
     v = obj.get(name)
@@ -50,12 +51,12 @@ def field_long(text: Any, name: str) -> int | None:
         return v
     if isinstance(v, float) and v.is_integer():
         return int(v)
-    return _long(v) if isinstance(v, str) else None
+    return as_long(v) if isinstance(v, str) else None
 
 
 def field_str(text: Any, name: str) -> str | None:
     """``get_json_object(text, '$.name')`` of a string (other JSON as its text)."""
-    obj = _json_object(text) if isinstance(text, str) else None
+    obj = json_object(text) if isinstance(text, str) else None
     if obj is None or obj.get(name) is None:
         return None
     v = obj[name]
@@ -93,7 +94,7 @@ def entries(text: Any) -> list[list[int | None]]:
 
 def strings(text: Any, name: str) -> list[str]:
     """``from_json(get_json_object(text, '$.name'), 'array<string>')`` (non-strings dropped)."""
-    obj = _json_object(text) if isinstance(text, str) else None
+    obj = json_object(text) if isinstance(text, str) else None
     items = obj.get(name) if obj is not None else None
     return [x for x in items if isinstance(x, str)] if isinstance(items, list) else []
 
@@ -425,7 +426,7 @@ def retry_candidates(ops: list[Row]) -> list[Row]:
     acks: dict[Any, list[Row]] = defaultdict(list)
     for o in ops:
         if o["f"] == "send":
-            sends[_long(o["inv_value"])].append({**o, "v": _long(o["inv_value"])})
+            sends[as_long(o["inv_value"])].append({**o, "v": as_long(o["inv_value"])})
         elif o["f"] == "send-back":
             v, a = field_long(o["inv_value"], "value"), field_long(o["inv_value"], "attempt")
             backs[(v, a)].append({**o, "max": field_long(o["inv_value"], "max")})
@@ -565,14 +566,14 @@ def order_candidates(ops: list[Row], tol: Tolerances) -> list[Row]:
     for o in ops:
         f = o["f"]
         if f == "send":
-            s = {**o, "v": _long(o["inv_value"]), "off": o["offset"]}
+            s = {**o, "v": as_long(o["inv_value"]), "off": o["offset"]}
             sends[s["v"]].append(s)
             if o["type"] == "ok" and o["offset"] is not None:
                 ok_by_key[o["key"]].append(s)
                 positions[s["v"]].add((o["key"], o["offset"]))
         elif f == "consume" and o["type"] == "ok":
             who = field_str(o["inv_value"], "consumer")
-            obj = _json_object(o["inv_value"]) or {}
+            obj = json_object(o["inv_value"]) or {}
             for pos, (off, v, _store, _a) in enumerate(entries(obj.get("messages"))):
                 if off is None:
                     continue
