@@ -28,7 +28,7 @@ from jepsen.checker.semantics_model import (
     fault_windows,
     quot,
 )
-from jepsen.checker.sparkjson import as_long, json_object
+from jepsen.checker.sparkjson import as_long, json_field, json_object
 
 Row = dict[str, Any]
 MS = 1_000_000
@@ -41,17 +41,7 @@ CODE_TYPE = {3: "ok", 2: "info", 1: "fail"}
 
 def field_long(text: Any, name: str) -> int | None:
     """``get_json_object(text, '$.name').cast('long')``."""
-    obj = json_object(text) if isinstance(text, str) else None
-    if obj is None:
-        return None
-    v = obj.get(name)
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return as_long(v) if isinstance(v, str) else None
+    return json_field(text, name) if isinstance(text, str) else None
 
 
 def field_str(text: Any, name: str) -> str | None:
