@@ -53,6 +53,16 @@ def test_the_local_driver_jvm_runs_with_the_options() -> None:
     assert [a for a in args if a in tuning] == tuning
 
 
+def test_the_session_gives_spark_the_memory_share_the_checks_were_measured_with() -> None:
+    from jepsen.checker import spark_cluster
+
+    session = spark.get_spark("local[2]")
+    if spark.is_connect():
+        pytest.skip("a Spark Connect session's memory is the server's")
+    conf = session.sparkContext.getConf()
+    assert conf.get("spark.memory.fraction") == spark_cluster.MEMORY_FRACTION
+
+
 def test_a_warm_up_thread_and_the_checker_share_one_session_and_stderr_survives(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -71,6 +71,21 @@ def test_log_histories_agree(
     assert fast["exit"] == slow["exit"] == 1
 
 
+@pytest.mark.parametrize("names", [("inconsistent-offsets", "clean"), ("duplicate", "inconsistent-offsets")])
+def test_inconsistent_offsets_agree_with_and_without_a_value_at_two_offsets(
+    spark: Any, tmp_path: Path, names: tuple[str, ...]
+) -> None:
+    """The Spark check skips its pass over every observation when no value of the analysis was
+    seen at two offsets (``log_checker.inconsistent_offsets``): the first set has none, the
+    second has one (``duplicate``), and both must still find the inconsistent offset."""
+    paths = [CASES[name][0]().write(tmp_path / f"{name}.jsonl") for name in names]
+    fast, slow = _both(paths, tmp_path)
+    for a, b in zip(fast["files"], slow["files"], strict=True):
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert _comparable(a.result) == _comparable(b.result), a.path
+        assert set(b.result["anomaly-types"]) == CASES[Path(b.path).stem][1]
+
+
 @pytest.mark.skipif(not VECTORS.is_dir(), reason=f"no Porcupine vectors at {VECTORS}")
 def test_porcupine_vectors_agree(spark: Any, tmp_path: Path) -> None:
     expected = {}

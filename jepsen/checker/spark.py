@@ -355,6 +355,8 @@ def _open_session(master: str | None) -> SparkSession:
     _quiet_python_warnings()
     from pyspark.sql import SparkSession
 
+    from jepsen.checker import spark_cluster
+
     master = resolve_master(master)
     probe_reachable(master)
     partitions = os.environ.get("LEDGERMQ_SPARK_PARTITIONS", "8")
@@ -376,6 +378,7 @@ def _open_session(master: str | None) -> SparkSession:
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.memory", driver_memory())
+            .config("spark.memory.fraction", spark_cluster.MEMORY_FRACTION)
             .config("spark.driver.extraJavaOptions", java_opts)
             .config("spark.sql.session.timeZone", "UTC")
         )
