@@ -30,10 +30,10 @@ class Timeline:
 
     nemesis: dict[int, list[tuple[int, int, str, Any]]] = field(default_factory=lambda: defaultdict(list))
     """(invoke index, invoke time, f, value) of every timed nemesis event."""
-    first_ok: dict[int, list[tuple[str, int, int]]] = field(default_factory=lambda: defaultdict(list))
-    """(key, invoke ms, earliest completion ns) of ok operations (``recovery.OkIndex``)."""
-    done: dict[int, list[tuple[str, int, int]]] = field(default_factory=lambda: defaultdict(list))
-    """(key, completion ms, count) of ok operations (``recovery.OkIndex``)."""
+    first_ok: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)
+    """Columns (key, invoke ms, earliest completion ns) of ok operations (``recovery.OkIndex``)."""
+    done: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)
+    """Columns (key, completion ms, count) of ok operations (``recovery.OkIndex``)."""
     throughput: dict[int, list[tuple[str, str, int, int]]] = field(default_factory=lambda: defaultdict(list))
     """(f, type, bin, count): operations by the bin their completion (else invocation) fell in."""
     sample: dict[int, list[tuple[Any, ...]]] = field(default_factory=lambda: defaultdict(list))
@@ -137,12 +137,24 @@ def collect(
                 )
             )
         )
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     union = parts[0]
     for p in parts[1:]:
         union = union.unionByName(p)
     table = union.toArrow()
+    # Recovery's aggregates have a row per key and millisecond: millions for a run of hours.
+    # They stay columns (numpy and Arrow, never a Python object per row) for ``OkIndex``.
+    tag = table.column("tag")
+    for which, into in ((FIRST_OK, out.first_ok), (DONE, out.done)):
+        part = table.filter(pc.equal(tag, which))
+        for s in pc.unique(part.column("src")).to_pylist():
+            mine = part.filter(pc.equal(part.column("src"), s))
+            into[s] = (mine.column("key"), mine.column("a").to_numpy(), mine.column("b").to_numpy())
+    table = table.filter(pc.invert(pc.is_in(tag, value_set=pa.array([FIRST_OK, DONE], tag.type))))
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
-    for tag, s, key, f, type_, process, a, b, c, value in zip(
+    for kind, s, key, f, type_, process, a, b, c, value in zip(
         cols["tag"],
         cols["src"],
         cols["key"],
@@ -155,13 +167,9 @@ def collect(
         cols["value"],
         strict=True,
     ):
-        if tag == NEMESIS:
+        if kind == NEMESIS:
             out.nemesis[s].append((a, b, f, value))
-        elif tag == FIRST_OK:
-            out.first_ok[s].append((key, a, b))
-        elif tag == DONE:
-            out.done[s].append((key, a, b))
-        elif tag == THROUGHPUT:
+        elif kind == THROUGHPUT:
             out.throughput[s].append((f, type_, a, b))
         else:
             out.sample[s].append((f, type_, key, process, a, b, c))
