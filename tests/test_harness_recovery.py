@@ -324,3 +324,49 @@ def test_the_pause_before_the_final_drain_is_not_a_gap(tmp_path):
     assert o.error is None and o.valid is True, o.error
     (z,) = o.result["faults"]
     assert (z["gap_ms"], z["ok_per_s_after"]) == (x["gap_ms"], x["ok_per_s_after"])
+
+
+def test_the_index_from_spark_columns_answers_as_the_one_from_rows() -> None:
+    """``timeline.collect`` hands recovery its aggregates as Arrow/numpy columns (chunked, and
+    a key may be missing); the in-process path builds the index from tuples. Same answers."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    ms = recovery.BUCKET_NS
+    rnd = random.Random(3)
+    first: dict[tuple[str, int], int] = {}
+    done: dict[tuple[str, int], int] = {}
+    for _ in range(2000):
+        key = rnd.choice(["t/a/0", "t/b/1", ""])
+        inv = rnd.randrange(0, 900) * ms + rnd.randrange(ms)
+        t = inv + rnd.randrange(30 * ms)
+        first[(key, inv // ms)] = min(t, first.get((key, inv // ms), t))
+        done[(key, t // ms)] = done.get((key, t // ms), 0) + 1
+
+    def columns(d: dict[tuple[str, int], int]) -> tuple[pa.ChunkedArray, np.ndarray, np.ndarray]:
+        keys = [k or None for k, _ in d]  # Spark's column may hold a null where rows have ""
+        half = len(keys) // 2
+        return (
+            pa.chunked_array([pa.array(keys[:half], pa.string()), pa.array(keys[half:], pa.string())]),
+            np.array([b for _, b in d], np.int64),
+            np.array(list(d.values()), np.int64),
+        )
+
+    rows = recovery.OkIndex(
+        [(k, b, t) for (k, b), t in first.items()], [(k, b, n) for (k, b), n in done.items()]
+    )
+    cols = recovery.OkIndex.from_columns(columns(first), columns(done))
+    checked = 0
+    for lo in range(-5 * ms, 950 * ms, 7 * ms + 13):
+        for hi in (lo + 3 * ms, lo + 60 * ms, lo):
+            assert sorted(rows.keys_active(lo, hi)) == sorted(cols.keys_active(lo, hi))
+            assert rows.count(lo, hi) == cols.count(lo, hi)
+            assert rows.longest_gap(lo, hi) == cols.longest_gap(lo, hi)
+            for key in ("t/a/0", "t/b/1", "", "t/none/2"):
+                assert rows.first_ok_after(key, lo) == cols.first_ok_after(key, lo)
+                checked += 1
+    assert checked > 1000 and rows.count(0, 10**6 * ms) == sum(done.values())
+    empty = recovery.OkIndex.from_columns(None, None)
+    assert empty.keys_active(0, ms) == [] and empty.count(0, ms) == 0 and empty.longest_gap(0, ms) == 1.0
